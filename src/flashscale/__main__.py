@@ -1,0 +1,5 @@
+import sys
+
+from flashscale.cli import main
+
+sys.exit(main())

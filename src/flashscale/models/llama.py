@@ -1,0 +1,208 @@
+"""The Llama architecture as HF transformers defines it, single-device: RMSNorm, RoPE (with Llama-3
+frequency scaling), SwiGLU MLP, GQA, optional tied embeddings and biases.
+
+Module names follow HF's (embed_tokens, layers.N.self_attn.q_proj, ...) without the "model." prefix,
+so checkpoints map by a prefix. Parallelism is applied from outside (flashscale.parallel); this file
+never imports torch.distributed.
+
+Shapes: B batch, S sequence (this call), T total cached length, H query heads, G kv heads, D head_dim,
+E hidden size, V vocab.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from flashscale.models.config import LlamaConfig
+from flashscale.ops import attention
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # HF order: normalize in float32, cast back, then scale in the input dtype.
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dtype)
+
+
+def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
+    """(D/2,) inverse frequencies, with Llama-3 scaling when config.rope_scaling asks for it."""
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    rs = config.rope_scaling
+    if rs and rs.get("rope_type", rs.get("type")) == "llama3":
+        factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+        old_ctx = rs["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old_ctx / lo, old_ctx / hi
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_ctx / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, S, H, D); cos/sin (B or 1, S, 1, D)."""
+    return x * cos + rotate_half(x) * sin
+
+
+@dataclass
+class KVCache:
+    """A contiguous per-layer cache: k/v (B, T_max, G, D). `length` tokens are filled."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    length: int = 0
+
+    @classmethod
+    def empty(cls, config: LlamaConfig, batch: int, max_len: int, *, device=None, dtype=None) -> "KVCache":
+        shape = (batch, max_len, config.num_key_value_heads, config.head_dim)
+        n = config.num_hidden_layers
+        return cls([torch.zeros(shape, device=device, dtype=dtype) for _ in range(n)],
+                   [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n)])
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[1]
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = (config.num_attention_heads,
+                                                        config.num_key_value_heads, config.head_dim)
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=bias)
+
+    def forward(self, x, cos, sin, cache: KVCache | None = None, layer: int = 0):
+        B, S, _ = x.shape
+        # -1 for heads, not n_heads: a tensor-parallel wrapper shards the projections and the head count.
+        q = self.q_proj(x).view(B, S, -1, self.head_dim)  # (B, S, H, D)
+        k = self.k_proj(x).view(B, S, -1, self.head_dim)  # (B, S, G, D)
+        v = self.v_proj(x).view(B, S, -1, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            t0 = cache.length
+            cache.k[layer][:, t0:t0 + S] = k
+            cache.v[layer][:, t0:t0 + S] = v
+            k, v = cache.k[layer][:, :t0 + S], cache.v[layer][:, :t0 + S]  # (B, T, G, D)
+        out = attention(q, k, v, causal=True)  # bottom-right causal: right for prefill and decode alike
+        return self.o_proj(out.reshape(B, S, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        e, f, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(e, f, bias=bias)
+        self.up_proj = nn.Linear(e, f, bias=bias)
+        self.down_proj = nn.Linear(f, e, bias=bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, cache: KVCache | None = None, layer: int = 0):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Llama(nn.Module):
+    """forward(input_ids (B, S)) -> logits (B, S, V) in float32."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+        # "none" | "full" (every block) | "attention" (only the attention sub-layer's inputs kept)
+        self.activation_checkpointing = "none"
+
+    def init_weights(self, seed: int | None = None) -> "Llama":
+        """HF's initialization: normal(0, initializer_range) for linears/embeddings, ones for norms."""
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        std = self.config.initializer_range
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                w = torch.empty(m.weight.shape).normal_(0.0, std, generator=gen)
+                with torch.no_grad():
+                    m.weight.copy_(w)
+                if isinstance(m, nn.Linear) and m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, RMSNorm):
+                nn.init.ones_(m.weight)
+        self.inv_freq.copy_(rope_inv_freq(self.config).to(self.inv_freq.device))
+        return self
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        """positions (B or 1, S) -> cos, sin (B or 1, S, 1, D)."""
+        freqs = positions[..., None].float() * self.inv_freq.float()  # (B, S, D/2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype)[:, :, None, :], emb.sin().to(dtype)[:, :, None, :]
+
+    def forward(self, input_ids: torch.Tensor, *, cache: KVCache | None = None,
+                positions: torch.Tensor | None = None, hidden_only: bool = False) -> torch.Tensor:
+        B, S = input_ids.shape
+        start = cache.length if cache is not None else 0
+        if cache is not None and start + S > cache.capacity:
+            raise ValueError(f"KV cache holds {cache.capacity} tokens; {start} + {S} requested")
+        if positions is None:
+            positions = torch.arange(start, start + S, device=input_ids.device)[None]  # (1, S)
+        x = self.embed_tokens(input_ids)  # (B, S, E)
+        cos, sin = self.rope(positions, x.dtype)
+        for i, block in enumerate(self.layers):
+            if self.activation_checkpointing == "full" and self.training and cache is None:
+                x = checkpoint(block, x, cos, sin, use_reentrant=False)
+            elif self.activation_checkpointing == "attention" and self.training and cache is None:
+                x = x + checkpoint(lambda h, b=block: b.self_attn(b.input_layernorm(h), cos, sin),
+                                   x, use_reentrant=False)
+                x = x + block.mlp(block.post_attention_layernorm(x))
+            else:
+                x = block(x, cos, sin, cache, i)
+        if cache is not None:
+            cache.length = start + S
+        x = self.norm(x)
+        if hidden_only:
+            return x
+        return self.lm_head(x).float()  # (B, S, V)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Mean next-token cross-entropy. logits (B, S, V), targets (B, S)."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
+                           ignore_index=ignore_index)

@@ -1,0 +1,1 @@
+"""flashscale.train"""
