@@ -155,9 +155,11 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
             raise FileNotFoundError(f"no tokenizer.json in folder {str(p)!r}")
         p = p / "tokenizer.json"
     if p.suffix.lower() == ".gguf":
-        from flashscale.models.gguf import load_gguf  # lazy: the GGUF reader pulls in the model code
+        from flashscale.models import gguf  # lazy: the GGUF reader pulls in the model code
 
-        return load_gguf(p)[1]
+        if hasattr(gguf, "load_gguf_tokenizer"):  # metadata only: no tensor is read or dequantized
+            return gguf.load_gguf_tokenizer(p)
+        return gguf.load_gguf(p)[1]
     try:
         return Tokenizer.from_file(str(p))
     except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
