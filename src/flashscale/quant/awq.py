@@ -1,0 +1,233 @@
+"""AWQ (Lin et al., 2023, "AWQ: Activation-aware Weight Quantization for LLM Compression and
+Acceleration") for one Llama block: per-input-channel scales that protect the weights salient
+activations multiply, a weight clipping search, then one uniform group quantization.
+
+Scaling (section 3.2): for a linear y = W x, W x = (W·diag(s)) (diag(s)⁻¹ x). The 1/s folds into the op
+that produces x (an RMSNorm's weight, or a linear's output rows), so the float model is unchanged, while
+the channels with large s get a finer grid relative to their weights. s = s_x^α with s_x the mean |x| of
+each input channel, normalized by sqrt(max·min); α ∈ {0, 1/20, ..., 19/20} is picked by the MSE of the
+output of the whole module the scaled linears feed (the attention for q/k/v, the MLP for gate/up),
+with the linears' weights fake-quantized. α = 0 is s = 1 (plain RTN), so the search never scores worse
+than RTN on its calibration data. Scale groups (the paper's / AutoAWQ's for Llama):
+
+    input_layernorm          -> q_proj, k_proj, v_proj    scored on self_attn's output
+    v_proj (rows)            -> o_proj                    on o_proj's output; only when v's outputs are
+                                                          o's inputs one to one (not under GQA)
+    post_attention_layernorm -> gate_proj, up_proj        on the MLP's output
+    up_proj (rows)           -> down_proj                 on down_proj's output
+
+Clipping (AutoAWQ's search): per (output row, group), the max |w| is shrunk by 0%, 5%, ... 45% and the
+value that minimizes the group's partial output error Σ_j x_j (w_j - q(clip(w))_j) over sampled tokens
+is kept. q_proj/k_proj are not clipped (their error reaches the output only through the softmax, which
+a per-linear error does not measure; AutoAWQ skips them for the same reason).
+
+Shapes: T tokens, K input features, N output features, G group size, NG groups, E hidden size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from flashscale.quant.rtn import (QuantizedWeight, check_bits, check_group_size, fake_quantize,
+                                  fake_quantize_groups, grid, quantize_rtn)
+
+NO_CLIP = ("self_attn.q_proj", "self_attn.k_proj")
+
+
+@dataclass(kw_only=True)
+class AWQConfig:
+    bits: int = 4
+    group_size: int = 128
+    sym: bool = False  # AWQ's format is asymmetric (zero points)
+    grid: int = 20  # α ∈ {0, 1/grid, ..., (grid-1)/grid}
+    clip: bool = True
+    clip_grid: int = 20  # shrink steps of 1/clip_grid ...
+    max_shrink: float = 0.5  # ... below this fraction of the max, exclusive
+    clip_tokens: int = 512  # tokens sampled (evenly) for the clip search
+    batch_tokens: int = 16384  # tokens per forward in the scale search (bounds activation memory)
+    v1_zeros: bool = False  # keep zero points >= 1 for the GPTQ v1 layout (see rtn.grid)
+
+    def __post_init__(self) -> None:
+        check_bits(self.bits)
+        check_group_size(self.group_size)
+        for f in ("grid", "clip_grid", "clip_tokens", "batch_tokens"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"AWQConfig.{f}={v!r} must be a positive int")
+        if not 0.0 <= self.max_shrink < 1.0:
+            raise ValueError(f"AWQConfig.max_shrink={self.max_shrink!r} must be in [0, 1)")
+
+
+def channel_mean_abs(x: torch.Tensor) -> torch.Tensor:
+    """x (..., K) -> (K,) float32 mean |x| of each input channel."""
+    return x.reshape(-1, x.shape[-1]).float().abs().mean(0)
+
+
+def _chunks(x: torch.Tensor, batch_tokens: int) -> list[torch.Tensor]:
+    """Split (B, S, K) along B so a forward sees about batch_tokens tokens."""
+    per = max(1, batch_tokens // max(1, x.shape[1]))
+    return list(x.split(per))
+
+
+@torch.no_grad()
+def _module_mse(fn: Callable[[torch.Tensor], torch.Tensor], xs: list[torch.Tensor], refs: list[torch.Tensor]) -> float:
+    total, count = 0.0, 0
+    for x, ref in zip(xs, refs):
+        d = fn(x).float() - ref
+        total += float(d.pow(2).sum())
+        count += d.numel()
+    return total / max(count, 1)
+
+
+@torch.no_grad()
+def search_scales(x: torch.Tensor, linears: list[nn.Linear], fn: Callable[[torch.Tensor], torch.Tensor],
+                  cfg: AWQConfig) -> tuple[torch.Tensor, list[float]]:
+    """The best s (K,) float32 for `linears` reading x (B, S, K), scored by fn's output MSE; with the
+    loss of every α tried. Leaves the linears' weights as they were."""
+    xs = _chunks(x, cfg.batch_tokens)
+    refs = [fn(c).float() for c in xs]
+    s_x = channel_mean_abs(x)
+    originals = [lin.weight.detach().clone() for lin in linears]
+    best, best_loss, losses = None, float("inf"), []
+    try:
+        for i in range(cfg.grid):
+            alpha = i / cfg.grid
+            s = s_x.pow(alpha).clamp_min(1e-4)
+            s = s / (s.max() * s.min()).sqrt()  # centre the scales around 1 (AutoAWQ)
+            for lin, w in zip(linears, originals):
+                wq = fake_quantize_groups(w.float() * s, bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym)
+                lin.weight.copy_((wq / s).to(w.dtype))
+            loss = _module_mse(fn, xs, refs)
+            losses.append(loss)
+            if loss < best_loss:  # strict: ties keep the smaller α (closer to plain RTN)
+                best, best_loss = s.clone(), loss
+    finally:
+        for lin, w in zip(linears, originals):
+            lin.weight.copy_(w)
+    if best is None:  # every loss NaN: the block's outputs are not finite
+        raise ValueError("AWQ scale search: the module's outputs are NaN/Inf for every scale tried")
+    return best, losses
+
+
+@torch.no_grad()
+def apply_scales(prev: nn.Module, linears: list[nn.Linear], s: torch.Tensor) -> None:
+    """Fold s into the graph: prev's output channels / s, the linears' input columns * s."""
+    s = s.to(prev.weight.device)
+    if isinstance(prev, nn.Linear):
+        prev.weight.div_(s[:, None].to(prev.weight.dtype))  # rows are prev's output features
+        if prev.bias is not None:
+            prev.bias.div_(s.to(prev.bias.dtype))
+    else:  # RMSNorm: y = weight * x̂
+        prev.weight.div_(s.to(prev.weight.dtype))
+    for lin in linears:
+        lin.weight.mul_(s[None, :].to(lin.weight.dtype))
+
+
+@torch.no_grad()
+def search_clip(w: torch.Tensor, x: torch.Tensor, cfg: AWQConfig) -> torch.Tensor:
+    """The best clipping max |w| per (row, group) of w (N, K) for inputs x (..., K) -> (N, NG) float32."""
+    n, k = w.shape
+    g = check_group_size(cfg.group_size, k)
+    ng = k // g
+    x = x.reshape(-1, k)
+    x = x[:: max(1, x.shape[0] // cfg.clip_tokens)].float()  # (T, K), evenly spaced tokens
+    xg = x.reshape(-1, ng, g).transpose(0, 1)  # (NG, T, G)
+    best_all = []
+    rows = max(1, (1 << 24) // max(1, ng * x.shape[0]))  # output rows a step: (NG, T, rows) stays ~64 MB
+    for wb in w.float().split(rows):  # (R, K)
+        wg = wb.reshape(-1, ng, g)  # (R, NG, G)
+        org_max = wg.abs().amax(-1)  # (R, NG)
+        ref = torch.bmm(xg, wg.permute(1, 2, 0))  # (NG, T, R): each group's partial outputs
+        best_max, min_err = org_max.clone(), torch.full_like(org_max, float("inf"))
+        for i in range(int(cfg.max_shrink * cfg.clip_grid)):
+            max_val = org_max * (1 - i / cfg.clip_grid)  # (R, NG)
+            cur = torch.maximum(torch.minimum(wg, max_val[..., None]), -max_val[..., None])
+            scale, zero = grid(cur, bits=cfg.bits, sym=cfg.sym, v1_zeros=cfg.v1_zeros)
+            q = fake_quantize(cur, scale[..., None], zero[..., None], cfg.bits)
+            err = (torch.bmm(xg, q.permute(1, 2, 0)) - ref).pow(2).mean(1).t()  # (R, NG)
+            better = err < min_err
+            min_err = torch.where(better, err, min_err)
+            best_max = torch.where(better, max_val, best_max)
+        best_all.append(best_max)
+    return torch.cat(best_all)
+
+
+@torch.no_grad()
+def apply_clip(lin: nn.Linear, max_val: torch.Tensor) -> None:
+    n, k = lin.weight.shape
+    m = max_val.to(lin.weight.device, lin.weight.dtype)[..., None]  # (N, NG, 1)
+    w = lin.weight.reshape(n, m.shape[1], -1)
+    lin.weight.copy_(torch.maximum(torch.minimum(w, m), -m).reshape(n, k))
+
+
+def _capture_inputs(block: nn.Module, x: torch.Tensor, cos, sin, names: list[str], batch_tokens: int) -> dict[str, torch.Tensor]:
+    """The inputs of block's sub-modules `names` over x (B, S, E) -> name -> (B, S, K)."""
+    mods = dict(block.named_modules())
+    got: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+    handles = [mods[n].register_forward_hook(lambda _m, a, _o, n=n: got[n].append(a[0].detach()))
+               for n in names]
+    try:
+        with torch.no_grad():
+            for c in _chunks(x, batch_tokens):
+                block(c, cos, sin)
+    finally:
+        for h in handles:
+            h.remove()
+    return {n: torch.cat(v) for n, v in got.items()}
+
+
+@torch.no_grad()
+def awq_scale_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cfg: AWQConfig,
+                    *, feats: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """Search and fold the AWQ scales of a Llama block, given its inputs x (B, S, E) and rope cos/sin.
+    Returns prev-op name -> s. The block's float function is unchanged (up to the dtype's rounding).
+    `feats` (the captured linear inputs), when given, are rescaled in place to match."""
+    attn, mlp = block.self_attn, block.mlp
+    if feats is None:
+        feats = _capture_inputs(block, x, cos, sin, ["self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj",
+                                                      "mlp.down_proj"], cfg.batch_tokens)
+    groups = [("input_layernorm", block.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj],
+               lambda h: attn(h, cos, sin), "self_attn.q_proj")]
+    if attn.v_proj.out_features == attn.o_proj.in_features:  # MHA: v's outputs are o's inputs
+        groups.append(("self_attn.v_proj", attn.v_proj, [attn.o_proj], attn.o_proj, "self_attn.o_proj"))
+    groups += [("post_attention_layernorm", block.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj], mlp,
+                "mlp.gate_proj"),
+               ("mlp.up_proj", mlp.up_proj, [mlp.down_proj], mlp.down_proj, "mlp.down_proj")]
+    found = {}
+    for prev_name, prev, linears, fn, feat_name in groups:
+        s, _ = search_scales(feats[feat_name], linears, fn, cfg)
+        apply_scales(prev, linears, s)
+        feats[feat_name] = (feats[feat_name].float() / s.to(feats[feat_name].device)).to(feats[feat_name].dtype)
+        found[prev_name] = s
+    return found
+
+
+LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+_INPUT_OF = {"self_attn.q_proj": "self_attn.q_proj", "self_attn.k_proj": "self_attn.q_proj",
+             "self_attn.v_proj": "self_attn.q_proj", "self_attn.o_proj": "self_attn.o_proj",
+             "mlp.gate_proj": "mlp.gate_proj", "mlp.up_proj": "mlp.gate_proj", "mlp.down_proj": "mlp.down_proj"}
+
+
+@torch.no_grad()
+def awq_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cfg: AWQConfig,
+              *, name: str = "block") -> dict[str, QuantizedWeight]:
+    """AWQ of one Llama block in place: scales folded, weights clipped, then every linear quantized
+    (its weight replaced by the dequantized value). Returns linear name -> its QuantizedWeight."""
+    feats = _capture_inputs(block, x, cos, sin, sorted(set(_INPUT_OF.values())), cfg.batch_tokens)
+    awq_scale_block(block, x, cos, sin, cfg, feats=feats)
+    mods = dict(block.named_modules())
+    records = {}
+    for lin_name in LINEARS:
+        lin = mods[lin_name]
+        if cfg.clip and lin_name not in NO_CLIP:
+            apply_clip(lin, search_clip(lin.weight, feats[_INPUT_OF[lin_name]], cfg))
+        rec = quantize_rtn(lin.weight, bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym,
+                           v1_zeros=cfg.v1_zeros, name=f"{name}.{lin_name}")
+        lin.weight.copy_(rec.dequantize(lin.weight.dtype))
+        records[lin_name] = rec
+    return records

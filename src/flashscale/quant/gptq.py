@@ -1,0 +1,201 @@
+"""GPTQ (Frantar et al., 2022, "GPTQ: Accurate Post-Training Quantization for Generative Pre-trained
+Transformers"): quantize a linear weight column by column, feeding each column's rounding error into
+the columns not yet quantized through the inverse Hessian of the layer's reconstruction loss.
+
+For the loss ||W X - Q X||² over calibration inputs X (K, tokens) the Hessian is H = 2 X Xᵀ, shared by
+every output row, so rows are independent given H: layers that read the same input (q/k/v, gate/up)
+can be quantized in one call on their concatenated rows, which is how the runner does it.
+
+Algorithm (the paper's Algorithm 1, with AutoGPTQ's conventions where the paper leaves a choice):
+- dead inputs (H_ii = 0, a column no calibration token ever activates): H_ii := 1 and the column of W is
+  set to 0, since nothing measured depends on it;
+- dampening λ = percdamp · mean(diag H) added to the diagonal; if a Cholesky factorization fails, retry
+  with a larger λ (×10 each time, up to λ = mean(diag H)), then a ValueError naming the layer;
+- U = Cholesky(H⁻¹) upper, so row i of U holds the update coefficients of column i (eq. 5 of the paper);
+- lazy batches of `block_size` columns: errors update the rest of the block at once, the columns to the
+  right of the block with one GEMM per block;
+- act-order: columns in order of descending diag(H) (most activated first); g_idx records each
+  column's group. Groups are contiguous in quantization order unless static_groups, which fits every
+  group's grid on the original columns before any update (g_idx = k // G, cheaper to serve).
+
+A group's grid is fitted when its first column comes up, on the columns as updated so far (inside the
+current lazy block, from the block's running copy: the reference implementation reads the stale matrix
+there, a small deviation from the paper it did not intend).
+
+Shapes: N output rows, K input columns, T tokens, B the lazy block size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from flashscale.quant.rtn import (QuantizedWeight, check_bits, check_finite, check_group_size, grid,
+                                  quantize_codes)
+
+DAMP_GROWTH = 10.0  # each retry multiplies the dampening by this, up to the mean diagonal itself
+
+
+class HessianAccumulator:
+    """Running H = 2/T Σ x xᵀ over every input row seen, in float32 (T: tokens so far).
+
+    The running mean keeps H's magnitude independent of the sample count (only its conditioning matters
+    to GPTQ, as the dampening is relative), and float32 accumulation keeps bf16 activations exact enough.
+    """
+
+    def __init__(self, in_features: int, *, device=None, name: str = "layer"):
+        self.name = name
+        self.in_features = in_features
+        self.H = torch.zeros(in_features, in_features, dtype=torch.float32, device=device)  # (K, K)
+        self.nsamples = 0
+
+    def add_batch(self, x: torch.Tensor) -> None:
+        """x (..., K): every leading index is one input row (a token)."""
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"{self.name}: input has {x.shape[-1]} features, expected {self.in_features}")
+        x = x.reshape(-1, self.in_features).to(self.H.device, torch.float32)  # (T, K)
+        t = x.shape[0]
+        if t == 0:
+            return
+        self.H *= self.nsamples / (self.nsamples + t)
+        self.nsamples += t
+        x = x * math.sqrt(2.0 / self.nsamples)
+        self.H.addmm_(x.t(), x)
+
+    def hook(self, module: nn.Module) -> torch.utils.hooks.RemovableHandle:
+        """Registers a forward hook on `module` (a linear) that feeds its inputs here."""
+        return module.register_forward_hook(lambda _m, args, _out: self.add_batch(args[0].detach()))
+
+
+@dataclass(kw_only=True)
+class GPTQResult:
+    qweight: QuantizedWeight
+    weight: torch.Tensor  # (N, K) float32, the dequantized weight (exactly qweight.dequantize())
+    loss: float  # Σ (w - q)² / U_ii² / 2: the paper's estimate of the layer's output error
+    damp: float  # the dampening fraction that factorized
+
+
+def inverse_hessian_cholesky(H: torch.Tensor, *, percdamp: float, name: str) -> tuple[torch.Tensor, float]:
+    """H (K, K) -> (U upper with Uᵀ U = (H + λI)⁻¹, the percdamp used). H is not modified."""
+    mean_diag = float(torch.diag(H).mean())
+    if not math.isfinite(mean_diag):
+        raise ValueError(f"{name}: the Hessian holds NaN/Inf (the calibration activations reaching this layer "
+                         "are not finite); check the model's weights and inputs")
+    idx = torch.arange(H.shape[0], device=H.device)
+    damp = percdamp
+    tried = []
+    while True:
+        Hd = H.clone()
+        Hd[idx, idx] += damp * mean_diag
+        L, info = torch.linalg.cholesky_ex(Hd)
+        if int(info) == 0:
+            Hinv = torch.cholesky_inverse(L)
+            U, info = torch.linalg.cholesky_ex(Hinv, upper=True)
+            if int(info) == 0 and bool(torch.isfinite(U).all()):
+                return U, damp
+        tried.append(damp)
+        if damp >= 1.0:
+            raise ValueError(f"{name}: the Hessian is not positive definite even with dampening "
+                             f"{', '.join(f'{d:g}' for d in tried)} x mean(diag H); the layer's calibration "
+                             "inputs are degenerate (too few tokens, or constant/duplicated features)")
+        damp = min(damp * DAMP_GROWTH, 1.0)
+
+
+def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, *, bits: int, group_size: int, sym: bool,
+                  act_order: bool = False, static_groups: bool = False, percdamp: float = 0.01,
+                  block_size: int = 128, v1_zeros: bool = False, name: str = "layer") -> GPTQResult:
+    """GPTQ of weight (N, K) given its Hessian H (K, K). Runs on weight's device; math in float32."""
+    check_bits(bits)
+    if weight.ndim != 2 or H.shape != (weight.shape[1], weight.shape[1]):
+        raise ValueError(f"{name}: weight {tuple(weight.shape)} and Hessian {tuple(H.shape)} do not match "
+                         "(takes weight (N, K) and H (K, K))")
+    if not (0.0 < percdamp <= 1.0):
+        raise ValueError(f"percdamp={percdamp!r} must be in (0, 1]")
+    if not isinstance(block_size, int) or block_size <= 0:
+        raise ValueError(f"block_size={block_size!r} must be a positive int")
+    n, k = weight.shape
+    G = check_group_size(group_size, k, name=name)
+    if group_size != -1 and block_size % G and G % block_size:
+        raise ValueError(f"block_size={block_size} and group_size={group_size}: one must divide the other, so "
+                         "each group's grid is fitted on up-to-date columns")
+    check_finite(weight, name)
+
+    W = weight.detach().to(device=H.device, dtype=torch.float32).clone()  # (N, K)
+    H = H.to(torch.float32).clone()
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1.0
+    W[:, dead] = 0.0
+
+    static_scale = static_zero = None
+    if static_groups and group_size != -1:
+        # (N, NG) grids fitted on the original, un-updated columns
+        static_scale, static_zero = grid(W.reshape(n, k // G, G), bits=bits, sym=sym, v1_zeros=v1_zeros)
+
+    perm = None
+    if act_order:
+        perm = torch.argsort(torch.diag(H), descending=True, stable=True)  # stable: ties keep column order
+        W = W[:, perm]
+        H = H[perm][:, perm]
+
+    U, damp_used = inverse_hessian_cholesky(H, percdamp=percdamp, name=name)
+    del H
+
+    codes = torch.empty(n, k, dtype=torch.uint8, device=W.device)  # (N, K), in quantization order
+    losses = torch.zeros(n, device=W.device)
+    group_scales: list[torch.Tensor] = []  # (N,) each: the grid of group j in quantization order
+    group_zeros: list[torch.Tensor] = []
+    scale = zero = None
+    if group_size == -1:
+        scale, zero = grid(W, bits=bits, sym=sym, v1_zeros=v1_zeros)  # (N,)
+    if static_scale is not None:  # the (original) group of each quantization position, as ints: no syncs
+        orig_group = ((perm if perm is not None else torch.arange(k)).cpu() // G).tolist()
+
+    for i1 in range(0, k, block_size):
+        i2 = min(i1 + block_size, k)
+        count = i2 - i1
+        W1 = W[:, i1:i2].clone()  # (N, B)
+        Err1 = torch.empty_like(W1)
+        U1 = U[i1:i2, i1:i2]  # (B, B)
+        for i in range(count):
+            col = i1 + i
+            if static_scale is not None:
+                scale, zero = static_scale[:, orig_group[col]], static_zero[:, orig_group[col]]
+            elif group_size != -1 and col % G == 0:
+                # the group's columns as updated so far (see the module docstring)
+                cols = W1[:, i:i + G] if i + G <= count else W[:, col:col + G]
+                scale, zero = grid(cols, bits=bits, sym=sym, v1_zeros=v1_zeros)
+                group_scales.append(scale)
+                group_zeros.append(zero)
+            w = W1[:, i]  # (N,)
+            q_int = quantize_codes(w, scale, zero, bits)
+            codes[:, col] = q_int.to(torch.uint8)
+            err = (w - (q_int - zero) * scale) / U1[i, i]
+            losses += err * err
+            W1[:, i:] -= err[:, None] * U1[i, i:][None, :]  # (N, B - i): eq. 5's update, lazily batched
+            Err1[:, i] = err
+        W[:, i2:] -= Err1 @ U[i1:i2, i2:]  # the block's accumulated updates to the columns right of it
+    del W, U
+
+    # back to the original column order; g_idx: the group of each original column
+    arange = torch.arange(k, device=codes.device)
+    if perm is not None:
+        invperm = torch.argsort(perm)
+        codes = codes[:, invperm].contiguous()
+        pos = invperm  # the quantization position of each original column
+    else:
+        pos = arange
+    if group_size == -1:
+        g_idx = torch.zeros(k, dtype=torch.int32, device=codes.device)
+        scales, zeros = scale[None], zero[None]  # (1, N)
+    elif static_scale is not None:
+        g_idx = (arange // G).to(torch.int32)
+        scales, zeros = static_scale.t(), static_zero.t()  # (NG, N)
+    else:
+        g_idx = (pos // G).to(torch.int32)  # groups are contiguous in quantization order
+        scales, zeros = torch.stack(group_scales), torch.stack(group_zeros)  # (NG, N)
+    qw = QuantizedWeight(codes=codes, scales=scales.contiguous(), zeros=zeros.to(torch.int32).contiguous(),
+                         g_idx=g_idx, bits=bits, group_size=group_size, sym=sym)
+    return GPTQResult(qweight=qw, weight=qw.dequantize(), loss=float(losses.sum()) / 2.0, damp=damp_used)
