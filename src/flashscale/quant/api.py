@@ -1,0 +1,242 @@
+"""`quantize_model`: RTN, GPTQ or AWQ of a Llama, block by block, to a quantized state (the model with
+its linears' weights replaced by their dequantized values, and the integer codes/grids to pack).
+
+GPTQ runs true-sequentially inside a block: the linears that read the same input form a group
+(q/k/v; o; gate/up; down), and each group's Hessian is collected from a forward of the block whose
+earlier groups are already quantized. A group shares one Hessian, so it is quantized in one GPTQ call
+on its concatenated rows (GPTQ is row-independent given H: the result equals one call per linear).
+The forward stops at the group's input (an exception raised in the hook), which saves most of the
+block's compute for the early groups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import resource
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from flashscale.quant.awq import LINEARS, AWQConfig, awq_block
+from flashscale.quant.calibrate import RunStats, micro_batches, run_blockwise
+from flashscale.quant.gptq import HessianAccumulator, gptq_quantize
+from flashscale.quant.rtn import QuantizedWeight, check_bits, check_finite, check_group_size, quantize_rtn
+
+METHODS = ("rtn", "gptq", "awq")
+FORMATS = ("gptq", "gptq_v2", "awq")
+# GPTQ's true-sequential groups: each reads the output of the groups before it
+SEQUENTIAL = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",),
+              ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",))
+
+
+@dataclass(kw_only=True)
+class QuantizeConfig:
+    method: str = "gptq"
+    bits: int = 4
+    group_size: int = 128
+    sym: bool | None = None  # None: the method's usual choice (GPTQ/RTN symmetric, AWQ asymmetric)
+    act_order: bool = False  # GPTQ only
+    static_groups: bool = False  # GPTQ only
+    damp_percent: float = 0.01  # GPTQ
+    block_size: int = 128  # GPTQ lazy batch
+    checkpoint_format: str = "gptq"  # the format the result will be written in ("gptq" v1 keeps zeros >= 1)
+    awq_grid: int = 20
+    awq_clip: bool = True
+    awq_tokens: int = 65536  # calibration tokens AWQ's searches use (whole sequences, first ones)
+    batch_tokens: int = 16384  # tokens a block forward processes at once
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method={self.method!r} is not supported; takes one of {METHODS}")
+        check_bits(self.bits)
+        check_group_size(self.group_size)
+        if self.sym is None:
+            self.sym = self.method != "awq"
+        if self.checkpoint_format not in FORMATS:
+            raise ValueError(f"checkpoint_format={self.checkpoint_format!r} is not supported; takes one of {FORMATS}")
+        if self.checkpoint_format == "awq":
+            if self.bits != 4:
+                raise ValueError(f"checkpoint_format='awq' stores 4-bit weights only, got bits={self.bits}; "
+                                 "use the GPTQ format")
+            if self.act_order and not self.static_groups:
+                raise ValueError("checkpoint_format='awq' has no g_idx, so act_order needs static_groups=True "
+                                 "or the GPTQ format")
+        if (self.act_order or self.static_groups) and self.method != "gptq":
+            raise ValueError(f"act_order/static_groups are GPTQ options, got method={self.method!r}")
+        if not (0.0 < self.damp_percent <= 1.0):
+            raise ValueError(f"damp_percent={self.damp_percent!r} must be in (0, 1]")
+        for f in ("block_size", "awq_grid", "awq_tokens", "batch_tokens"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{f}={v!r} must be a positive int")
+
+    @property
+    def v1_zeros(self) -> bool:
+        """Asymmetric grids written in the GPTQ v1 layout keep their zero points >= 1 (pack.py)."""
+        return self.checkpoint_format == "gptq" and not self.sym
+
+    def settings(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(kw_only=True)
+class QuantizeSummary:
+    method: str
+    bits: int
+    group_size: int
+    block_seconds: list[float]
+    total_seconds: float
+    peak_gpu_bytes: int | None  # None on the CPU
+    peak_host_bytes: int
+    resumed_blocks: int = 0
+    device: str = "cpu"
+
+
+@dataclass(kw_only=True)
+class QuantizedModel:
+    model: nn.Module  # weights of quantized linears hold their dequantized values
+    records: dict[str, QuantizedWeight]  # "layers.3.mlp.up_proj" -> codes, scales, zeros, g_idx
+    config: QuantizeConfig
+    summary: QuantizeSummary = field(repr=False)
+
+
+class _Stop(Exception):
+    """Raised in a hook once a group's inputs are seen: the rest of the block's forward is not needed."""
+
+
+def gptq_block_fn(cfg: QuantizeConfig):
+    @torch.no_grad()
+    def run(block: nn.Module, x: torch.Tensor, cos, sin, name: str) -> dict[str, QuantizedWeight]:
+        mods = dict(block.named_modules())
+        records = {}
+        for group in SEQUENTIAL:
+            lins = [mods[g] for g in group]
+            acc = HessianAccumulator(lins[0].in_features, device=x.device, name=f"{name}.{group[0]}")
+
+            def hook(_m, args, _out):
+                acc.add_batch(args[0])
+                raise _Stop
+
+            handle = lins[0].register_forward_hook(hook)
+            try:
+                for c in micro_batches(x, cfg.batch_tokens):
+                    try:
+                        block(c, cos, sin)
+                    except _Stop:
+                        pass
+            finally:
+                handle.remove()
+            label = f"{name}.{'/'.join(g.rsplit('.', 1)[-1] for g in group)}"
+            w = torch.cat([lin.weight for lin in lins])  # (ΣN, K): rows of the group, one shared H
+            res = gptq_quantize(w, acc.H, bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym,
+                                act_order=cfg.act_order, static_groups=cfg.static_groups, percdamp=cfg.damp_percent,
+                                block_size=cfg.block_size, v1_zeros=cfg.v1_zeros, name=label)
+            del acc
+            row = 0
+            for g, lin in zip(group, lins):
+                n = lin.out_features
+                q = res.qweight
+                records[g] = QuantizedWeight(codes=q.codes[row:row + n].contiguous(),
+                                             scales=q.scales[:, row:row + n].contiguous(),
+                                             zeros=q.zeros[:, row:row + n].contiguous(), g_idx=q.g_idx,
+                                             bits=q.bits, group_size=q.group_size, sym=q.sym)
+                lin.weight.copy_(res.weight[row:row + n].to(lin.weight.dtype))
+                row += n
+        return records
+
+    return run
+
+
+def awq_block_fn(cfg: QuantizeConfig):
+    acfg = AWQConfig(bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym, grid=cfg.awq_grid, clip=cfg.awq_clip,
+                     batch_tokens=cfg.batch_tokens, v1_zeros=cfg.v1_zeros)
+
+    def run(block: nn.Module, x: torch.Tensor, cos, sin, name: str) -> dict[str, QuantizedWeight]:
+        n = max(1, cfg.awq_tokens // x.shape[1])
+        return awq_block(block, x[:n], cos, sin, acfg, name=name)
+
+    return run
+
+
+@torch.no_grad()
+def rtn_model(model: nn.Module, cfg: QuantizeConfig) -> tuple[dict[str, QuantizedWeight], RunStats]:
+    """RTN needs no calibration: every linear of every block, in place, on its current device."""
+    records, stats = {}, RunStats()
+    for i, block in enumerate(model.layers):
+        t0 = time.perf_counter()
+        mods = dict(block.named_modules())
+        for lin_name in LINEARS:
+            lin = mods[lin_name]
+            full = f"layers.{i}.{lin_name}"
+            r = quantize_rtn(lin.weight, bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym,
+                             v1_zeros=cfg.v1_zeros, name=full)
+            lin.weight.copy_(r.dequantize(lin.weight.dtype))
+            records[full] = r.to("cpu")
+        stats.block_seconds.append(time.perf_counter() - t0)
+    return records, stats
+
+
+def check_model(model: nn.Module, cfg: QuantizeConfig) -> None:
+    """NaN/Inf weights and group sizes that do not divide a linear's inputs, named, before any work."""
+    if not hasattr(model, "layers") or not hasattr(model, "config"):
+        raise TypeError(f"model: takes a flashscale Llama, got {type(model).__name__}")
+    for name, p in model.named_parameters():
+        check_finite(p.detach(), name)
+    for i, block in enumerate(model.layers):
+        mods = dict(block.named_modules())
+        for lin_name in LINEARS:
+            lin = mods[lin_name]
+            if not isinstance(lin, nn.Linear):
+                raise TypeError(f"layers.{i}.{lin_name}: takes a float nn.Linear, got {type(lin).__name__} "
+                                "(is the model already quantized?)")
+            check_group_size(cfg.group_size, lin.in_features, name=f"layers.{i}.{lin_name}")
+
+
+def _peak_host_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def quantize_model(model: nn.Module, method: str = "gptq", *, bits: int = 4, group_size: int = 128,
+                   sym: bool | None = None, act_order: bool = False, calib_tokens: torch.Tensor | None = None,
+                   device=None, work_dir=None, progress: bool = False, on_block_done=None,
+                   **options) -> QuantizedModel:
+    """Quantizes `model` in place and returns the quantized state and a summary.
+
+    calib_tokens: LongTensor (nsamples, seqlen) of calibration windows (calibrate.calibration_tokens);
+    required for GPTQ and AWQ. device: where each block is processed (default: cuda if available).
+    work_dir: makes the run resumable (calibrate.py). options: the other QuantizeConfig fields
+    (static_groups, damp_percent, block_size, checkpoint_format, awq_grid, awq_clip, awq_tokens,
+    batch_tokens).
+    """
+    unknown = set(options) - {f.name for f in dataclasses.fields(QuantizeConfig)}
+    if unknown:
+        raise TypeError(f"quantize_model() got unknown options {sorted(unknown)}")
+    cfg = QuantizeConfig(method=method, bits=bits, group_size=group_size, sym=sym, act_order=act_order, **options)
+    check_model(model, cfg)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
+    if cfg.method == "rtn":
+        records, stats = rtn_model(model, cfg)
+    else:
+        if calib_tokens is None:
+            raise ValueError(f"method={cfg.method!r} needs calib_tokens (nsamples, seqlen) of calibration text")
+        if calib_tokens.ndim == 2 and calib_tokens.shape[1] > model.config.max_position_embeddings:
+            raise ValueError(f"calibration seqlen {calib_tokens.shape[1]} exceeds the model's "
+                             f"max_position_embeddings={model.config.max_position_embeddings}")
+        block_fn = gptq_block_fn(cfg) if cfg.method == "gptq" else awq_block_fn(cfg)
+        records, stats = run_blockwise(model, calib_tokens, block_fn, device=device, batch_tokens=cfg.batch_tokens,
+                                       work_dir=work_dir, settings=cfg.settings(), progress=progress,
+                                       on_block_done=on_block_done, description=cfg.method)
+    total = time.perf_counter() - t0
+    summary = QuantizeSummary(method=cfg.method, bits=cfg.bits, group_size=cfg.group_size,
+                              block_seconds=stats.block_seconds, total_seconds=total,
+                              peak_gpu_bytes=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+                              peak_host_bytes=_peak_host_bytes(), resumed_blocks=stats.resumed_blocks,
+                              device=str(device))
+    return QuantizedModel(model=model, records=records, config=cfg, summary=summary)
