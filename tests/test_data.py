@@ -6,7 +6,7 @@ import lzma
 import numpy as np
 import pytest
 import torch
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
 from flashscale.data import corpus, tokens
 from flashscale.data.sampler import BatchSampler
@@ -246,6 +246,19 @@ def test_chunked_encoding_is_exact(tok):
     marked = Tokenizer.from_str(tok.to_str())
     marked.normalizer = normalizers.Prepend("\u2581")
     assert tokens._cut_offset(marked) is None
+
+
+def test_encode_text_equals_encode_with_special_tokens(tok):
+    text = corpus.eval_text()[:30_000]
+    t = Tokenizer.from_str(tok.to_str())
+    for template in (None, f"{EOS_TOKEN} $A {EOS_TOKEN}"):
+        if template:  # a BOS/EOS template must be applied once, around the whole text
+            t.post_processor = processors.TemplateProcessing(single=template, special_tokens=[(EOS_TOKEN, 0)])
+        got = tokens.encode_text(t, text, chunk=1000)
+        assert got.dtype == np.int64 and got.tolist() == t.encode(text).ids
+    assert got[0] == got[-1] == 0 and (got == 0).sum() == 2
+    assert tokens.encode_text(t, text, add_special_tokens=False, chunk=1000).tolist() == \
+        t.encode(text, add_special_tokens=False).ids
 
 
 def test_prepare_tokens_bad_args(two_files, tok, tmp_path):

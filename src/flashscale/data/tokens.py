@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 from flashscale.data.cache import publish_dir
 from flashscale.data.corpus import file_digest, read_documents, text_files
@@ -120,6 +120,23 @@ def encode_documents(tokenizer: Tokenizer, docs: Sequence[str], *, cut: int | No
     for i, e in zip(owner, encs):
         out[i].append(np.asarray(e.ids, dtype=np.int64))
     return [np.concatenate(parts) if len(parts) > 1 else parts[0] for parts in out]
+
+
+def encode_text(tokenizer: Tokenizer, text: str, *, add_special_tokens: bool = True,
+                chunk: int = CHUNK_CHARS) -> np.ndarray:
+    """tokenizer.encode(text).ids as int64 (N,), computed in parallel pieces when the tokenizer has an
+    exact paragraph cut (see _cut_offset); the special tokens of the tokenizer's post-processor (a BOS
+    template, say) are applied once to the whole, exactly as encode() would."""
+    if not isinstance(text, str):
+        raise TypeError(f"text: takes str, got {type(text).__name__}")
+    cut = _cut_offset(tokenizer) if len(text) > 2 * chunk else None
+    pieces = _pieces(text, cut, chunk)
+    if len(pieces) == 1:
+        return np.asarray(tokenizer.encode(text, add_special_tokens=add_special_tokens).ids, dtype=np.int64)
+    merged = Encoding.merge(tokenizer.encode_batch(pieces, add_special_tokens=False), growing_offsets=True)
+    if add_special_tokens:
+        merged = tokenizer.post_process(merged)
+    return np.asarray(merged.ids, dtype=np.int64)
 
 
 def _key(files: list[Path], tokenizer: Tokenizer, eos_id: int) -> str:
