@@ -140,7 +140,7 @@ def gptq_block_fn(cfg: QuantizeConfig):
                 q = res.qweight
                 records[g] = QuantizedWeight(codes=q.codes[row:row + n].contiguous(),
                                              scales=q.scales[:, row:row + n].contiguous(),
-                                             zeros=q.zeros[:, row:row + n].contiguous(), g_idx=q.g_idx,
+                                             zeros=q.zeros[:, row:row + n].contiguous(), g_idx=q.g_idx.clone(),
                                              bits=q.bits, group_size=q.group_size, sym=q.sym)
                 lin.weight.copy_(res.weight[row:row + n].to(lin.weight.dtype))
                 row += n

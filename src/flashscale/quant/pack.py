@@ -123,7 +123,7 @@ def pack_gptq(qw: QuantizedWeight, *, checkpoint_format: str = "gptq", name: str
     except ValueError as e:
         raise ValueError(f"{name}: {e} (in_features={k}, out_features={n})") from None
     return {"qweight": qweight, "qzeros": qzeros, "scales": qw.scales.cpu().to(torch.float16).contiguous(),
-            "g_idx": qw.g_idx.cpu().to(torch.int32).contiguous()}
+            "g_idx": qw.g_idx.cpu().to(torch.int32).clone()}
 
 
 def infer_group_size(g_idx: torch.Tensor, num_groups: int) -> int:

@@ -1,0 +1,203 @@
+"""RTN, GPTQ and AWQ on single layers and a single block (CPU, small shapes)."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from flashscale.models import Llama, preset
+from flashscale.quant.awq import AWQConfig, awq_block, awq_scale_block, search_clip
+from flashscale.quant.calibrate import rope_for
+from flashscale.quant.gptq import HessianAccumulator, gptq_quantize
+from flashscale.quant.rtn import dequantize, quantize_rtn
+
+
+def _correlated_inputs(t: int, k: int, seed: int = 0) -> torch.Tensor:
+    """(T, K) activations with strong cross-channel correlation and a few outlier channels, the
+    structure of real LLM activations that GPTQ's error feedback exploits."""
+    g = torch.Generator().manual_seed(seed)
+    mix = torch.randn(k // 8, k, generator=g)  # low-rank: channels are mixtures of k/8 factors
+    x = torch.randn(t, k // 8, generator=g) @ mix / math.sqrt(k // 8) + 0.1 * torch.randn(t, k, generator=g)
+    x[:, :3] *= 8.0
+    return x
+
+
+def _rtn_reference(w, bits, group, sym):
+    """Group-by-group loop implementation of the grid, straight from its definition."""
+    n, k = w.shape
+    g = k if group == -1 else group
+    maxq = 2 ** bits - 1
+    out = torch.empty_like(w)
+    for r in range(n):
+        for j in range(0, k, g):
+            v = w[r, j:j + g]
+            lo, hi = min(float(v.min()), 0.0), max(float(v.max()), 0.0)
+            if sym:
+                hi = max(abs(lo), hi)
+                lo = -hi if lo < 0 else lo
+            s = (hi - lo) / maxq
+            s = float(torch.tensor(s).half())  # scales are stored as fp16
+            z = (maxq + 1) / 2 if sym else round(-lo / ((hi - lo) / maxq))
+            q = torch.clamp(torch.round(v / s) + z, 0, maxq)
+            out[r, j:j + g] = (q - z) * s
+    return out
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("group,sym", [(-1, True), (32, False), (16, True)])
+def test_rtn_matches_its_definition(bits, group, sym):
+    w = torch.randn(6, 64) * 0.05
+    q = quantize_rtn(w, bits=bits, group_size=group, sym=sym)
+    assert q.codes.dtype == torch.uint8 and int(q.codes.max()) < 2 ** bits
+    assert q.scales.shape == q.zeros.shape == ((1 if group == -1 else 64 // group), 6)
+    torch.testing.assert_close(q.dequantize(), _rtn_reference(w, bits, group, sym), rtol=0, atol=1e-7)
+    assert torch.equal(q.scales, q.scales.half().float())
+    if sym:
+        assert bool((q.zeros == 2 ** (bits - 1)).all())
+
+
+def test_rtn_bad_input_is_named():
+    with pytest.raises(ValueError, match="bits=5 is not supported"):
+        quantize_rtn(torch.randn(4, 64), bits=5, group_size=32, sym=True)
+    with pytest.raises(ValueError, match="group_size=48 is not supported"):
+        quantize_rtn(torch.randn(4, 64), bits=4, group_size=48, sym=True)
+    with pytest.raises(ValueError, match="proj: group_size=64 does not divide its 96 input features"):
+        quantize_rtn(torch.randn(4, 96), bits=4, group_size=64, sym=True, name="proj")
+    w = torch.randn(4, 64)
+    w[1, 3] = float("nan")
+    with pytest.raises(ValueError, match="layers.3.mlp.up_proj: the weight holds 1 NaN/Inf"):
+        quantize_rtn(w, bits=4, group_size=32, sym=True, name="layers.3.mlp.up_proj")
+
+
+def test_hessian_accumulator_is_a_running_mean():
+    x = torch.randn(3, 50, 16)
+    acc = HessianAccumulator(16)
+    lin = torch.nn.Linear(16, 4)
+    h = acc.hook(lin)
+    for part in x.split(1):
+        lin(part)
+    h.remove()
+    flat = x.reshape(-1, 16)
+    torch.testing.assert_close(acc.H, 2 * flat.T @ flat / flat.shape[0], rtol=1e-5, atol=1e-6)
+    assert acc.nsamples == 150
+
+
+@pytest.mark.parametrize("group,act_order,static", [(-1, False, False), (32, False, False), (32, True, False),
+                                                    (32, True, True), (128, True, False)])
+def test_gptq_beats_rtn_on_correlated_inputs(group, act_order, static):
+    n, k = 64, 256
+    x = _correlated_inputs(2048, k)
+    w = torch.randn(n, k) * 0.05
+    H = 2 * x.T @ x / x.shape[0]
+    res = gptq_quantize(w, H, bits=4, group_size=group, sym=False, act_order=act_order, static_groups=static)
+    rtn = quantize_rtn(w, bits=4, group_size=group, sym=False)
+    err_gptq = (x @ (res.weight - w).T).pow(2).mean()
+    err_rtn = (x @ (rtn.dequantize() - w).T).pow(2).mean()
+    assert err_rtn / err_gptq >= 1.3, (float(err_rtn), float(err_gptq))
+    # the returned weight is exactly what the codes and grid say
+    q = res.qweight
+    assert torch.equal(res.weight, dequantize(q.codes, q.scales, q.zeros, q.g_idx))
+    g = k if group == -1 else group
+    counts = torch.bincount(q.g_idx.long(), minlength=k // g)
+    assert bool((counts == g).all())  # every group holds exactly G columns
+    if static or not act_order:
+        assert torch.equal(q.g_idx, (torch.arange(k) // g).to(torch.int32))
+    elif group != -1:
+        assert q.desc_act  # groups follow the Hessian order, not the column order
+        # the first group holds the columns with the largest diag(H): the outlier channels among them
+        assert set(range(3)) <= set(torch.nonzero(q.g_idx == 0).flatten().tolist())
+
+
+def test_gptq_dead_inputs_and_dampening_retries():
+    k = 64
+    x = _correlated_inputs(512, k)
+    x[:, 10] = 0  # a channel no token activates
+    H = 2 * x.T @ x / x.shape[0]
+    w = torch.randn(8, k)
+    res = gptq_quantize(w, H, bits=4, group_size=32, sym=True)
+    assert bool((res.weight[:, 10] == 0).all())  # dead columns are zeroed, as in the paper's code
+    assert res.damp == 0.01
+
+    # an indefinite H (eigenvalue -5% of the mean diagonal): 1% dampening fails, 10% factorizes
+    q, _ = torch.linalg.qr(torch.randn(k, k, dtype=torch.float64))
+    eig = torch.linspace(0.5, 2.0, k, dtype=torch.float64)
+    eig[0] = -0.05 * float(eig.mean())
+    H_bad = (q @ torch.diag(eig) @ q.T).float()
+    res = gptq_quantize(w, H_bad, bits=4, group_size=32, sym=True, name="layers.7.self_attn.q_proj")
+    assert res.damp == pytest.approx(0.1)
+
+    eig[0] = -20.0 * float(eig.abs().mean())  # beyond any dampening
+    with pytest.raises(ValueError, match=r"layers\.7\.self_attn\.q_proj: the Hessian is not positive definite"):
+        gptq_quantize(w, (q @ torch.diag(eig) @ q.T).float(), bits=4, group_size=32, sym=True,
+                      name="layers.7.self_attn.q_proj")
+    H_nan = H.clone()
+    H_nan[3, 3] = float("nan")
+    with pytest.raises(ValueError, match="layers.2.mlp.down_proj: the Hessian holds NaN/Inf"):
+        gptq_quantize(w, H_nan, bits=4, group_size=32, sym=True, name="layers.2.mlp.down_proj")
+
+
+def test_gptq_v1_zeros_stay_positive():
+    # all-positive rows would get zero point 0 on an asymmetric grid; v1 files cannot store that
+    w = torch.rand(16, 64) + 0.1
+    x = _correlated_inputs(256, 64)
+    res = gptq_quantize(w, 2 * x.T @ x / 256, bits=4, group_size=32, sym=False, v1_zeros=True)
+    assert int(res.qweight.zeros.min()) >= 1
+    assert int(quantize_rtn(w, bits=4, group_size=32, sym=False).zeros.min()) == 0
+
+
+def _outlier_block(kv_heads: int):
+    cfg = preset("tiny", intermediate_size=192, num_key_value_heads=kv_heads)
+    model = Llama(cfg).init_weights(seed=1).eval()
+    block = model.layers[0]
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # a few large norm weights: outlier activation channels, as in real LLMs
+        block.input_layernorm.weight[torch.randperm(64, generator=g)[:4]] = 15.0
+        block.post_attention_layernorm.weight[torch.randperm(64, generator=g)[:4]] = 15.0
+    x = torch.randn(8, 64, 64, generator=g)  # (B, S, E)
+    cos, sin = rope_for(model, 64, torch.float32, "cpu")
+    return block, x, cos, sin
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+@torch.no_grad()
+def test_awq_scales_leave_the_float_block_unchanged(kv_heads):
+    block, x, cos, sin = _outlier_block(kv_heads)
+    ref = block(x, cos, sin)
+    scaled = copy.deepcopy(block)
+    found = awq_scale_block(scaled, x, cos, sin, AWQConfig(bits=4, group_size=32))
+    expected = {"input_layernorm", "post_attention_layernorm", "mlp.up_proj"}
+    if kv_heads == 4:  # MHA: v's outputs feed o one to one; under GQA that group is skipped
+        expected.add("self_attn.v_proj")
+    assert set(found) == expected
+    assert any(float(s.std()) > 0.05 for s in found.values())  # scales were found, not all ones
+    assert not torch.equal(scaled.input_layernorm.weight, block.input_layernorm.weight)
+    out = scaled(x, cos, sin)
+    assert float((out - ref).abs().max() / ref.abs().max()) < 1e-6
+
+
+@torch.no_grad()
+def test_awq_beats_rtn_on_outlier_channels():
+    block, x, cos, sin = _outlier_block(2)
+    ref = block(x, cos, sin)
+    awq = copy.deepcopy(block)
+    records = awq_block(awq, x, cos, sin, AWQConfig(bits=4, group_size=32))
+    assert len(records) == 7 and all(r.bits == 4 and not r.sym for r in records.values())
+    rtn = copy.deepcopy(block)
+    for mod in rtn.modules():
+        if isinstance(mod, torch.nn.Linear):
+            mod.weight.copy_(quantize_rtn(mod.weight, bits=4, group_size=32, sym=False).dequantize())
+    err_awq = float((awq(x, cos, sin) - ref).pow(2).mean())
+    err_rtn = float((rtn(x, cos, sin) - ref).pow(2).mean())
+    assert err_rtn / err_awq >= 1.5, (err_rtn, err_awq)
+
+
+def test_awq_clip_never_worse_than_no_clip():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(32, 64, generator=g) * 0.02
+    w[:, 5] *= 30  # a heavy-tailed column: the grid wastes its range on it unless clipped
+    x = torch.randn(300, 64, generator=g)
+    cfg = AWQConfig(bits=4, group_size=32)
+    best = search_clip(w, x, cfg)  # (N, NG)
+    org = w.reshape(32, 2, 32).abs().amax(-1)
+    assert best.shape == (32, 2) and bool((best <= org + 1e-7).all()) and bool((best < org).any())
