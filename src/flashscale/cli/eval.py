@@ -114,7 +114,8 @@ def run(args) -> int:
 
     table = Table(title="perplexity (non-overlapping windows)")
     for col in ("model", "text", "tokens", "window", "perplexity", "seconds"):
-        table.add_column(col, justify="left" if col in ("model", "text") else "right")
+        table.add_column(col, justify="left" if col in ("model", "text") else "right",
+                         overflow="fold" if col in ("model", "text") else "ellipsis")
     for r in rows:
         table.add_row(path.name, r["text"], f"{r['tokens']:,}", str(r["window"]), f"{r['ppl']:.3f}",
                       f"{r['seconds']:.1f}")

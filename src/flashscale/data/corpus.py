@@ -39,7 +39,8 @@ def train_files() -> list[Path]:
     return [p for name, p in bundled_files().items() if name != EVAL_NAME]
 
 
-def _suffix(path: Path) -> str:
+def text_suffix(path: Path) -> str:
+    """The supported suffix path ends with (".txt", ".jsonl.xz", ...), or "" if none."""
     name = path.name.lower()
     for s in TEXT_SUFFIXES:
         if name.endswith(s):
@@ -54,11 +55,11 @@ def text_files(path: str | os.PathLike) -> list[Path]:
     if not p.exists():
         raise FileNotFoundError(f"text path {str(p)!r} does not exist")
     if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file() and _suffix(f))
+        files = sorted(f for f in p.rglob("*") if f.is_file() and text_suffix(f))
         if not files:
             raise FileNotFoundError(f"text folder {str(p)!r} holds no {'/'.join(TEXT_SUFFIXES)} files")
         return files
-    if not _suffix(p):
+    if not text_suffix(p):
         raise ValueError(f"text file {str(p)!r}: unsupported type; takes {', '.join(TEXT_SUFFIXES)}")
     return [p]
 
@@ -110,7 +111,7 @@ def read_documents(path: str | os.PathLike) -> list[str]:
     docs: list[str] = []
     for f in text_files(path):
         raw = _read_raw(f)
-        docs.extend(_jsonl_documents(f, raw) if _suffix(f).startswith(".jsonl") else split_documents(raw))
+        docs.extend(_jsonl_documents(f, raw) if text_suffix(f).startswith(".jsonl") else split_documents(raw))
     return docs
 
 

@@ -24,10 +24,10 @@ import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from flashscale.data.cache import publish_dir
-from flashscale.data.corpus import file_digest, read_documents, text_files
+from flashscale.data.corpus import text_suffix, file_digest, read_documents, text_files
 from flashscale.data.tokenizer import eos_token_id
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # bump when the file layout or the document reading changes: old entries then miss
 BATCH_CHARS = 16 << 20  # characters a encode_batch call: bounds memory on large corpora
 CHUNK_CHARS = 64 << 10  # long documents are encoded in pieces of about this size, in parallel
 
@@ -141,7 +141,8 @@ def encode_text(tokenizer: Tokenizer, text: str, *, add_special_tokens: bool = T
 
 def _key(files: list[Path], tokenizer: Tokenizer, eos_id: int) -> str:
     key = {"format": FORMAT_VERSION, "eos_id": eos_id,
-           "files": [file_digest(f) for f in files],
+           # the suffix too: the same bytes read as .txt or as .jsonl are different documents
+           "files": [(text_suffix(f), file_digest(f)) for f in files],
            "tokenizer": hashlib.sha256(tokenizer.to_str().encode()).hexdigest()}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
 

@@ -90,7 +90,7 @@ def perplexity(model: nn.Module, token_ids: torch.Tensor, *, window: int, batch_
 
     was_training = model.training
     model.eval()
-    total = torch.zeros((), dtype=torch.float64)
+    total = torch.zeros((), dtype=torch.float64, device=device)  # summed on the device: no sync a batch
     scored = 0
     bar = None
     if progress:
@@ -102,13 +102,13 @@ def perplexity(model: nn.Module, token_ids: torch.Tensor, *, window: int, batch_
     try:
         for lo, hi in batches:
             x = full[lo:hi].to(device, non_blocking=True)  # (b, window)
-            total += _batch_nll_sum(model, x).cpu()
+            total += _batch_nll_sum(model, x)
             scored += (hi - lo) * (window - 1)
             if bar is not None:
                 bar.advance(task, hi - lo)
         if tail >= 2:
             x = ids[n_full * window:][None].to(device)  # (1, tail)
-            total += _batch_nll_sum(model, x).cpu()
+            total += _batch_nll_sum(model, x)
             scored += tail - 1
             if bar is not None:
                 bar.advance(task, 1)
