@@ -54,6 +54,8 @@ class QuantizeConfig:
         check_group_size(self.group_size)
         if self.sym is None:
             self.sym = self.method != "awq"
+        if (self.act_order or self.static_groups) and self.method != "gptq":
+            raise ValueError(f"act_order/static_groups are GPTQ options, got method={self.method!r}")
         if self.checkpoint_format not in FORMATS:
             raise ValueError(f"checkpoint_format={self.checkpoint_format!r} is not supported; takes one of {FORMATS}")
         if self.checkpoint_format == "awq":
@@ -63,8 +65,6 @@ class QuantizeConfig:
             if self.act_order and not self.static_groups:
                 raise ValueError("checkpoint_format='awq' has no g_idx, so act_order needs static_groups=True "
                                  "or the GPTQ format")
-        if (self.act_order or self.static_groups) and self.method != "gptq":
-            raise ValueError(f"act_order/static_groups are GPTQ options, got method={self.method!r}")
         if not (0.0 < self.damp_percent <= 1.0):
             raise ValueError(f"damp_percent={self.damp_percent!r} must be in (0, 1]")
         for f in ("block_size", "awq_grid", "awq_tokens", "batch_tokens"):
