@@ -64,11 +64,12 @@ def test_eval_text_files(model_dir, tmp_path, capsys):
     assert all(1 < r["ppl"] < 1e4 for r in rows)
 
 
-@pytest.mark.parametrize("case", ["no_model", "no_text", "no_tokenizer", "not_a_model", "window", "max_tokens"])
+@pytest.mark.parametrize("case", ["no_model", "no_text", "no_tokenizer", "not_a_model", "window", "max_tokens",
+                                  "device"])
 def test_eval_errors_one_line_exit_2(case, model_dir, tmp_path, capsys):
     argv = ["eval", str(model_dir)]
     expect = {"no_model": "does not exist", "no_text": "missing.txt", "no_tokenizer": "tokenizer.json",
-              "not_a_model": "HF model folder or a .gguf", "window": "--window", "max_tokens": "--max-tokens"}[case]
+              "not_a_model": "HF model folder or a .gguf", "window": "--window", "max_tokens": "--max-tokens", "device": "--device"}[case]
     if case == "no_model":
         argv[1] = str(tmp_path / "nowhere")
     elif case == "no_text":
@@ -84,6 +85,8 @@ def test_eval_errors_one_line_exit_2(case, model_dir, tmp_path, capsys):
         argv += ["--window", "4096"]  # beyond the model's context of 128
     elif case == "max_tokens":
         argv += ["--max-tokens", "1"]
+    elif case == "device":
+        argv += ["--device", "tpu:7"]
     rc, out, err = _run(capsys, *argv)
     assert rc == 2
     lines = err.strip().splitlines()

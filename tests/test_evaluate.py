@@ -42,17 +42,19 @@ class Wrapped(nn.Module):
         return self.inner(x)
 
 
-@pytest.mark.parametrize("n, window, batch", [(203, 32, 3), (192, 32, 8), (193, 32, 2), (10, 64, 4)])
+@pytest.mark.parametrize("n, window, batch", [(87, 16, 2), (64, 16, 8), (65, 16, 3), (10, 64, 4)])
 def test_perplexity_equals_direct_computation(model, n, window, batch):
     ids = torch.randint(0, model.config.vocab_size, (n,), generator=torch.Generator().manual_seed(n))
     with torch.no_grad():
         ppl, nll, count = _direct(model, ids, window)
     res = perplexity(model, ids, window=window, batch_size=batch)
     assert res["tokens"] == count == n - math.ceil(n / window)  # every window loses its first token
-    # Windows: every full one, plus the tail if it holds a target (203 = 6*32 + 11; 193's tail is 1 token).
+    # Windows: every full one, plus the tail if it holds a target (87 = 5*16 + 7; 65 has a 1-token tail).
     assert res["windows"] == n // window + (n % window >= 2)
     assert res["nll"] == pytest.approx(nll, rel=1e-5) and res["ppl"] == pytest.approx(ppl, rel=1e-5)
     generic = perplexity(Wrapped(model), ids.numpy(), window=window, batch_size=batch)
+    strided = perplexity(model, torch.stack([ids, ids], 1)[:, 0], window=window, batch_size=batch)
+    assert strided == res  # a non-contiguous view gives the same windows
     assert generic["nll"] == pytest.approx(res["nll"], rel=1e-6) and generic["tokens"] == res["tokens"]
 
 
@@ -93,6 +95,10 @@ def test_perplexity_bad_args(model):
         perplexity(model, ids[:1], window=16)
     with pytest.raises(TypeError, match="token_ids"):
         perplexity(model, [1, 2, 3], window=16)
+    with pytest.raises(ValueError, match=r"token_ids.*\[0, 512\).*\[0, 512\]"):
+        perplexity(model, torch.tensor([0, 5, 512]), window=16)
+    with pytest.raises(ValueError, match="token_ids"):
+        perplexity(model, torch.tensor([3, -1]), window=16)
     with pytest.raises(TypeError, match="model"):
         perplexity(lambda x: x, ids, window=16)
 

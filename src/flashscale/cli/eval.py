@@ -56,6 +56,22 @@ def _check_args(args) -> None:
             raise FileNotFoundError(f"--text: file {t!r} does not exist")
 
 
+def _device(name: str | None):
+    import torch
+
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device: takes a torch device such as cpu, cuda, cuda:1; got {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: no CUDA GPU is available here")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device: takes cpu or cuda[:N], got {name!r}")
+    return device
+
+
 def load_model(path: Path, *, device, dtype: str):
     """(model, tokenizer) of an HF folder or a GGUF file, on device in dtype."""
     if path.is_dir():
@@ -79,7 +95,7 @@ def run(args) -> int:
     from flashscale.train.evaluate import perplexity
 
     _check_args(args)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = _device(args.device)
     path = Path(args.model).expanduser()
     texts = [(t, lambda t=t: read_text(t)) for t in args.text] if args.text else [(EVAL_NAME, eval_text)]
 

@@ -80,13 +80,17 @@ def perplexity(model: nn.Module, token_ids: torch.Tensor, *, window: int, batch_
     batch_size = _int_arg("batch_size", batch_size, 1)
     if ids.numel() < 2:
         raise ValueError(f"token_ids: takes >= 2 tokens (one input, one target), got {ids.numel()}")
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    lo_id, hi_id = int(ids.min()), int(ids.max())
+    if lo_id < 0 or (isinstance(vocab, int) and hi_id >= vocab):  # else: an index error deep in a kernel
+        raise ValueError(f"token_ids: ids must lie in [0, {vocab}) (the model's vocab_size), got [{lo_id}, {hi_id}]")
     device = torch.device(device) if device is not None else _model_device(model)
 
     n = ids.numel()
     n_full = n // window
     tail = n - n_full * window  # a tail of 1 token has no target: nothing to score
     batches = [(lo, min(lo + batch_size, n_full)) for lo in range(0, n_full, batch_size)]
-    full = ids[: n_full * window].view(n_full, window)  # (W, window)
+    full = ids[: n_full * window].reshape(n_full, window)  # (W, window)
 
     was_training = model.training
     model.eval()
@@ -117,7 +121,7 @@ def perplexity(model: nn.Module, token_ids: torch.Tensor, *, window: int, batch_
             bar.stop()
         model.train(was_training)
     nll = float(total) / scored
-    return {"ppl": math.exp(nll), "nll": nll, "tokens": scored, "windows": n_full + (tail >= 2)}
+    return {"ppl": math.exp(nll) if nll < 700 else math.inf, "nll": nll, "tokens": scored, "windows": n_full + (tail >= 2)}
 
 
 def unigram_perplexity(train_tokens, eval_tokens, vocab_size: int) -> float:
