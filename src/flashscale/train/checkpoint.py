@@ -123,11 +123,15 @@ def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, *, save_engine: Call
     tmp = d / f".tmp-{final.name}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    (tmp / ENGINE_DIR).mkdir(parents=True)
-    save_engine(tmp / ENGINE_DIR)
-    torch.save(rng_state(), tmp / RNG_FILE)
-    (tmp / TRAINER_FILE).write_text(json.dumps({"step": step, **trainer_state}, indent=1))
-    _fsync_tree(tmp)
+    try:
+        (tmp / ENGINE_DIR).mkdir(parents=True)
+        save_engine(tmp / ENGINE_DIR)
+        torch.save(rng_state(), tmp / RNG_FILE)
+        (tmp / TRAINER_FILE).write_text(json.dumps({"step": step, **trainer_state}, indent=1))
+        _fsync_tree(tmp)
+    except BaseException:  # an error (a full disk, say) leaves nothing behind; a kill leaves .tmp-*
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():  # the same step saved again (a rerun of a finished run): replace it
         old = d / f".del-{final.name}"
         shutil.rmtree(old, ignore_errors=True)

@@ -117,6 +117,8 @@ class TrainSection:
                              f"train.micro_batches={self.micro_batches}")
         if not self.lr > 0 or not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"train.lr={self.lr!r}, train.min_lr={self.min_lr!r}: expected 0 <= min_lr <= lr, lr > 0")
+        if self.seed < 0:
+            raise ValueError(f"train.seed={self.seed!r}: expected an int >= 0")
         if self.warmup_steps < 0:
             raise ValueError(f"train.warmup_steps={self.warmup_steps!r}: expected an int >= 0")
         if self.weight_decay < 0:

@@ -23,9 +23,11 @@ from flashscale.train.metrics import fmt_bytes, fmt_mfu
 class RunLogger:
     def __init__(self, out_dir: Path | None, *, jsonl: bool, tensorboard: bool, total_steps: int,
                  start_step: int = 0, progress: bool = True, console: Console | None = None,
-                 enabled: bool = True):
+                 enabled: bool = True, quiet: bool = False):
+        """enabled: this process logs at all (the main rank); quiet: nothing to the console (files still)."""
         self.enabled = enabled
-        self.console = console or Console(stderr=False)
+        self.quiet = quiet
+        self.console = console or Console(stderr=False, quiet=quiet)
         self.jsonl_path = out_dir / "log.jsonl" if (enabled and jsonl and out_dir is not None) else None
         self.tb = None
         if enabled and self.jsonl_path is not None:
@@ -42,7 +44,7 @@ class RunLogger:
         self.progress = Progress(
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
             TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-            console=self.console, disable=not (enabled and progress), transient=False)
+            console=self.console, disable=not (enabled and progress and not quiet), transient=False)
         self.task = self.progress.add_task("train", total=total_steps, completed=start_step, status="")
 
     def __enter__(self) -> "RunLogger":

@@ -56,7 +56,8 @@ class Trainer:
 
     out_dir: log.jsonl, tensorboard/, checkpoints/ (unless checkpoint.dir), config.json.
     engine_factory: builds the engine from the initialized float32 model (default SingleDeviceEngine).
-    on_step(step, record): called after every step with the step's {"loss", "lr"} tensors/values;
+    quiet: nothing on the console (log.jsonl and TensorBoard are still written).
+    on_step(step, record): called after every step with the step's {"loss", "grad_norm", "lr"};
     tests use it to kill a run at a chosen step.
     """
 
@@ -186,8 +187,7 @@ class Trainer:
         peak = peak * self.world_size if peak is not None else None  # MFU of the whole job
         flops_per_token = self.model_config.flops_per_token(c.data.seq_len)
         logger = RunLogger(self.out_dir, jsonl=c.log.jsonl, tensorboard=c.log.tensorboard, total_steps=t.steps,
-                           start_step=start, progress=self.progress and not self.quiet,
-                           enabled=self.is_main and not self.quiet)
+                           start_step=start, progress=self.progress, enabled=self.is_main, quiet=self.quiet)
         result = TrainResult(steps=start, steps_run=0, tokens=start * tokens_per_step, seconds=0.0,
                              tokens_per_s=0.0, mfu=None, loss=None, val_loss=None, val_ppl=None)
         pending: list[torch.Tensor] = []  # this interval's loss tensors: read once a log step (one sync)
