@@ -64,12 +64,13 @@ def test_eval_text_files(model_dir, tmp_path, capsys):
     assert all(1 < r["ppl"] < 1e4 for r in rows)
 
 
-@pytest.mark.parametrize("case", ["no_model", "no_text", "no_tokenizer", "not_a_model", "window", "max_tokens",
-                                  "device"])
+@pytest.mark.parametrize("case", ["no_model", "no_text", "no_tokenizer", "not_a_model", "window",
+                                  "max_tokens", "device"])
 def test_eval_errors_one_line_exit_2(case, model_dir, tmp_path, capsys):
     argv = ["eval", str(model_dir)]
     expect = {"no_model": "does not exist", "no_text": "missing.txt", "no_tokenizer": "tokenizer.json",
-              "not_a_model": "HF model folder or a .gguf", "window": "--window", "max_tokens": "--max-tokens", "device": "--device"}[case]
+              "not_a_model": "HF model folder or a .gguf", "window": "--window",
+              "max_tokens": "--max-tokens", "device": "--device"}[case]
     if case == "no_model":
         argv[1] = str(tmp_path / "nowhere")
     elif case == "no_text":

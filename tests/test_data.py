@@ -56,7 +56,8 @@ def test_bundled_corpus_matches_manifest():
         assert len(docs) == manifest[name]["documents"]
         assert sum(d.count("\n\n") + 1 for d in docs) == manifest[name]["paragraphs"]
     text = corpus.eval_text()
-    assert text.startswith("Call me Ishmael.") and text.count("\n\n") == manifest["moby_dick"]["paragraphs"] - 1
+    assert text.startswith("Call me Ishmael.")
+    assert text.count("\n\n") == manifest["moby_dick"]["paragraphs"] - 1
     assert "\n\n\n" not in text and text == text.strip()
 
 
@@ -71,7 +72,8 @@ def test_read_text_jsonl_xz_and_folders(tmp_path):
     _write_xz(tmp_path / "d" / "a.txt.xz", "alpha one\nalpha two\n\nbeta\n")
     (tmp_path / "d" / "b.jsonl").write_text('{"text": "gamma\\n line"}\n\n{"text": "delta", "id": 3}\n')
     (tmp_path / "d" / "skip.md").write_text("not a corpus file")
-    assert corpus.read_documents(tmp_path / "d") == ["alpha one\n\nalpha two", "beta", "gamma\n line", "delta"]
+    docs = corpus.read_documents(tmp_path / "d")
+    assert docs == ["alpha one\n\nalpha two", "beta", "gamma\n line", "delta"]
     assert corpus.read_text(tmp_path / "d" / "b.jsonl") == "gamma\n line\n\ndelta"
     _write_xz(tmp_path / "c.jsonl.xz", json.dumps({"text": "\u00e9t\u00e9"}) + "\n")
     assert corpus.read_text(tmp_path / "c.jsonl.xz") == "\u00e9t\u00e9"

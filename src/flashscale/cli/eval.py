@@ -45,7 +45,8 @@ def _check_args(args) -> None:
         raise ValueError(f"--batch-size: takes an int >= 1, got {args.batch_size}")
     model = Path(args.model).expanduser()
     if not model.exists():
-        raise FileNotFoundError(f"model {str(model)!r} does not exist (takes an HF model folder or a .gguf file)")
+        raise FileNotFoundError(f"model {str(model)!r} does not exist (takes an HF model folder or a "
+                                f".gguf file)")
     if not model.is_dir() and model.suffix.lower() != ".gguf":
         raise ValueError(f"model {str(model)!r}: takes an HF model folder or a .gguf file")
     if model.is_dir() and not (model / "tokenizer.json").is_file():

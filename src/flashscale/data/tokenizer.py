@@ -36,7 +36,8 @@ def _check_vocab_size(vocab_size: int) -> None:
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
         raise TypeError(f"vocab_size: takes an int, got {type(vocab_size).__name__} {vocab_size!r}")
     if vocab_size < MIN_VOCAB:
-        raise ValueError(f"vocab_size: takes an int >= {MIN_VOCAB} (256 bytes + {EOS_TOKEN}), got {vocab_size}")
+        raise ValueError(f"vocab_size: takes an int >= {MIN_VOCAB} (256 bytes + {EOS_TOKEN}), "
+                         f"got {vocab_size}")
 
 
 def _new_bpe(vocab_size: int, min_frequency: int) -> tuple[Tokenizer, trainers.BpeTrainer]:

@@ -45,7 +45,8 @@ class TokenFile:
             raise ValueError(f"token file {str(self.path)!r}: format {self.meta.get('format')!r}, "
                              f"this version reads {FORMAT_VERSION}")
         n = int(self.meta["num_tokens"])
-        self.tokens = np.memmap(self.path / "tokens.bin", dtype=np.dtype(self.meta["dtype"]), mode="r", shape=(n,))
+        self.tokens = np.memmap(self.path / "tokens.bin", dtype=np.dtype(self.meta["dtype"]), mode="r",
+                                shape=(n,))  # (N,)
         self.doc_starts = np.load(self.path / "doc_starts.npy")  # (D,) int64
         self.vocab_size = int(self.meta["vocab_size"])
         self.eos_id = int(self.meta["eos_id"])
@@ -221,7 +222,8 @@ def split_tokens(tf: TokenFile, val_fraction: float) -> tuple[np.ndarray, np.nda
     so no document is split between the two and both are non-empty."""
     if not isinstance(tf, TokenFile):
         raise TypeError(f"tf: takes a TokenFile, got {type(tf).__name__}")
-    if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 < val_fraction < 1:
+    if (isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float))
+            or not 0 < val_fraction < 1):
         raise ValueError(f"val_fraction: takes a float in (0, 1), got {val_fraction!r}")
     if tf.num_docs < 2:
         raise ValueError(f"tf: holds {tf.num_docs} document(s); a split on a document boundary needs >= 2")

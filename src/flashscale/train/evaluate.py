@@ -83,7 +83,8 @@ def perplexity(model: nn.Module, token_ids: torch.Tensor, *, window: int, batch_
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     lo_id, hi_id = int(ids.min()), int(ids.max())
     if lo_id < 0 or (isinstance(vocab, int) and hi_id >= vocab):  # else: an index error deep in a kernel
-        raise ValueError(f"token_ids: ids must lie in [0, {vocab}) (the model's vocab_size), got [{lo_id}, {hi_id}]")
+        raise ValueError(f"token_ids: ids must lie in [0, {vocab}) (the model's vocab_size), "
+                         f"got [{lo_id}, {hi_id}]")
     device = torch.device(device) if device is not None else _model_device(model)
 
     n = ids.numel()
@@ -121,7 +122,8 @@ def perplexity(model: nn.Module, token_ids: torch.Tensor, *, window: int, batch_
             bar.stop()
         model.train(was_training)
     nll = float(total) / scored
-    return {"ppl": math.exp(nll) if nll < 700 else math.inf, "nll": nll, "tokens": scored, "windows": n_full + (tail >= 2)}
+    ppl = math.exp(nll) if nll < 700 else math.inf  # exp overflows a float past ~709
+    return {"ppl": ppl, "nll": nll, "tokens": scored, "windows": n_full + (tail >= 2)}
 
 
 def unigram_perplexity(train_tokens, eval_tokens, vocab_size: int) -> float:
