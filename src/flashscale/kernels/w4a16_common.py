@@ -1,0 +1,91 @@
+"""Pieces shared by the W4A16 kernels: nibble -> float without a conversion instruction, the group
+constants, the split-K epilogue, and its workspace.
+
+Nibble to float ("magic number"): OR-ing a nibble into the mantissa of 1.0f gives 1 + q * 2^(p-23) for
+a nibble at bits p..p+3, with no int->float conversion (I2F runs at a quarter of the FMA rate). Two
+windows are used, p = 12 and p = 16, so one shift brings two nibbles of a word into place (raw word:
+nibbles 3, 4; << 8: 1, 2; >> 8: 5, 6; rotate 16: 7, 0) and each nibble then costs one LOP3
+((s & mask) | magic, with magic in a register so ptxas fuses the two: it passes as a kernel argument).
+Then w = (q - z) * s is one FMA: f * S_p - C_p with S_12 = s * 2^11, C_12 = S_12 + z*s,
+S_16 = s * 2^7, C_16 = S_16 + z*s. Every one of these is exact in float32 (s has 11 significant bits,
+z <= 16: S_p, C_p and f * S_p fit in 24 bits), so w is exactly (q - z) * s before the single rounding to
+the 16-bit MMA operand, as the reference computes it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAGIC_ONE = 0x3F800000  # float32 1.0: the exponent the nibbles are OR-ed under
+
+
+@triton.jit
+def nibble_float(s, MAGIC, LOW: tl.constexpr):
+    """int32 s -> float32 1 + q/2^11 (q at bits 12..15, LOW) or 1 + q/2^7 (q at bits 16..19)."""
+    if LOW:
+        return ((s & 0xF000) | MAGIC).to(tl.float32, bitcast=True)
+    else:
+        return ((s & 0xF0000) | MAGIC).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def word_shifts(p):
+    """int32 words -> (rot16, <<8, >>8) views: each brings two more nibbles into the windows."""
+    pu = p.to(tl.uint32, bitcast=True)
+    r16 = ((pu << 16) | (pu >> 16)).to(tl.int32, bitcast=True)  # one SHF.L.W (funnel shift)
+    l8 = p << 8
+    r8 = (pu >> 8).to(tl.int32, bitcast=True)
+    return r16, l8, r8
+
+
+@triton.jit
+def group_consts(sz):
+    """sz words (float32 bits of s*2^11 | zero) -> S_12, C_12, S_16, C_16 (module docstring)."""
+    s12 = (sz & -32).to(tl.float32, bitcast=True)
+    zs = (sz & 31).to(tl.float32) * s12  # z * s * 2^11, exact
+    c12 = zs * (1.0 / 2048.0) + s12
+    s16 = s12 * 0.0625
+    c16 = s12 * -0.9375 + c12
+    return s12, c12, s16, c16
+
+
+@triton.jit
+def store_or_reduce(acc, y_ptrs, ws_off, mask, bias, ws_ptr, cnt_ptr, SPLIT_K, HAS_BIAS: tl.constexpr):
+    """Write an fp32 tile (+ bias) to y, or, under split-K, add it into the fp32 workspace: the split
+    that arrives last for an element (its own per-element ticket) writes y and puts workspace and
+    ticket back to zero, so one launch does it all and the next call finds a clean workspace."""
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc = acc + bias
+        tl.store(y_ptrs, acc.to(y_ptrs.dtype.element_ty), mask=mask)
+    else:
+        tl.atomic_add(ws_ptr + ws_off, acc, mask=mask, sem="relaxed")
+        # acq_rel: our add is visible before the ticket; the last one sees every earlier add
+        ticket = tl.atomic_add(cnt_ptr + ws_off, tl.full(acc.shape, 1, tl.int32), mask=mask, sem="acq_rel")
+        last = mask & (ticket == SPLIT_K - 1)
+        tot = tl.load(ws_ptr + ws_off, mask=last, other=0.0, cache_modifier=".cg")
+        if HAS_BIAS:
+            tot = tot + bias
+        tl.store(y_ptrs, tot.to(y_ptrs.dtype.element_ty), mask=last)
+        tl.store(ws_ptr + ws_off, tl.zeros(acc.shape, tl.float32), mask=last)
+        tl.store(cnt_ptr + ws_off, tl.zeros(acc.shape, tl.int32), mask=last)
+
+
+_WORKSPACE: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def split_k_workspace(device: torch.device, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 partial sums, int32 tickets), zero, at least `numel` long, one pair per device.
+
+    The kernels leave both at zero after every call. Calls on one device must not overlap in time
+    (one stream), and the first call of a size should happen outside CUDA-graph capture.
+    """
+    device = torch.device(device)
+    ws = _WORKSPACE.get(device)
+    if ws is None or ws[0].numel() < numel:
+        size = max(numel, 1 << 16)
+        ws = (torch.zeros(size, dtype=torch.float32, device=device), torch.zeros(size, dtype=torch.int32, device=device))
+        _WORKSPACE[device] = ws
+    return ws
