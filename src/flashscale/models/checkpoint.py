@@ -75,6 +75,7 @@ def atomic_directory(target: str | os.PathLike) -> Iterator[Path]:
 
     An existing target is moved aside only after the new directory is complete and fsynced, and
     removed after the rename; on an exception the temporary directory is deleted and target untouched.
+    (A crash between the two renames leaves the old checkpoint in .NAME.old-*/x beside the target.)
     """
     target = Path(target)
     if target.exists() and not target.is_dir():
