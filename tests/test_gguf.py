@@ -7,7 +7,6 @@ import random
 import gguf
 import numpy as np
 import pytest
-import regex
 import torch
 from gguf_testutil import byte_level_vocab, quantized_reference, write_llama_gguf
 
@@ -311,6 +310,7 @@ def _bytes_to_unicode():
 def _llamacpp_smollm_encode(text, tokens, merges, specials):
     """llama.cpp's gpt2-type tokenization with the "smollm" pre-tokenizer: specials split out, then the
     regexes "\\p{N}" and GPT-2's, then byte-level BPE by merge rank."""
+    regex = pytest.importorskip("regex")  # \p{L}/\p{N} classes (installed with transformers)
     vocab = {t: i for i, t in enumerate(tokens)}
     ranks = {tuple(m.split(" ")): r for r, m in enumerate(merges)}
     byte_char = _bytes_to_unicode()
