@@ -51,7 +51,8 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="folder for the JSON")
     p.add_argument("--cache-dir", type=Path, default=None, help="tokenizer/token cache (default: flashscale's)")
     p.add_argument("--smoke", action="store_true",
-                   help="CPU check: the bundled corpus, the tiny preset, a few steps; writes train-reference-smoke.json")
+                   help="CPU check: the bundled corpus, the tiny preset, a few steps "
+                        "(writes train-reference-smoke.json)")
     p.add_argument("overrides", nargs="*", help="extra config overrides, e.g. --train.lr 6e-4 (after --)")
     return p.parse_args(argv)
 

@@ -32,7 +32,8 @@ multi-GPU (torchrun):
 
 
 def add_parser(sub) -> None:
-    from flashscale.train.config import available_configs, keys, sections, type_name
+    from flashscale.train.config import available_configs, keys, sections
+    from flashscale.train.typed import type_name
 
     p = sub.add_parser("train", help="train a model from a TOML config", description=__doc__.split("\n\n")[0],
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
@@ -69,7 +70,7 @@ class _KeepUnknownOverrides(argparse.ArgumentParser):
 
 
 def _metavar(tp) -> str:
-    from flashscale.train.config import type_name
+    from flashscale.train.typed import type_name
 
     name = type_name(tp)
     return "V" if len(name) > 20 else name.upper().replace(" ", "_")

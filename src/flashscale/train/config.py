@@ -11,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from flashscale.models.config import PRESETS, LlamaConfig, preset
+from flashscale.train.typed import Mismatch, coerce, parse_text, type_name
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -190,134 +190,6 @@ def keys(section: str) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-def type_name(tp: Any) -> str:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in args)
-    if origin in (Union, types.UnionType):
-        names = [type_name(a) for a in args if a is not type(None)]
-        return " or ".join(names) + (" or none" if type(None) in args else "")
-    if origin is list:
-        return f"list of {type_name(args[0])}"
-    if origin is tuple:
-        return f"list of {len(args)} {type_name(args[0])}"
-    if origin is dict or tp is dict:
-        return "table"
-    return getattr(tp, "__name__", str(tp))
-
-
-class _Mismatch(Exception):
-    pass
-
-
-def coerce(value: Any, tp: Any) -> Any:
-    """`value` (as TOML or JSON gives it) checked against annotation `tp`; raises _Mismatch."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return coerce(value, arg)
-            except _Mismatch:
-                pass
-        raise _Mismatch
-    if origin is Literal:
-        if value in args and type(value) is type(args[0]):
-            return value
-        raise _Mismatch
-    if origin is list:
-        if not isinstance(value, list):
-            raise _Mismatch
-        return [coerce(v, args[0]) for v in value]
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise _Mismatch
-        return tuple(coerce(v, a) for v, a in zip(value, args))
-    if origin is dict or tp is dict:
-        if not isinstance(value, dict):
-            raise _Mismatch
-        return dict(value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise _Mismatch
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise _Mismatch
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise _Mismatch
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise _Mismatch
-    raise TypeError(f"config annotation {tp!r} is not supported")  # a bug in this file, not user input
-
-
-_TRUE, _FALSE, _NONE = ("true", "yes", "on", "1"), ("false", "no", "off", "0"), ("none", "null")
-
-
-def parse_text(text: str, tp: Any) -> Any:
-    """A command-line string read as the type `tp` wants; raises _Mismatch."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (Union, types.UnionType):
-        if text.strip().lower() in _NONE and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return parse_text(text, arg)
-            except _Mismatch:
-                pass
-        raise _Mismatch
-    if origin is Literal:
-        return coerce(text, tp)
-    if origin in (list, tuple):
-        s = text.strip()
-        if s.startswith("["):  # TOML/JSON array syntax: [0.9, 0.95] or ["a.txt", "b.txt"]
-            try:
-                return coerce(tomllib.loads(f"v = {s}")["v"], tp)
-            except tomllib.TOMLDecodeError as e:
-                raise _Mismatch from e
-        items = [p.strip() for p in s.split(",")] if s else []
-        item_types = args if origin is tuple else [args[0]] * len(items)
-        if origin is tuple and len(items) != len(args):
-            raise _Mismatch
-        return coerce([parse_text(p, t) for p, t in zip(items, item_types)], tp)
-    if origin is dict or tp is dict:
-        try:
-            return coerce(json.loads(text), tp)
-        except json.JSONDecodeError:
-            try:
-                return coerce(tomllib.loads(f"v = {text}")["v"], tp)
-            except tomllib.TOMLDecodeError as e:
-                raise _Mismatch from e
-    if tp is bool:
-        low = text.strip().lower()
-        if low in _TRUE or low in _FALSE:
-            return low in _TRUE
-        raise _Mismatch
-    if tp is int:
-        try:
-            return int(text.replace("_", ""))
-        except ValueError as e:
-            raise _Mismatch from e
-    if tp is float:
-        try:
-            return float(text)
-        except ValueError as e:
-            raise _Mismatch from e
-    if tp is str:
-        return text
-    raise TypeError(f"config annotation {tp!r} is not supported")
-
-
 def _check_key(section: str, key: str, where: str) -> Any:
     secs = sections()
     if section not in secs:
@@ -343,7 +215,7 @@ def parse_overrides(overrides: list[str]) -> dict[str, dict[str, Any]]:
         tp = _check_key(section, key, f"override --{name}")
         if not eq:
             nxt = overrides[i + 1] if i + 1 < len(overrides) else None
-            if nxt is None or nxt.startswith("--") and not _is_number(nxt):
+            if nxt is None or nxt.startswith("--"):
                 if tp is not bool:
                     raise ValueError(f"config override --{name} has no value; expected {type_name(tp)}")
                 text = "true"
@@ -353,18 +225,10 @@ def parse_overrides(overrides: list[str]) -> dict[str, dict[str, Any]]:
         i += 1
         try:
             value = parse_text(text, tp)
-        except _Mismatch:
+        except Mismatch:
             raise ValueError(f"config key {section}.{key} = {text!r}: expected {type_name(tp)}") from None
         out.setdefault(section, {})[key] = value
     return out
-
-
-def _is_number(s: str) -> bool:
-    try:
-        float(s)
-        return True
-    except ValueError:
-        return False
 
 
 def config_from_dict(d: dict[str, Any], *, where: str = "config") -> Config:
@@ -382,7 +246,7 @@ def config_from_dict(d: dict[str, Any], *, where: str = "config") -> Config:
             tp = _check_key(section, key, where)
             try:
                 values[key] = coerce(value, tp)
-            except _Mismatch:
+            except Mismatch:
                 raise ValueError(f"{where}: config key {section}.{key} = {value!r}: expected {type_name(tp)}") from None
         built[section] = sections()[section](**values)
     return Config(**built)

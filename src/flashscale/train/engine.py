@@ -51,6 +51,9 @@ class Engine(Protocol):
         ...
 
     def state_dict(self) -> dict: ...
+    # Optional: eval_loss(x, y) -> 0-dim tensor, the mean loss of a batch without gradients. The trainer's
+    # validation calls it when the engine has it (a sharded model cannot be called as a whole), else it
+    # calls engine.model(x).
 
     def load_state_dict(self, sd: dict) -> None: ...
 
@@ -166,6 +169,18 @@ class SingleDeviceEngine:
                 torch._foreach_copy_(self.params, self.masters)  # round the masters into the bf16 weights
         return {"loss": total / micro_batches, "grad_norm": norm.detach().float()}
 
+    @torch.no_grad()
+    def eval_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Mean loss of a batch (B, S) under the training step's precision (autocast), no gradients."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self._autocast():
+                logits = self._forward(x.to(self.device))  # (B, S, V) float32
+            return lm_loss(logits, y.to(self.device)).float()
+        finally:
+            self.model.train(was_training)
+
     def _accumulate_master_grads(self) -> None:
         """Adds this micro-batch's bf16 gradients into the float32 master gradients, then frees them."""
         with torch.no_grad():
@@ -193,7 +208,8 @@ class SingleDeviceEngine:
         for n, m in zip(self.names, self.masters):
             t = model_sd[n]
             if tuple(t.shape) != tuple(m.shape):
-                raise ValueError(f"engine state: tensor {n} has shape {tuple(t.shape)}, the model wants {tuple(m.shape)}")
+                raise ValueError(f"engine state: tensor {n} has shape {tuple(t.shape)}, "
+                                 f"the model wants {tuple(m.shape)}")
         with torch.no_grad():
             for n, m in zip(self.names, self.masters):
                 m.copy_(model_sd[n])

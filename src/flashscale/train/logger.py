@@ -88,8 +88,9 @@ class RunLogger:
                       f"{record['tokens_per_s']:,.0f} tok/s  MFU {fmt_mfu(record['mfu'])}")
             self.progress.update(self.task, status=status)
             self.progress.console.print(
-                f"step {step:>6}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  gnorm {record['grad_norm']:.3f}  "
-                f"{record['tokens_per_s']:,.0f} tok/s  MFU {fmt_mfu(record['mfu'])}  mem {fmt_bytes(record['peak_mem'])}",
+                f"step {step:>6}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
+                f"gnorm {record['grad_norm']:.3f}  {record['tokens_per_s']:,.0f} tok/s  "
+                f"MFU {fmt_mfu(record['mfu'])}  mem {fmt_bytes(record['peak_mem'])}",
                 soft_wrap=True)
         if "val_loss" in record:
             self.progress.console.print(f"step {step:>6}  [bold]val loss {record['val_loss']:.4f}  "

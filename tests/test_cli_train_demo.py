@@ -1,0 +1,80 @@
+"""`flashscale train` and `flashscale demo` from the command line: user errors are one line and exit 2;
+a tiny training run writes a loadable HF model; `demo --quick` runs end to end on the CPU."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from flashscale.cli import main
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model.preset", "huge"], "model.preset='huge' is not a preset; choose one of: tiny, demo, 125M"),
+    (["--train.steps", "ten"], "config key train.steps = 'ten': expected int"),
+    (["--train.betas", "0.9"], "config key train.betas = '0.9': expected list of 2 float"),
+    (["--train.stepz", "3"], "unknown config key train.stepz; valid keys of [train]: steps, batch_size"),
+    (["--data.files", "/no/such/corpus.txt"], "data.files: corpus path '/no/such/corpus.txt' does not exist"),
+    (["--data.tokenizer", "/no/such/tokenizer.json"], "tokenizer path '/no/such/tokenizer.json' does not exist"),
+])
+def test_train_user_errors_are_one_line(capsys, tmp_path, cache, argv, message):
+    code, out, err = run_cli(capsys, "train", "tiny", "--out", str(tmp_path), "--data.cache_dir", str(cache), *argv)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("flashscale train: error: ") and message in lines[0], err
+    assert "Traceback" not in err
+
+
+def test_train_unknown_config_file(capsys):
+    code, _, err = run_cli(capsys, "train", "no_such_config")
+    assert code == 2 and "config 'no_such_config' is neither a TOML file nor a bundled config; bundled:" in err
+
+
+def test_train_tiny_writes_loadable_model(capsys, tmp_path, cache):
+    from flashscale.data.tokenizer import load_tokenizer
+    from flashscale.models.checkpoint import load_hf
+
+    out = tmp_path / "run"
+    code, stdout, err = run_cli(capsys, "train", "tiny", "--out", str(out), "--no-progress",
+                                "--data.cache_dir", str(cache), "--data.vocab_size", "1024",
+                                "--data.tokenizer_max_chars", "1000000", "--train.steps", "6",
+                                "--log.every", "3", "--log.tensorboard", "false", "--checkpoint.every", "3")
+    assert code == 0, err
+    assert "flashscale train: summary" in stdout and "validation loss / perplexity" in stdout
+    model = load_hf(out / "final")
+    assert model.config.vocab_size == load_tokenizer(out / "final").get_vocab_size() == 1024
+    assert json.loads((out / "config.json").read_text())["train"]["steps"] == 6
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000003", "step-00000006"]
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [3, 6]
+
+
+def test_demo_quick_end_to_end(tmp_path, cache):
+    env = {**os.environ, "FLASHSCALE_CACHE": str(cache)}
+    proc = subprocess.run([sys.executable, "-m", "flashscale", "demo", "--quick", "--device", "cpu",
+                           "--out", str(tmp_path / "demo")], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "unigram baseline" in out and "demo model (float32)" in out
+    for prompt in ("It is a truth universally acknowledged", "The ship sailed", "And the LORD said"):
+        assert prompt in out
+    assert (tmp_path / "demo" / "model" / "model.safetensors").is_file()
+    assert (tmp_path / "demo" / "model" / "tokenizer.json").is_file()
+
+
+def test_demo_rejects_bad_steps(capsys):
+    code, _, err = run_cli(capsys, "demo", "--steps", "0")
+    assert code == 2 and "--steps: takes an int >= 1, got 0" in err
