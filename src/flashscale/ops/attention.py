@@ -1,14 +1,66 @@
-"""flashscale.ops.attention: scaled dot-product attention in flash-attn's (B, S, H, D) layout.
+"""flashscale.ops.attention: FlashAttention-2 (Triton) with flash-attn's layouts and features.
 
-First implementation: the plain-PyTorch reference on every device. The kernel issues put the Triton
-FlashAttention kernels under this same signature.
+    out = attention(q, k, v, causal=True)                               # (B, S, H, D), the model's call
+    out, lse = attention(q, k, v, window=(256, 0), softcap=30.0, return_lse=True)
+    out = attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m, max_seqlen_k=m)  # packed
+
+Dense layout q (B, Sq, H, D), k/v (B, Sk, Hkv, D); packed varlen layout q (Tq, H, D), k/v (Tk, Hkv, D)
+with int32 cu_seqlens (B+1,). H % Hkv == 0 (GQA/MQA, no K/V copy). Causal is aligned bottom-right when
+Sq != Sk. The semantics of every feature are written down in flashscale.reference.attention.
+Under autocast, attention runs in the autocast dtype (as torch's SDPA does).
 """
 
 from __future__ import annotations
 
+import math
+import os
+
 import torch
 
-from flashscale.reference.attention import attention_ref
+from flashscale.ops.attention_op import attention_fwd_op
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_IMPLS = ("auto", "triton", "reference")
+
+
+def _check_tensor(name: str, t: torch.Tensor, rank: int, layout: str) -> None:
+    if t.dtype not in _FLOATS:
+        raise TypeError(f"{name}.dtype must be float16, bfloat16, float32 or float64; got {t.dtype}")
+    if t.dim() != rank:
+        raise ValueError(f"{name} must be {rank}-D {layout}; got shape {tuple(t.shape)}")
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        raise ValueError(f"{name} must have a contiguous last (head_dim) dimension, stride 1; got stride "
+                         f"{t.stride(-1)} (call .contiguous())")
+
+
+def _check_cu_seqlens(name: str, cu, q: torch.Tensor, total: int, max_seqlen, max_name: str) -> int:
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor; got {type(cu).__name__}")
+    if cu.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32 (flash-attn's layout); got {cu.dtype}")
+    if cu.dim() != 1 or cu.numel() < 2:
+        raise ValueError(f"{name} must be 1-D with batch + 1 >= 2 offsets; got shape {tuple(cu.shape)}")
+    if cu.device != q.device:
+        raise ValueError(f"{name} is on {cu.device} but q is on {q.device}")
+    if max_seqlen is not None and (not isinstance(max_seqlen, int) or isinstance(max_seqlen, bool)
+                                   or max_seqlen < 0):
+        raise ValueError(f"{max_name} must be a non-negative int; got {max_seqlen!r}")
+    if torch.compiler.is_compiling():  # values are data: checking them would break the graph
+        if max_seqlen is None:
+            raise ValueError(f"{max_name} is required under torch.compile (it sizes the launch grid)")
+        return max_seqlen
+    offs = cu.tolist()  # one small device-to-host copy: the checks below guard against out-of-bounds reads
+    lengths = [b - a for a, b in zip(offs, offs[1:])]
+    if offs[0] != 0 or min(lengths) < 0:
+        raise ValueError(f"{name} must start at 0 and never decrease; got {offs[:8]}{'...' if len(offs) > 8 else ''}")
+    if offs[-1] != total:
+        raise ValueError(f"{name}[-1] must equal the number of packed tokens {total}; got {offs[-1]}")
+    longest = max(lengths)
+    if max_seqlen is None:
+        return longest
+    if max_seqlen < longest:
+        raise ValueError(f"{max_name}={max_seqlen} is shorter than the longest sequence in {name} ({longest})")
+    return max_seqlen
 
 
 def attention(
@@ -18,10 +70,113 @@ def attention(
     *,
     causal: bool = False,
     softmax_scale: float | None = None,
-) -> torch.Tensor:
-    """q (B, Sq, H, D), k/v (B, Sk, Hkv, D) -> (B, Sq, H, D). Causal is aligned bottom-right."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be 4-D (batch, seqlen, heads, head_dim); got {q.dim()}, {k.dim()}, {v.dim()}")
-    if q.shape[2] % k.shape[2]:
-        raise ValueError(f"q heads ({q.shape[2]}) must be a multiple of k/v heads ({k.shape[2]})")
-    return attention_ref(q, k, v, causal=causal, softmax_scale=softmax_scale, upcast=q.dtype != torch.float64)
+    window: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    seed: int | None = None,
+    return_lse: bool = False,
+    deterministic: bool = False,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    impl: str = "auto",
+):
+    """Scaled dot-product attention; differentiable in q, k, v (and through lse when it is returned).
+
+    causal: mask keys after the query (bottom-right aligned). window=(left, right): keys within
+    [i + off - left, i + off + right], -1 = unbounded (causal fixes right = 0). softcap > 0: scores
+    softcap * tanh(scores / softcap). alibi_slopes (H,) or (B, H) float32: bias -slope * |i + off - j|.
+    dropout_p with seed (None: drawn from torch's default generator): reproducible mask, regenerated in
+    the backward. return_lse: also return the natural-log LSE, float32, (B, H, Sq) or (H, Tq).
+    deterministic: bitwise-reproducible gradients (a separate dQ pass instead of atomics).
+    impl: "auto" (Triton kernels on CUDA, reference elsewhere), "triton" (also on CPU when
+    TRITON_INTERPRET=1, for tests) or "reference".
+    Returns out like q [, lse].
+    """
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    layout = "(total_tokens, heads, head_dim)" if varlen else "(batch, seqlen, heads, head_dim)"
+    rank = 3 if varlen else 4
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+    if torch.is_autocast_enabled(q.device.type) and all(t.is_floating_point() for t in (q, k, v)):
+        dt = torch.get_autocast_dtype(q.device.type)  # autocast hands over mixed dtypes; SDPA runs in dt
+        q, k, v = q.to(dt), k.to(dt), v.to(dt)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t, rank, layout)
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}.dtype ({t.dtype}) must match q.dtype ({q.dtype})")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    if v.shape != k.shape:
+        raise ValueError(f"v must have k's shape {tuple(k.shape)}; got {tuple(v.shape)}")
+    D, H, Hkv = q.shape[-1], q.shape[-2], k.shape[-2]
+    if k.shape[-1] != D:
+        raise ValueError(f"k's head_dim ({k.shape[-1]}) must equal q's ({D})")
+    if D % 8 or not 8 <= D <= 256:
+        raise ValueError(f"head_dim must be a multiple of 8 in [8, 256]; got {D}")
+    if Hkv == 0 or H % Hkv:
+        raise ValueError(f"q's heads ({H}) must be a multiple of k/v's heads ({Hkv}) (GQA/MQA)")
+    if not varlen and k.shape[0] != q.shape[0]:
+        raise ValueError(f"k's batch ({k.shape[0]}) must equal q's ({q.shape[0]})")
+    if varlen:
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together (packed varlen layout)")
+        max_seqlen_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q, q.shape[0], max_seqlen_q, "max_seqlen_q")
+        max_seqlen_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q, k.shape[0], max_seqlen_k, "max_seqlen_k")
+        if cu_seqlens_k.numel() != cu_seqlens_q.numel():
+            raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1); got "
+                             f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
+        batch = cu_seqlens_q.numel() - 1
+    else:
+        if max_seqlen_q is not None or max_seqlen_k is not None:
+            raise ValueError("max_seqlen_q/k belong to the packed varlen layout (with cu_seqlens_q/k)")
+        max_seqlen_q, max_seqlen_k, batch = q.shape[1], k.shape[1], q.shape[0]
+
+    if window is None:
+        window = (-1, -1)
+    if (not isinstance(window, (tuple, list)) or len(window) != 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window)):
+        raise ValueError(f"window must be (left, right) ints >= -1 (-1 = unbounded); got {window!r}")
+    left, right = window
+    if causal:
+        if right > 0:
+            raise ValueError(f"causal=True fixes the right window at 0; got window={tuple(window)}")
+        right = 0
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(D)
+    if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be a finite float; got {softmax_scale!r}")
+    if not isinstance(softcap, (int, float)) or not math.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"softcap must be a finite float >= 0 (0 = off); got {softcap!r}")
+    if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p!r}")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63):
+        raise ValueError(f"seed must be an int in [0, 2**63) or None; got {seed!r}")
+    if alibi_slopes is not None:
+        if not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.dtype != torch.float32:
+            raise TypeError(f"alibi_slopes must be a float32 tensor; got "
+                            f"{getattr(alibi_slopes, 'dtype', type(alibi_slopes).__name__)}")
+        if tuple(alibi_slopes.shape) not in ((H,), (batch, H)):
+            raise ValueError(f"alibi_slopes must have shape ({H},) or ({batch}, {H}); got {tuple(alibi_slopes.shape)}")
+        if alibi_slopes.device != q.device:
+            raise ValueError(f"alibi_slopes is on {alibi_slopes.device} but q is on {q.device}")
+    if impl not in _IMPLS:
+        raise ValueError(f"impl must be one of {_IMPLS}; got {impl!r}")
+    if impl == "triton":
+        if q.dtype == torch.float64:
+            raise ValueError("impl='triton' takes float16, bfloat16 or float32; float64 runs on impl='reference'")
+        if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"impl='triton' needs a CUDA tensor (q is on {q.device}) or TRITON_INTERPRET=1")
+
+    if dropout_p > 0 and seed is None:
+        seed_t = torch.randint(0, 2**62, (), dtype=torch.int64)  # CPU generator: follows torch.manual_seed
+    else:
+        seed_t = torch.tensor(seed or 0, dtype=torch.int64)
+    out, lse = attention_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, seed_t, int(max_seqlen_q),
+                                int(max_seqlen_k), float(softmax_scale), int(left), int(right), float(softcap),
+                                float(dropout_p), bool(deterministic), impl)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,126 @@
+"""torch.library custom ops for attention: `flashscale::attention_fwd` / `flashscale::attention_bwd`.
+
+Custom ops (with fake implementations and autograd registered) so torch.compile traces a model through
+attention without a graph break, and so the backward is ours, not autograd's view of the kernels.
+Inputs arrive validated by flashscale.ops.attention.attention. Dispatch per call:
+  impl="triton"    -> the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1 for tests)
+  impl="reference" -> plain PyTorch (flashscale.reference.attention)
+  impl="auto"      -> Triton on CUDA for 16/32-bit floats, the reference otherwise (CPU, float64)
+Causal is window_right = 0 here. Outputs are always freshly allocated and contiguous (the fakes say so).
+The seed travels as a 0-d int64 CPU tensor: drawing it needs no .item() in traced code.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from flashscale.reference.attention import attention_bwd_ref, attention_ref
+
+
+def use_triton(q: Tensor, impl: str) -> bool:
+    if impl == "reference":
+        return False
+    if impl == "triton":
+        return True
+    return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _lse_shape(q: Tensor, varlen: bool) -> tuple[int, ...]:
+    return (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
+
+
+def _ref_kwargs(cu_q, cu_k, alibi, seed, max_q, max_k, scale, wl, wr, softcap, dropout_p) -> dict:
+    return dict(softmax_scale=scale, window=(wl, wr), softcap=softcap, alibi_slopes=alibi, dropout_p=dropout_p,
+                seed=int(seed), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
+
+
+@torch.library.custom_op("flashscale::attention_fwd", mutates_args=())
+def attention_fwd_op(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
+                     alibi_slopes: Tensor | None, seed: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                     softmax_scale: float, window_left: int, window_right: int, softcap: float, dropout_p: float,
+                     deterministic: bool, impl: str) -> tuple[Tensor, Tensor]:
+    """-> out (like q, contiguous), lse (B, H, Sq) or (H, Tq) float32. `deterministic` is for the backward."""
+    varlen = cu_seqlens_q is not None
+    if use_triton(q, impl):
+        from flashscale.kernels.attention_fwd import attention_fwd  # kernels load on first use, not at import
+
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(_lse_shape(q, varlen), dtype=torch.float32, device=q.device)
+        attention_fwd(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
+                      window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
+                      dropout_p=dropout_p, seed=int(seed))
+        return out, lse
+    with torch.autocast(q.device.type, enabled=False):  # the reference picks its own precision
+        out, lse = attention_ref(q, k, v, return_lse=True, **_ref_kwargs(
+            cu_seqlens_q, cu_seqlens_k, alibi_slopes, seed, max_seqlen_q, max_seqlen_k, softmax_scale, window_left,
+            window_right, softcap, dropout_p))
+    return out.contiguous(), lse.to(torch.float32).contiguous()
+
+
+@attention_fwd_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, seed, max_seqlen_q, max_seqlen_k, softmax_scale,
+      window_left, window_right, softcap, dropout_p, deterministic, impl):
+    return (q.new_empty(q.shape), q.new_empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32))
+
+
+@torch.library.custom_op("flashscale::attention_bwd", mutates_args=())
+def attention_bwd_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dlse: Tensor | None,
+                     cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None, alibi_slopes: Tensor | None,
+                     seed: Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, window_left: int,
+                     window_right: int, softcap: float, dropout_p: float, deterministic: bool,
+                     impl: str) -> tuple[Tensor, Tensor, Tensor]:
+    """-> dq, dk, dv (like q, k, v; contiguous)."""
+    if use_triton(q, impl):
+        # Gradients arriving from autograd can be expanded views (stride 0, e.g. out.sum()); the kernels
+        # index dO with a unit head-dim stride and dLSE with a unit row stride.
+        if dout.stride(-1) != 1:
+            dout = dout.contiguous()
+        if dlse is not None and dlse.stride(-1) != 1:
+            dlse = dlse.contiguous()
+        from flashscale.kernels.attention_bwd import attention_bwd
+
+        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, dlse=dlse, cu_seqlens_q=cu_seqlens_q,
+                      cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                      softmax_scale=softmax_scale, window=(window_left, window_right), softcap=softcap,
+                      alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=int(seed), deterministic=deterministic)
+        return dq, dk, dv
+    # FA2's backward formulas in plain PyTorch (autograd cannot run inside a custom op's kernel).
+    kw = _ref_kwargs(cu_seqlens_q, cu_seqlens_k, alibi_slopes, seed, max_seqlen_q, max_seqlen_k, softmax_scale,
+                     window_left, window_right, softcap, dropout_p)
+    with torch.autocast(q.device.type, enabled=False):
+        grads = attention_bwd_ref(dout, q, k, v, out, lse, dlse=dlse, **kw)
+    return tuple(g.contiguous() for g in grads)
+
+
+@attention_bwd_op.register_fake
+def _(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, seed, max_seqlen_q, max_seqlen_k,
+      softmax_scale, window_left, window_right, softcap, dropout_p, deterministic, impl):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "alibi_slopes", "seed", "max_seqlen_q", "max_seqlen_k", "softmax_scale",
+         "window_left", "window_right", "softcap", "dropout_p", "deterministic", "impl")
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, *rest = inputs
+    a = dict(zip(_ARGS, rest))
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, a["cu_seqlens_q"], a["cu_seqlens_k"], a["alibi_slopes"], a["seed"])
+    ctx.scalars = tuple(a[n] for n in _ARGS[4:])
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k, alibi, seed = ctx.saved_tensors
+    max_q, max_k, scale, wl, wr, softcap, dropout_p, deterministic, impl = ctx.scalars
+    dq, dk, dv = attention_bwd_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, alibi, seed, max_q, max_k, scale, wl,
+                                  wr, softcap, dropout_p, deterministic, impl)
+    return (dq, dk, dv) + (None,) * len(_ARGS)
+
+
+attention_fwd_op.register_autograd(_backward, setup_context=_setup_context)
