@@ -1,0 +1,174 @@
+"""ops.attention's contract: every validation error, the custom op (opcheck, torch.compile without graph
+breaks), autocast, and the reference path as the CPU default. No kernel launches except where named."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashscale.ops import attention
+from flashscale.ops.attention_op import attention_bwd_op, attention_fwd_op
+from flashscale.reference.attention import attention_ref
+
+
+def _qkv(B=1, S=4, H=2, Hkv=2, D=8, dtype=torch.float32, **kw):
+    return (torch.randn(B, S, H, D, dtype=dtype, **kw), torch.randn(B, S, Hkv, D, dtype=dtype, **kw),
+            torch.randn(B, S, Hkv, D, dtype=dtype, **kw))
+
+
+def _cu(*lens):
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+
+
+CASES = {
+    "q_not_tensor": (lambda q, k, v: attention(q.tolist(), k, v), TypeError, "q must be a torch.Tensor"),
+    "int_dtype": (lambda q, k, v: attention(q.long(), k.long(), v.long()), TypeError, "q.dtype must be"),
+    "dtype_mismatch": (lambda q, k, v: attention(q, k.double(), v), TypeError, r"k.dtype \(torch.float64\) must match"),
+    "rank": (lambda q, k, v: attention(q[0], k[0], v[0]), ValueError, "q must be 4-D"),
+    "v_shape": (lambda q, k, v: attention(q, k, v[:, :3]), ValueError, "v must have k's shape"),
+    "head_dim_mismatch": (lambda q, k, v: attention(q, k[..., :4].contiguous(), v[..., :4].contiguous()),
+                          ValueError, "k's head_dim"),
+    "head_dim_unsupported": (lambda q, k, v: attention(*(t[..., :6].contiguous() for t in (q, k, v))), ValueError,
+                             "head_dim must be a multiple of 8"),
+    "head_dim_too_big": (lambda q, k, v: attention(*(torch.randn(1, 2, 1, 264) for _ in range(3))), ValueError,
+                         r"in \[8, 256\]; got 264"),
+    "noncontiguous_last_dim": (lambda q, k, v: attention(torch.randn(1, 4, 2, 16)[..., ::2], k, v), ValueError,
+                               "q must have a contiguous last"),
+    "gqa_heads": (lambda q, k, v: attention(torch.randn(1, 4, 3, 8), k, v), ValueError,
+                  r"q's heads \(3\) must be a multiple of k/v's heads \(2\)"),
+    "batch_mismatch": (lambda q, k, v: attention(torch.randn(2, 4, 2, 8), k, v), ValueError, "k's batch"),
+    "window_type": (lambda q, k, v: attention(q, k, v, window=(1,)), ValueError, "window must be"),
+    "window_value": (lambda q, k, v: attention(q, k, v, window=(-2, 0)), ValueError, "window must be"),
+    "causal_right_window": (lambda q, k, v: attention(q, k, v, causal=True, window=(4, 2)), ValueError,
+                            "causal=True fixes the right window"),
+    "softcap": (lambda q, k, v: attention(q, k, v, softcap=-1.0), ValueError, "softcap must be"),
+    "dropout": (lambda q, k, v: attention(q, k, v, dropout_p=1.0), ValueError, r"dropout_p must be in \[0, 1\)"),
+    "seed": (lambda q, k, v: attention(q, k, v, dropout_p=0.1, seed=-3), ValueError, "seed must be"),
+    "scale": (lambda q, k, v: attention(q, k, v, softmax_scale=float("nan")), ValueError, "softmax_scale must be"),
+    "alibi_dtype": (lambda q, k, v: attention(q, k, v, alibi_slopes=torch.ones(2, dtype=torch.float64)), TypeError,
+                    "alibi_slopes must be a float32"),
+    "alibi_shape": (lambda q, k, v: attention(q, k, v, alibi_slopes=torch.ones(3)), ValueError,
+                    r"alibi_slopes must have shape \(2,\) or \(1, 2\)"),
+    "impl": (lambda q, k, v: attention(q, k, v, impl="cuda"), ValueError, "impl must be one of"),
+    "impl_triton_fp64": (lambda q, k, v: attention(q.double(), k.double(), v.double(), impl="triton"), ValueError,
+                         "float64 runs on impl='reference'"),
+    "max_seqlen_dense": (lambda q, k, v: attention(q, k, v, max_seqlen_q=4), ValueError,
+                         "max_seqlen_q/k belong to the packed varlen layout"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_validation_errors(case):
+    fn, exc, match = CASES[case]
+    with pytest.raises(exc, match=match):
+        fn(*_qkv())
+
+
+def _packed(lens_q=(3, 1), lens_k=(2, 4), H=2, D=8):
+    return (torch.randn(sum(lens_q), H, D), torch.randn(sum(lens_k), H, D), torch.randn(sum(lens_k), H, D),
+            _cu(*lens_q), _cu(*lens_k))
+
+
+VARLEN_CASES = {
+    "rank": (lambda q, k, v, cq, ck: attention(q[None], k[None], v[None], cu_seqlens_q=cq, cu_seqlens_k=ck),
+             ValueError, "q must be 3-D"),
+    "one_cu_missing": (lambda q, k, v, cq, ck: attention(q, k, v, cu_seqlens_q=cq), ValueError,
+                       "must be given together"),
+    "cu_dtype": (lambda q, k, v, cq, ck: attention(q, k, v, cu_seqlens_q=cq.long(), cu_seqlens_k=ck), TypeError,
+                 "cu_seqlens_q must be int32"),
+    "cu_not_monotone": (lambda q, k, v, cq, ck: attention(q, k, v, cu_seqlens_q=torch.tensor([0, 3, 2, 4],
+                        dtype=torch.int32), cu_seqlens_k=_cu(2, 2, 2)), ValueError, "never decrease"),
+    "cu_total": (lambda q, k, v, cq, ck: attention(q, k, v, cu_seqlens_q=_cu(3, 2), cu_seqlens_k=ck), ValueError,
+                 r"cu_seqlens_q\[-1\] must equal the number of packed tokens 4"),
+    "cu_lengths_differ": (lambda q, k, v, cq, ck: attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=_cu(1, 1, 4)),
+                          ValueError, "same length"),
+    "cu_2d": (lambda q, k, v, cq, ck: attention(q, k, v, cu_seqlens_q=cq[None], cu_seqlens_k=ck), ValueError,
+              "must be 1-D"),
+    "max_seqlen_short": (lambda q, k, v, cq, ck: attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck,
+                         max_seqlen_q=2), ValueError, r"max_seqlen_q=2 is shorter than the longest sequence"),
+    "max_seqlen_type": (lambda q, k, v, cq, ck: attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck,
+                        max_seqlen_k=2.5), ValueError, "max_seqlen_k must be a non-negative int"),
+}
+
+
+@pytest.mark.parametrize("case", list(VARLEN_CASES))
+def test_varlen_validation_errors(case):
+    fn, exc, match = VARLEN_CASES[case]
+    with pytest.raises(exc, match=match):
+        fn(*_packed())
+
+
+def test_devices_must_match():
+    q, k, v = _qkv()
+    meta = torch.empty_like(k, device="meta")
+    with pytest.raises(ValueError, match="k is on meta but q is on cpu"):
+        attention(q, meta, v)
+    cq, ck = _cu(4), _cu(4)
+    with pytest.raises(ValueError, match="cu_seqlens_q is on meta"):
+        attention(q[0], k[0], v[0], cu_seqlens_q=cq.to("meta"), cu_seqlens_k=ck)
+
+
+def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        attention(*_qkv(), impl="triton")
+
+
+def test_cpu_default_is_the_reference():
+    q, k, v = _qkv(B=2, S=7, H=4, Hkv=2, D=16)
+    out, lse = attention(q, k, v, causal=True, window=(2, -1), return_lse=True)
+    ref, ref_lse = attention_ref(q, k, v, causal=True, window=(2, -1), return_lse=True)
+    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+    assert out.is_contiguous() and lse.shape == (2, 4, 7)
+
+
+def test_opcheck_custom_ops():
+    """Schema, fake (meta) implementations and autograd registration, checked by torch.library.opcheck."""
+    q, k, v = _qkv(B=1, S=5, H=2, Hkv=1, D=8, requires_grad=True)
+    seed = torch.tensor(3, dtype=torch.int64)
+    args = (q, k, v, None, None, torch.rand(2), seed, 5, 5, 0.3, 2, 0, 1.5, 0.2, False, "reference")
+    torch.library.opcheck(attention_fwd_op, args)
+    out, lse = attention_fwd_op(*args)
+    cu = _cu(3, 2)
+    vq, vk, vv = (torch.randn(5, 2, 8) for _ in range(3))
+    torch.library.opcheck(attention_fwd_op, (vq, vk, vv, cu, cu, None, seed, 3, 3, 0.3, -1, -1, 0.0, 0.0, True,
+                                             "reference"))
+    bargs = (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),
+             torch.randn_like(lse), None, None, None, seed, 5, 5, 0.3, -1, 0, 0.0, 0.0, True, "reference")
+    torch.library.opcheck(attention_bwd_op, bargs)
+
+
+def test_torch_compile_has_no_graph_break():
+    """fullgraph=True fails on any graph break; aot_eager traces forward and backward through the fakes."""
+    q, k, v = _qkv(B=2, S=6, H=4, Hkv=2, D=16, requires_grad=True)
+
+    def f(q, k, v):
+        return attention(q, k, v, causal=True, softcap=5.0, dropout_p=0.1).square().sum()
+
+    torch.manual_seed(0)
+    eager = f(q, k, v)
+    g_eager = torch.autograd.grad(eager, (q, k, v))
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.manual_seed(0)  # the dropout seed is drawn from the generator, in the graph
+    out = compiled(q, k, v)
+    g = torch.autograd.grad(out, (q, k, v))
+    assert torch.allclose(out, eager)
+    for a, b in zip(g, g_eager):
+        assert torch.allclose(a, b)
+
+
+def test_autocast_runs_in_the_autocast_dtype():
+    q, k, v = _qkv(B=1, S=5, H=2, Hkv=2, D=8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attention(q, k.bfloat16(), v)  # mixed inputs are what autocast hands over
+    assert out.dtype == torch.bfloat16
+    ref = attention_ref(q.bfloat16(), k.bfloat16(), v.bfloat16())
+    assert torch.equal(out, ref)
+
+
+def test_empty_inputs():
+    q, k, v = _qkv(B=0, S=4)
+    assert attention(q, k, v).shape == q.shape
+    q, k, v = (torch.randn(1, 0, 2, 8) for _ in range(3))
+    out, lse = attention(q, k, v, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (1, 2, 0)
