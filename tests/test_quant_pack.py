@@ -220,31 +220,45 @@ def test_format_errors_are_clear():
         pack_gptq(qw, checkpoint_format="marlin")
 
 
-@pytest.mark.parametrize("bits", [4, 3])
+@pytest.mark.parametrize("layout,bits", [("autogptq", 4), ("autogptq", 3), ("autoawq", 4)])
 @torch.no_grad()
-def test_a_checkpoint_laid_out_by_autogptq_loads_in_ours(tmp_path, bits):
-    """An AutoGPTQ-style directory (quantize_config.json only, gptq_model-*.safetensors, tensors packed
-    by AutoGPTQ's loops, fp16 everything else) loads, and computes with exactly its weights."""
+def test_a_checkpoint_laid_out_by_the_reference_loads_in_ours(tmp_path, layout, bits):
+    """An AutoGPTQ-style directory (quantize_config.json only, gptq_model-*.safetensors, tensors packed by
+    AutoGPTQ's loops) or an AutoAWQ-style one (quant_config.json, WQLinear_GEMM packing), fp16 everything
+    else, loads, and computes with exactly its weights."""
     cfg = preset("tiny", intermediate_size=192)
     model = Llama(cfg).init_weights(seed=4).eval()
     tensors, expected = {}, {}
     for name, mod in model.named_modules():
         if isinstance(mod, torch.nn.Linear) and name != "lm_head":
-            qw = quantize_rtn(mod.weight, bits=bits, group_size=32, sym=True)
-            qweight, qzeros = autogptq_pack(qw.codes.t().numpy(), qw.zeros.numpy(), bits)
-            tensors.update({f"model.{name}.qweight": _as_int32(qweight), f"model.{name}.qzeros": _as_int32(qzeros),
-                            f"model.{name}.scales": qw.scales.half(), f"model.{name}.g_idx": qw.g_idx})
+            if layout == "autogptq":
+                qw = quantize_rtn(mod.weight, bits=bits, group_size=32, sym=True)
+                qweight, qzeros = autogptq_pack(qw.codes.t().numpy(), qw.zeros.numpy(), bits)
+                packed = {"qweight": _as_int32(qweight), "qzeros": _as_int32(qzeros), "g_idx": qw.g_idx}
+            else:
+                qw = quantize_rtn(mod.weight, bits=4, group_size=32, sym=False)
+                qweight, qzeros = autoawq_pack(qw.codes.t(), qw.zeros)
+                packed = {"qweight": qweight, "qzeros": qzeros}
+            packed["scales"] = qw.scales.half()
+            tensors.update({f"model.{name}.{k}": v for k, v in packed.items()})
             expected[name] = qw.dequantize()
     for name, t in model.state_dict().items():
         if not any(name == f"{q}.weight" for q in expected):
             tensors[name if name == "lm_head.weight" else f"model.{name}"] = t.half()
-    save_file(tensors, str(tmp_path / f"gptq_model-{bits}bit-32g.safetensors"), metadata={"format": "pt"})
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
-    (tmp_path / "quantize_config.json").write_text(json.dumps(
-        {"bits": bits, "group_size": 32, "damp_percent": 0.01, "desc_act": False, "static_groups": False,
-         "sym": True, "true_sequential": True, "model_name_or_path": None, "model_file_base_name": None}))
+    if layout == "autogptq":
+        save_file(tensors, str(tmp_path / f"gptq_model-{bits}bit-32g.safetensors"), metadata={"format": "pt"})
+        (tmp_path / "quantize_config.json").write_text(json.dumps(
+            {"bits": bits, "group_size": 32, "damp_percent": 0.01, "desc_act": False, "static_groups": False,
+             "sym": True, "true_sequential": True, "model_name_or_path": None, "model_file_base_name": None}))
+        want = {"method": "gptq", "format": "gptq", "bits": bits, "group_size": 32, "sym": True, "desc_act": False}
+    else:
+        save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+        (tmp_path / "quant_config.json").write_text(json.dumps(
+            {"zero_point": True, "q_group_size": 32, "w_bit": 4, "version": "GEMM"}))
+        want = {"method": "awq", "format": "awq", "bits": 4, "group_size": 32, "sym": False, "desc_act": False}
     _, qcfg, records, _ = read_quantized(tmp_path)
-    assert qcfg == {"method": "gptq", "format": "gptq", "bits": bits, "group_size": 32, "sym": True, "desc_act": False}
+    assert qcfg == want
     loaded = load_quantized(tmp_path, kernel=False)
     for name, w in expected.items():
         assert torch.equal(records[name].dequantize(), w)
@@ -256,3 +270,16 @@ def test_a_checkpoint_laid_out_by_autogptq_loads_in_ours(tmp_path, bits):
         ref.get_submodule(name).weight.copy_(w)
     x = torch.randint(0, cfg.vocab_size, (2, 16))
     assert torch.equal(loaded(x), ref(x))
+
+
+def test_transformers_reads_our_quantization_config(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from flashscale.quant.api import QuantizeConfig
+    from flashscale.quant.io import quantization_config
+
+    qc = quantization_config(QuantizeConfig(method="gptq", bits=4, group_size=32, sym=False, act_order=True), "gptq")
+    c = transformers.GPTQConfig.from_dict(qc)
+    assert (c.bits, c.group_size, c.desc_act, c.sym, c.format) == (4, 32, True, False, "gptq")
+    qa = quantization_config(QuantizeConfig(method="awq", bits=4, group_size=128, checkpoint_format="awq"), "awq")
+    a = transformers.AwqConfig.from_dict(qa)
+    assert (a.bits, a.group_size, a.zero_point, a.format) == (4, 128, True, "gemm")
