@@ -253,10 +253,27 @@ def test_op_errors():
 
 # ---- GPU: Llama shapes (the benchmark's), both activation dtypes, act-order, tails
 
+@pytest.fixture(scope="module")
+def gpu_kernels():
+    """One config a bucket (no autotune: fewer compiles), compiled in parallel up front."""
+    from flashscale.kernels.w4a16 import precompile, set_autotune
+
+    set_autotune(False)
+    bf, fp = "bfloat16", "float16"
+    problems = [dict(m=m, k=256, n=256, group_size=128, dtype=bf, act_order=False, bias=False) for m in (1, 5, 64, 300)]
+    problems += [dict(m=m, k=960, n=1000, group_size=64, dtype=dt, act_order=True, bias=True)
+                 for m in (1, 9, 200) for dt in (bf, fp)]
+    problems += [dict(m=m, k=2048, n=1536, group_size=g, dtype=bf, act_order=False, bias=False)
+                 for m in (1, 33) for g in (32, -1)]
+    precompile(problems, all_candidates=False)
+    yield
+    set_autotune(True)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 14336), (14336, 4096)])
 @pytest.mark.parametrize("m", [1, 5, 16, 64, 300])
-def test_gpu_llama_shapes(k, n, m):
+def test_gpu_llama_shapes(k, n, m, gpu_kernels):
     gen = torch.Generator().manual_seed(k + n + m)
     codes, zeros, scales = rand_grid(k, n, 128, sym=False, gen=gen)
     p = pack_w4(codes, zeros, scales, group_size=128).to("cuda")
@@ -267,7 +284,7 @@ def test_gpu_llama_shapes(k, n, m):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("m", [1, 9, 200])
-def test_gpu_tails_act_order_bias(dtype, m):
+def test_gpu_tails_act_order_bias(dtype, m, gpu_kernels):
     gen = torch.Generator().manual_seed(m)
     k, n, g = 960, 1000, 64  # K not a multiple of 128, N not of 16
     codes, zeros, scales = rand_grid(k, n, g, sym=False, gen=gen, zero_max=16)
@@ -284,7 +301,7 @@ def test_gpu_tails_act_order_bias(dtype, m):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("g", [32, -1])
-def test_gpu_group_sizes(g):
+def test_gpu_group_sizes(g, gpu_kernels):
     gen = torch.Generator().manual_seed(11)
     k, n = 2048, 1536
     gg = k if g == -1 else g

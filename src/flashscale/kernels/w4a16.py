@@ -24,7 +24,7 @@ from triton.runtime.errors import OutOfResources
 from flashscale.kernels.w4a16_common import MAGIC_ONE, split_k_workspace
 from flashscale.kernels.w4a16_gemm import w4a16_gemm_kernel
 from flashscale.kernels.w4a16_gemv import w4a16_gemv_kernel
-from flashscale.kernels.w4a16_pack import FRAG_K, PackedW4
+from flashscale.kernels.w4a16_pack import FRAG_K, PackedW4, pack_w4
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +62,13 @@ _GEMM_CANDIDATES: dict[int, list[GemmConfig]] = {
 _GEMV_CANDIDATES: list[GemvConfig] = [GemvConfig(bn=256, kt=2), GemvConfig(bn=128, kt=2), GemvConfig(bn=256, kt=1)]
 
 _TUNED: dict[str, dict] = {}
+_AUTOTUNE = True
+
+
+def set_autotune(enabled: bool) -> None:
+    """Off: every key takes its bucket's first candidate untimed (one compile a bucket: tests)."""
+    global _AUTOTUNE
+    _AUTOTUNE = bool(enabled)
 
 
 def _interpreting() -> bool:
@@ -119,7 +126,8 @@ def _launch_gemm(x2d, p: PackedW4, bias, y, cfg: GemmConfig, split_k: int | None
     k_steps = triton.cdiv(triton.cdiv(k, FRAG_K) * FRAG_K, cfg.bk)
     if split_k is None:
         split_k = choose_split_k(tiles, k_steps, _num_sms(x2d.device))
-    ws, cnt = split_k_workspace(x2d.device, m * n) if split_k > 1 else (y, y)
+    # a workspace even without split-K (then untouched): the pointer types are part of the compiled variant
+    ws, cnt = split_k_workspace(x2d.device, m * n if split_k > 1 else 1)
     perm, b = _common_args(x2d, p, bias, y)
     n_pad = p.sz.shape[1]
     w4a16_gemm_kernel[(tiles, split_k)](
@@ -140,7 +148,7 @@ def _launch_gemv(x2d, p: PackedW4, bias, y, cfg: GemvConfig, split_k: int | None
     k_steps = triton.cdiv(triton.cdiv(k, FRAG_K) * FRAG_K, bk)
     if split_k is None:
         split_k = choose_split_k(tiles, k_steps, _num_sms(x2d.device))
-    ws, cnt = split_k_workspace(x2d.device, n) if split_k > 1 else (y, y)
+    ws, cnt = split_k_workspace(x2d.device, n if split_k > 1 else 1)
     perm, b = _common_args(x2d, p, bias, y)
     n_pad = p.sz.shape[1]
     w4a16_gemv_kernel[(tiles, split_k)](
@@ -158,11 +166,12 @@ def _tune(key: str, cands: list, launch) -> object:
     if hit is not None:
         cls = GemvConfig if "kt" in hit else GemmConfig
         return cls(**hit)
-    if len(cands) == 1 or _interpreting() or torch.cuda.is_current_stream_capturing():
+    if len(cands) == 1 or not _AUTOTUNE or _interpreting() or torch.cuda.is_current_stream_capturing():
         return cands[0]
     best, best_t = None, float("inf")
     for c in cands:
         try:
+            launch(c)  # compile outside the timing
             t = triton.testing.do_bench(lambda c=c: launch(c), warmup=5, rep=25, return_mode="median")
         except OutOfResources:
             continue  # this config does not fit the device (shared memory, registers)
@@ -206,3 +215,55 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
     else:
         raise ValueError(f"kernel={kernel!r}; expected None, 'gemv' or 'gemm'")
     return y
+
+
+def _compile_job(job: dict) -> bool:
+    """Worker: run one config on a small problem of the same specialization (dtype, G, act-order,
+    bias, K/N evenness, argument alignment), which leaves its binary in Triton's on-disk cache."""
+    torch.manual_seed(0)
+    k, n, g = job["k"], job["n"], job["group_size"]
+    gg = k if g == -1 else g
+    codes = torch.randint(0, 16, (k, n), device="cuda")
+    zeros = torch.randint(0, 16, (k // gg, n), device="cuda")
+    scales = torch.rand(k // gg, n, device="cuda").half()
+    g_idx = (torch.arange(k, device="cuda") // gg)[torch.randperm(k, device="cuda")] if job["act_order"] else None
+    p = pack_w4(codes, zeros, scales, group_size=g, g_idx=g_idx)
+    dtype = getattr(torch, job["dtype"])
+    x = torch.randn(job["m"], k, device="cuda", dtype=dtype)
+    bias = torch.randn(n, device="cuda", dtype=dtype) if job["bias"] else None
+    cls = GemvConfig if job["kernel"] == "gemv" else GemmConfig
+    try:
+        w4a16_matmul(x, p, bias, kernel=job["kernel"], config=cls(**job["config"]), split_k=1)
+        torch.cuda.synchronize()
+    except OutOfResources:
+        return False
+    return True
+
+
+def precompile(problems: list[dict], *, processes: int | None = None, all_candidates: bool = True) -> int:
+    """Compile in parallel worker processes the configs that calls on `problems` will use, so those
+    calls load binaries from Triton's on-disk cache instead of compiling one after another (minutes
+    for a benchmark sweep). problems: dicts with m, k, n, group_size, dtype ("bfloat16"/"float16"),
+    act_order, bias; a small problem stands for any larger one of the same evenness and alignment.
+    all_candidates=False: each bucket's first candidate only (what set_autotune(False) runs).
+    Returns the number of configs compiled."""
+    import multiprocessing
+
+    jobs, seen = [], set()
+    for pr in problems:
+        probe = PackedW4(qweight=torch.empty(0), sz=torch.empty(0), perm=None, in_features=pr["k"],
+                         out_features=pr["n"], group_size=pr["k"] if pr["group_size"] == -1 else pr["group_size"])
+        kernel = "gemv" if pr["m"] == 1 and gemv_candidates(probe) else "gemm"
+        cands = gemv_candidates(probe) if kernel == "gemv" else gemm_candidates(pr["m"])
+        for c in cands if all_candidates else cands[:1]:
+            job = dict(pr, kernel=kernel, config=asdict(c))
+            key = repr(sorted((k, v) for k, v in job.items() if k != "m"))  # M is not specialized on
+            if key not in seen:
+                seen.add(key)
+                jobs.append(job)
+    if not jobs:
+        return 0
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(processes or min(len(jobs), os.cpu_count() or 1)) as pool:
+        pool.map(_compile_job, jobs)
+    return len(jobs)

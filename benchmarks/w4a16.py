@@ -1,0 +1,184 @@
+"""W4A16 linear vs bf16 F.linear (cuBLAS) on the GPU, both measured in this run.
+
+    python benchmarks/w4a16.py [--quick] [--out benchmarks/results/] [--group-size 128]
+
+Cells: M (tokens) x (K, N) linear shapes of Llama-3-8B and -70B, group size 128, bf16 activations.
+Correctness first: every shape at a decode and a prefill M against the float64 dequantized reference
+(error <= 2x cuBLAS bf16's + 1e-3), the run stops on a failure. Then timing: triton.testing.do_bench
+median (it clears L2 before every call), and the weights rotate through copies that together pass
+3x the 60 MB L2, so decode timings are HBM reads, not cache hits.
+
+Formulas: TFLOP/s = 2*M*K*N / t. TB/s = weight bytes / t: for W4A16 the packed bytes K*N/2 plus the
+4-byte scale/zero word per group and column (K/G * N * 4); for bf16 K*N*2. int4 floor = packed bytes /
+4.3 TB/s (the device copy rate measured on this H200). Output: JSON (gpu, torch, triton, date, rows,
+tuned configs) and a PNG of speedup over bf16 vs M, one line per shape, with the ideal 4x; a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.testing
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from flashscale.kernels.w4a16 import precompile, tuned_configs  # noqa: E402
+from flashscale.kernels.w4a16_pack import PackedW4, pack_w4  # noqa: E402
+from flashscale.ops.w4a16 import w4a16_linear  # noqa: E402
+from flashscale.reference.w4a16 import dequantize_w4  # noqa: E402
+
+SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192), (8192, 28672), (28672, 8192)]  # (K, N)
+MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096]
+L2_BYTES = 60e6
+COPY_TBPS = 4.3  # measured device copy rate (shared/ANCHORS.md): the int4 floor's denominator
+
+
+def random_packed(k: int, n: int, g: int, gen: torch.Generator) -> PackedW4:
+    """Random 4-bit weight (asymmetric, realistic scale range), packed on the GPU."""
+    codes = torch.randint(0, 16, (k, n), device="cuda", generator=gen, dtype=torch.uint8)
+    zeros = torch.randint(0, 16, (k // g, n), device="cuda", generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(k // g, n, device="cuda", generator=gen) * 0.01 + 0.002).half()
+    return pack_w4(codes, zeros, scales, group_size=g)
+
+
+def packed_bytes(p: PackedW4) -> int:
+    return p.in_features * p.out_features // 2 + p.num_groups * p.out_features * 4
+
+
+def copies_for(nbytes: int) -> int:
+    return max(2, min(32, math.ceil(3 * L2_BYTES / nbytes)))
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.double() - ref).norm() / ref.norm()).item()
+
+
+def check(p: PackedW4, w_bf16: torch.Tensor, m: int, gen: torch.Generator) -> tuple[float, float]:
+    x = torch.randn(m, p.in_features, device="cuda", generator=gen).to(torch.bfloat16)
+    y = w4a16_linear(x, p)
+    oracle = x.double() @ dequantize_w4(p, torch.float64)
+    e_ours, e_bf16 = rel_err(y, oracle), rel_err(F.linear(x, w_bf16), oracle)
+    if not (e_ours <= 2 * e_bf16 + 1e-3) or not torch.isfinite(y).all():
+        raise SystemExit(f"W4A16 WRONG at M={m} K={p.in_features} N={p.out_features}: rel err {e_ours:.3e} "
+                         f"vs bf16 {e_bf16:.3e}")
+    return e_ours, e_bf16
+
+
+def bench(fn, warmup: int, rep: int) -> float:
+    fn()  # compile and autotune outside the timed region
+    return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e3  # us
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--quick", action="store_true", help="3 shapes, 6 token counts, short timing")
+    ap.add_argument("--group-size", type=int, default=128)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    shapes = SHAPES[::2] if args.quick else SHAPES
+    ms = [1, 4, 16, 64, 256, 1024] if args.quick else MS
+    warmup, rep = (5, 20) if args.quick else (10, 40)
+    g = args.group_size
+    # every candidate config of every M bucket, compiled in parallel processes first (one shape stands
+    # for all: the benchmark shapes share evenness and alignment)
+    t0 = time.time()
+    jobs = precompile([dict(m=m, k=256, n=256, group_size=g, dtype="bfloat16", act_order=False, bias=False)
+                       for m in sorted({1} | {min(max(m, 2), 4096) for m in ms})])
+    print(f"precompiled {jobs} configs in {time.time() - t0:.1f} s", flush=True)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    gpu = torch.cuda.get_device_name()
+    rows, checks = [], []
+    for k, n in shapes:
+        base = random_packed(k, n, g, gen)
+        w_bf16 = dequantize_w4(base, torch.bfloat16).t().contiguous()  # (N, K): the same weights in bf16
+        for m in (1, 16, 256):
+            e_ours, e_bf16 = check(base, w_bf16, m, gen)
+            checks.append(dict(M=m, K=k, N=n, rel_err=e_ours, rel_err_bf16=e_bf16))
+        nq = copies_for(packed_bytes(base))
+        packs = [base] + [PackedW4(qweight=base.qweight.clone(), sz=base.sz.clone(), perm=None, in_features=k,
+                                   out_features=n, group_size=g) for _ in range(nq - 1)]
+        nw = copies_for(k * n * 2)
+        ws = [w_bf16] + [w_bf16.clone() for _ in range(nw - 1)]
+        for m in ms:
+            x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+            it = {"q": 0, "w": 0}
+
+            def ours():
+                it["q"] = (it["q"] + 1) % nq
+                return w4a16_linear(x, packs[it["q"]])
+
+            def cublas():
+                it["w"] = (it["w"] + 1) % nw
+                return F.linear(x, ws[it["w"]])
+
+            flops = 2.0 * m * k * n
+            for impl, fn, nbytes in (("flashscale", ours, packed_bytes(base)), ("bf16", cublas, k * n * 2)):
+                us = bench(fn, warmup, rep)
+                rows.append(dict(impl=impl, M=m, K=k, N=n, group_size=g, us=us, tflops=flops / us * 1e-6,
+                                 TBps=nbytes / us * 1e-6,
+                                 floor_us=packed_bytes(base) / (COPY_TBPS * 1e6) if impl == "flashscale" else None))
+            print(f"  M={m:5d} K={k:5d} N={n:5d}  w4a16 {rows[-2]['us']:9.1f} us   bf16 {rows[-1]['us']:9.1f} us   "
+                  f"x{rows[-1]['us'] / rows[-2]['us']:.2f}", flush=True)
+        del packs, ws, w_bf16, base
+        torch.cuda.empty_cache()
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = "h200" if "H200" in gpu else gpu.lower().replace(" ", "-")
+    result = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
+                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  group_size=g, quick=args.quick, rows=rows, checks=checks, tuned=tuned_configs())
+    path = out / f"w4a16-{tag}.json"
+    path.write_text(json.dumps(result, indent=1))
+    plot(rows, out / f"w4a16-{tag}.png", gpu)
+
+    print(f"\nW4A16 vs bf16 F.linear on {gpu} (group {g}); TB/s on packed bytes; floor = packed bytes / 4.3 TB/s")
+    print(f"{'M':>5} {'K':>6} {'N':>6} {'w4a16 us':>9} {'floor us':>8} {'TB/s':>5} {'TFLOP/s':>7} {'bf16 us':>8} {'speedup':>7}")
+    for a, b in zip(rows[::2], rows[1::2]):
+        print(f"{a['M']:5d} {a['K']:6d} {a['N']:6d} {a['us']:9.1f} {a['floor_us']:8.1f} {a['TBps']:5.2f} "
+              f"{a['tflops']:7.1f} {b['us']:8.1f} {b['us'] / a['us']:7.2f}")
+    print(f"wrote {path}")
+    return 0
+
+
+def plot(rows: list[dict], path: Path, gpu: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(8, 5))
+    shapes = sorted({(r["K"], r["N"]) for r in rows})
+    for k, n in shapes:
+        ours = {r["M"]: r["us"] for r in rows if r["impl"] == "flashscale" and (r["K"], r["N"]) == (k, n)}
+        ref = {r["M"]: r["us"] for r in rows if r["impl"] == "bf16" and (r["K"], r["N"]) == (k, n)}
+        m = sorted(ours)
+        ax.plot(m, [ref[i] / ours[i] for i in m], marker="o", label=f"K={k} N={n}")
+    ax.axhline(4.0, color="gray", linestyle="--", label="ideal 4x (bytes)")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("M (tokens)")
+    ax.set_ylabel("speedup over bf16 F.linear")
+    ax.set_title(f"W4A16 (group 128) vs bf16 cuBLAS, {gpu}")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
