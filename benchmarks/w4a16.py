@@ -133,16 +133,9 @@ def main(argv=None) -> int:
                   f"x{rows[-1]['us'] / rows[-2]['us']:.2f}", flush=True)
         del packs, ws, w_bf16, base
         torch.cuda.empty_cache()
+        path = write(args, gpu, g, rows, checks)  # after every shape: a cut-short run keeps what it measured
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tag = "h200" if "H200" in gpu else gpu.lower().replace(" ", "-")
-    result = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
-                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  group_size=g, quick=args.quick, rows=rows, checks=checks, tuned=tuned_configs())
-    path = out / f"w4a16-{tag}.json"
-    path.write_text(json.dumps(result, indent=1))
-    plot(rows, out / f"w4a16-{tag}.png", gpu)
+    plot(rows, path.with_suffix(".png"), gpu)
 
     print(f"\nW4A16 vs bf16 F.linear on {gpu} (group {g}); TB/s on packed bytes; floor = packed bytes / 4.3 TB/s")
     print(f"{'M':>5} {'K':>6} {'N':>6} {'w4a16 us':>9} {'floor us':>8} {'TB/s':>5} {'TFLOP/s':>7} {'bf16 us':>8} {'speedup':>7}")
@@ -151,6 +144,18 @@ def main(argv=None) -> int:
               f"{a['tflops']:7.1f} {b['us']:8.1f} {b['us'] / a['us']:7.2f}")
     print(f"wrote {path}")
     return 0
+
+
+def write(args, gpu: str, g: int, rows: list[dict], checks: list[dict]) -> Path:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = "h200" if "H200" in gpu else gpu.lower().replace(" ", "-")
+    result = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
+                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  group_size=g, quick=args.quick, rows=rows, checks=checks, tuned=tuned_configs())
+    path = out / f"w4a16-{tag}.json"
+    path.write_text(json.dumps(result, indent=1))
+    return path
 
 
 def plot(rows: list[dict], path: Path, gpu: str) -> None:

@@ -61,15 +61,16 @@ def naive_gptq_dequant(qweight, qzeros, scales, g_idx, *, v1):
 
 
 def rand_grid(k, n, g, *, sym, gen, zero_max=15):
-    ng = k // g
-    codes = torch.randint(0, 16, (k, n), generator=gen)
-    zeros = torch.full((ng, n), 8) if sym else torch.randint(0, zero_max + 1, (ng, n), generator=gen)
-    scales = (torch.rand(ng, n, generator=gen) * 0.03 + 0.002).half()
+    ng, dev = k // g, gen.device
+    codes = torch.randint(0, 16, (k, n), generator=gen, device=dev)
+    zeros = torch.full((ng, n), 8, device=dev) if sym else torch.randint(0, zero_max + 1, (ng, n), generator=gen,
+                                                                          device=dev)
+    scales = (torch.rand(ng, n, generator=gen, device=dev) * 0.03 + 0.002).half()
     return codes, zeros, scales
 
 
 def act_order_g_idx(k, g, gen):
-    return (torch.arange(k) // g)[torch.randperm(k, generator=gen)].to(torch.int32)
+    return (torch.arange(k, device=gen.device) // g)[torch.randperm(k, generator=gen, device=gen.device)].to(torch.int32)
 
 
 # ---- packing
@@ -272,25 +273,25 @@ def gpu_kernels():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 14336), (14336, 4096)])
-@pytest.mark.parametrize("m", [1, 5, 16, 64, 300])
-def test_gpu_llama_shapes(k, n, m, gpu_kernels):
-    gen = torch.Generator().manual_seed(k + n + m)
+def test_gpu_llama_shapes(k, n, gpu_kernels):
+    gen = torch.Generator(device="cuda").manual_seed(k + n)
     codes, zeros, scales = rand_grid(k, n, 128, sym=False, gen=gen)
-    p = pack_w4(codes, zeros, scales, group_size=128).to("cuda")
-    x = torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16)
-    _check_kernel(x, p, None, None)
+    p = pack_w4(codes, zeros, scales, group_size=128)
+    for m in (1, 5, 16, 64, 300):  # GEMV, decode split-K, mid, prefill tiles
+        x = torch.randn(m, k, generator=gen, device="cuda").to(torch.bfloat16)
+        _check_kernel(x, p, None, None)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("m", [1, 9, 200])
 def test_gpu_tails_act_order_bias(dtype, m, gpu_kernels):
-    gen = torch.Generator().manual_seed(m)
+    gen = torch.Generator(device="cuda").manual_seed(m)
     k, n, g = 960, 1000, 64  # K not a multiple of 128, N not of 16
     codes, zeros, scales = rand_grid(k, n, g, sym=False, gen=gen, zero_max=16)
-    p = pack_w4(codes, zeros, scales, group_size=g, g_idx=act_order_g_idx(k, g, gen)).to("cuda")
-    x = torch.randn(m, k, generator=gen).to("cuda", dtype)
-    b = torch.randn(n, generator=gen).to("cuda", dtype)
+    p = pack_w4(codes, zeros, scales, group_size=g, g_idx=act_order_g_idx(k, g, gen))
+    x = torch.randn(m, k, generator=gen, device="cuda").to(dtype)
+    b = torch.randn(n, generator=gen, device="cuda").to(dtype)
     _check_kernel(x, p, b, None)
     from flashscale.kernels.w4a16_common import split_k_workspace
 
@@ -302,10 +303,10 @@ def test_gpu_tails_act_order_bias(dtype, m, gpu_kernels):
 @pytest.mark.gpu
 @pytest.mark.parametrize("g", [32, -1])
 def test_gpu_group_sizes(g, gpu_kernels):
-    gen = torch.Generator().manual_seed(11)
+    gen = torch.Generator(device="cuda").manual_seed(11)
     k, n = 2048, 1536
     gg = k if g == -1 else g
     codes, zeros, scales = rand_grid(k, n, gg, sym=True, gen=gen)
-    p = pack_w4(codes, zeros, scales, group_size=g).to("cuda")
+    p = pack_w4(codes, zeros, scales, group_size=g)
     for m in (1, 33):
-        _check_kernel(torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16), p, None, None)
+        _check_kernel(torch.randn(m, k, generator=gen, device="cuda").to(torch.bfloat16), p, None, None)

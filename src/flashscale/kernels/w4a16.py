@@ -14,6 +14,7 @@ Under Triton's interpreter (CPU tests) the first candidate runs, or the one pass
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import asdict, dataclass
 
 import torch
@@ -217,9 +218,17 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
     return y
 
 
-def _compile_job(job: dict) -> bool:
+def _compile_job(job: dict) -> str:
     """Worker: run one config on a small problem of the same specialization (dtype, G, act-order,
-    bias, K/N evenness, argument alignment), which leaves its binary in Triton's on-disk cache."""
+    bias, K/N evenness, argument alignment), which leaves its binary in Triton's on-disk cache.
+    Returns "" or what went wrong (the caller's own call then fails loudly, this one must not)."""
+    try:
+        return _compile_one(job)
+    except Exception as e:  # noqa: BLE001  (reported by precompile, raised again at the real call)
+        return f"{job['kernel']} {job['config']}: {e!r}"[:500]
+
+
+def _compile_one(job: dict) -> str:
     torch.manual_seed(0)
     k, n, g = job["k"], job["n"], job["group_size"]
     gg = k if g == -1 else g
@@ -236,8 +245,8 @@ def _compile_job(job: dict) -> bool:
         w4a16_matmul(x, p, bias, kernel=job["kernel"], config=cls(**job["config"]), split_k=1)
         torch.cuda.synchronize()
     except OutOfResources:
-        return False
-    return True
+        return ""  # autotuning skips it too
+    return ""
 
 
 def precompile(problems: list[dict], *, processes: int | None = None, all_candidates: bool = True) -> int:
@@ -265,5 +274,7 @@ def precompile(problems: list[dict], *, processes: int | None = None, all_candid
         return 0
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(processes or min(len(jobs), os.cpu_count() or 1)) as pool:
-        pool.map(_compile_job, jobs)
-    return len(jobs)
+        errors = [e for e in pool.map(_compile_job, jobs) if e]
+    for e in errors:
+        print(f"precompile: {e}", file=sys.stderr)
+    return len(jobs) - len(errors)
