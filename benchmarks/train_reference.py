@@ -62,7 +62,8 @@ def config_for(args):
 
     ov = ["--log.every", "25", "--log.eval_every", "0", "--checkpoint.every", "0", "--log.tensorboard", "false"]
     if args.smoke:
-        ov = ["--model.preset", "tiny", "--data.files", "bundled", "--data.vocab_size", "1024",
+        ov = ["--model.preset", "tiny", "--data.files", "bundled", "--data.val_files", "bundled-eval",
+              "--data.vocab_size", "1024",
               "--data.tokenizer_max_chars", "1000000", "--data.seq_len", "128", "--train.batch_size", "8",
               "--train.micro_batches", "2", "--train.device", "cpu", "--train.dtype", "float32",
               "--train.warmup_steps", "2", "--train.lr", "3e-3", "--log.eval_batches", "2"] + ov
@@ -70,7 +71,11 @@ def config_for(args):
         files = sorted(str(f) for f in args.corpus_dir.glob("*.txt.xz") if not f.name.startswith("moby_dick"))
         if not files:
             raise SystemExit(f"--corpus-dir {args.corpus_dir}: no *.txt.xz training files")
-        ov += ["--data.files", json.dumps(files), "--train.device", "cuda", "--train.dtype", "bfloat16"]
+        moby = args.corpus_dir / "moby_dick.txt.xz"
+        val = json.dumps([str(moby)]) if moby.is_file() else "bundled-eval"  # the bundled copy is the same text
+        # All of the training files train; the trainer's validation windows come from the held-out text.
+        ov += ["--data.files", json.dumps(files), "--data.val_files", val,
+               "--train.device", "cuda", "--train.dtype", "bfloat16"]
     if args.cache_dir is not None:
         ov += ["--data.cache_dir", str(args.cache_dir)]
     if args.compile:

@@ -29,6 +29,8 @@ def run_cli(capsys, *argv):
     (["--train.stepz", "3"], "unknown config key train.stepz; valid keys of [train]: steps, batch_size"),
     (["--data.files", "/no/such/corpus.txt"], "data.files: corpus path '/no/such/corpus.txt' does not exist"),
     (["--data.tokenizer", "/no/such/tokenizer.json"], "tokenizer path '/no/such/tokenizer.json' does not exist"),
+    (["--data.val_files", "/no/such/dir/"], "data.val_files: corpus path '/no/such/dir/' does not exist"),
+    (["--data.val_files", "bundled"], "data.val_files shares files with data.files"),
 ])
 def test_train_user_errors_are_one_line(capsys, tmp_path, cache, argv, message):
     code, out, err = run_cli(capsys, "train", "tiny", "--out", str(tmp_path), "--data.cache_dir", str(cache), *argv)
@@ -78,3 +80,9 @@ def test_demo_quick_end_to_end(tmp_path, cache):
 def test_demo_rejects_bad_steps(capsys):
     code, _, err = run_cli(capsys, "demo", "--steps", "0")
     assert code == 2 and "--steps: takes an int >= 1, got 0" in err
+
+
+def test_train_under_torchrun_without_parallel_engine(capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    code, _, err = run_cli(capsys, "train", "tiny")
+    assert code == 2 and "launched as 2 processes (WORLD_SIZE=2, torchrun)" in err

@@ -11,8 +11,10 @@ folder OUT/final (config.json, model.safetensors, tokenizer.json), which `flashs
 from __future__ import annotations
 
 import argparse
-import typing
+import os
 from pathlib import Path
+
+from flashscale.errors import UserError
 
 EPILOG = """\
 examples:
@@ -98,6 +100,12 @@ def run(args) -> int:
     from flashscale.train.trainer import Trainer
 
     config = load_config(args.config, overrides_from_args(args))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        # flashscale.parallel plugs in here: build the device mesh from the [parallel] keys and hand its
+        # engine_factory, rank, world_size, dp_rank and dp_size to the Trainer below.
+        raise UserError(f"launched as {world} processes (WORLD_SIZE={world}, torchrun), but no parallel engine "
+                        f"is available yet; run a single process")
     out = args.out if args.out is not None else default_out(args.config)
     console = Console()
     trainer = Trainer(config, out_dir=out, progress=not args.no_progress)

@@ -70,6 +70,9 @@ class DataSection:
     # Each entry: "bundled" (the bundled training texts: austen + scofield), a file (.txt, .xz, .jsonl
     # with a "text" field), a directory (its *.txt, *.txt.xz, *.jsonl) or a glob pattern.
     files: list[str] = field(default_factory=lambda: ["bundled"])
+    # Validation documents kept apart from `files` (same entry kinds; "bundled-eval" is the bundled
+    # held-out moby_dick). Empty: the tail of `files` is split off instead (val_fraction).
+    val_files: list[str] = field(default_factory=list)
     # "train": train a byte-level BPE tokenizer of `vocab_size` on `files` (cached); else a path to a
     # tokenizer.json, a model directory holding one, or a .gguf file.
     tokenizer: str = "train"
@@ -78,7 +81,7 @@ class DataSection:
     # few MB, and training time grows with the text. None: all of it.
     tokenizer_max_chars: int | None = 20_000_000
     seq_len: int = 256
-    val_fraction: float = 0.05  # tail of the token stream, cut on a document boundary
+    val_fraction: float = 0.05  # without val_files: the tail of the token stream, cut on a document boundary
     cache_dir: str | None = None  # None: $XDG_CACHE_HOME/flashscale (or ~/.cache/flashscale)
 
     def __post_init__(self) -> None:

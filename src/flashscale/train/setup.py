@@ -20,7 +20,8 @@ from tokenizers import Tokenizer
 from flashscale.models.config import LlamaConfig
 from flashscale.train.config import Config, DataSection, ModelSection
 
-BUNDLED = "bundled"
+BUNDLED = "bundled"  # the bundled training texts
+BUNDLED_EVAL = "bundled-eval"  # the bundled held-out evaluation text (moby_dick)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -52,6 +53,9 @@ def set_deterministic(device: torch.device) -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cudnn.benchmark = False
         torch.use_deterministic_algorithms(True, warn_only=True)
+        # Deterministic mode also fills every torch.empty with NaN (to expose reads of uninitialized
+        # memory): a memset per activation buffer that buys nothing for code that writes before it reads.
+        torch.utils.deterministic.fill_uninitialized_memory = False
 
 
 def configure_cpu() -> None:
@@ -64,25 +68,29 @@ def configure_cpu() -> None:
 
 # -------------------------------------------------------------------------------------------- data
 
-def resolve_files(entries: list[str]) -> list[Path]:
-    """data.files -> paths: "bundled" (the bundled training texts), files, folders, glob patterns."""
-    from flashscale.data.corpus import text_files, train_files
+def resolve_files(entries: list[str], key: str = "data.files") -> list[Path]:
+    """data.files -> paths: "bundled" (the bundled training texts), "bundled-eval" (the bundled held-out
+    text), files, folders, glob patterns."""
+    from flashscale.data.corpus import EVAL_NAME, bundled_files, text_files, train_files
 
     out: list[Path] = []
     for entry in entries:
         if entry == BUNDLED:
             out.extend(train_files())
             continue
+        if entry == BUNDLED_EVAL:
+            out.append(bundled_files()[EVAL_NAME])
+            continue
         path = os.path.expanduser(entry)
         if any(c in path for c in "*?["):
             matches = sorted(glob.glob(path, recursive=True))
             if not matches:
-                raise FileNotFoundError(f"data.files: pattern {entry!r} matches no file")
+                raise FileNotFoundError(f"{key}: pattern {entry!r} matches no file")
             for m in matches:
                 out.extend(text_files(m))
             continue
         if not os.path.exists(path):
-            raise FileNotFoundError(f"data.files: corpus path {entry!r} does not exist "
+            raise FileNotFoundError(f"{key}: corpus path {entry!r} does not exist "
                                     f"(expected a .txt/.xz/.jsonl file, a folder of them, a glob, or 'bundled')")
         out.extend(text_files(path))
     return out
@@ -107,7 +115,7 @@ def get_tokenizer(data: DataSection, files: list[Path]) -> Tokenizer:
 
 @dataclass
 class Data:
-    files: list[Path]
+    files: list[Path]  # training files
     tokenizer: Tokenizer
     eos_id: int
     train: np.ndarray  # (N_train,) token ids, a memmap view
@@ -119,14 +127,23 @@ class Data:
 
 
 def prepare_data(data: DataSection) -> Data:
-    """Corpus files -> tokenizer -> cached token file -> (train, val) split on a document boundary."""
+    """Corpus files -> tokenizer -> cached token file -> (train, val): data.val_files tokenized apart,
+    or else a split of the training stream on a document boundary."""
     from flashscale.data.tokenizer import eos_token_id
     from flashscale.data.tokens import prepare_tokens, split_tokens
 
     files = resolve_files(data.files)
+    val_paths = resolve_files(data.val_files, "data.val_files") if data.val_files else []
+    overlap = sorted({str(p.resolve()) for p in files} & {str(p.resolve()) for p in val_paths})
+    if overlap:
+        raise ValueError(f"data.val_files shares files with data.files: {overlap[:3]}; validation text "
+                         f"must be held out of training")
     tok = get_tokenizer(data, files)
     tf = prepare_tokens(files, tok, cache_dir(data))
-    train, val = split_tokens(tf, data.val_fraction)
+    if val_paths:
+        train, val = tf.tokens, prepare_tokens(val_paths, tok, cache_dir(data)).tokens
+    else:
+        train, val = split_tokens(tf, data.val_fraction)
     need = data.seq_len + 1
     for name, part in (("training", train), ("validation", val)):
         if len(part) < need:

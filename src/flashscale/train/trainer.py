@@ -63,7 +63,8 @@ class Trainer:
 
     def __init__(self, config: Config, *, out_dir: str | Path | None = None,
                  engine_factory: EngineFactory | None = None, progress: bool = True, quiet: bool = False,
-                 rank: int = 0, world_size: int = 1, on_step: Callable[[int, dict], None] | None = None):
+                 rank: int = 0, world_size: int = 1, dp_rank: int | None = None, dp_size: int | None = None,
+                 on_step: Callable[[int, dict], None] | None = None):
         if not isinstance(config, Config):
             raise TypeError(f"config must be a flashscale.train.config.Config, got {type(config).__name__}")
         self.config = config
@@ -71,6 +72,10 @@ class Trainer:
         self.engine_factory = engine_factory or SingleDeviceEngine
         self.progress, self.quiet = progress, quiet
         self.rank, self.world_size = rank, world_size
+        # Data-parallel coordinates pick this process's share of the batch; tensor/pipeline-parallel
+        # peers share a dp_rank and so see the same batch. Default: every process is a dp rank.
+        self.dp_rank = rank if dp_rank is None else dp_rank
+        self.dp_size = world_size if dp_size is None else dp_size
         self.is_main = rank == 0
         self.on_step = on_step
         self.data: Data | None = None
@@ -90,9 +95,9 @@ class Trainer:
         if self.engine is not None:
             return
         c = self.config
-        if c.train.batch_size % (c.train.micro_batches * self.world_size):
+        if c.train.batch_size % (c.train.micro_batches * self.dp_size):
             raise ValueError(f"train.batch_size={c.train.batch_size} must be divisible by micro_batches "
-                             f"({c.train.micro_batches}) x data-parallel ranks ({self.world_size})")
+                             f"({c.train.micro_batches}) x data-parallel ranks ({self.dp_size})")
         if c.checkpoint.every and self.ckpt_dir is None:
             raise ValueError("checkpoint.every > 0 needs an output directory (--out) or checkpoint.dir")
         self.device, self.data, self.model_config = prepare(c)
@@ -106,8 +111,8 @@ class Trainer:
         self.engine = self.engine_factory(model, optim, device=self.device, dtype=c.train.dtype,
                                           compile=c.train.compile)
         self.sampler = BatchSampler(len(self.data.train), seq_len=c.data.seq_len,
-                                    batch_size=c.train.batch_size // self.world_size, seed=c.train.seed,
-                                    rank=self.rank, world_size=self.world_size)
+                                    batch_size=c.train.batch_size // self.dp_size, seed=c.train.seed,
+                                    rank=self.dp_rank, world_size=self.dp_size)
         self.val_set = val_batches(self.data.val, seq_len=c.data.seq_len,
                                    batch_size=c.train.batch_size // c.train.micro_batches,
                                    max_batches=c.log.eval_batches * c.train.micro_batches)
@@ -143,6 +148,8 @@ class Trainer:
         return int(state["step"])
 
     def _save(self, step: int, tokens: int) -> Path:
+        # Single writer. A multi-process engine needs every rank's engine.save into the same temporary
+        # folder before rank 0 renames it: flashscale.parallel wraps this with its barriers.
         state = {"tokens": tokens, "sampler": self.sampler.state_dict(), "config": self.config.to_dict(),
                  "world_size": self.world_size, "model_config": self.model_config.to_hf_dict()}
         return ckpt.save_checkpoint(self.ckpt_dir, step, save_engine=self.engine.save, trainer_state=state,
