@@ -3,8 +3,8 @@
     python benchmarks/w4a16.py [--quick] [--out benchmarks/results/] [--group-size 128]
 
 Cells: M (tokens) x (K, N) linear shapes of Llama-3-8B and -70B, group size 128, bf16 activations.
-Correctness first: every shape at a decode and a prefill M against the float64 dequantized reference
-(error <= 2x cuBLAS bf16's + 1e-3), the run stops on a failure. Then timing: triton.testing.do_bench
+Correctness first: every shape at M = 1, 16, 256 against the float64 dequantized reference (error <=
+2x cuBLAS bf16's + 1e-3); a failure is printed, kept in the JSON and makes the exit status 1. Then timing: triton.testing.do_bench
 median (it clears L2 before every call), and the weights rotate through copies that together pass
 3x the 60 MB L2, so decode timings are HBM reads, not cache hits.
 
@@ -62,15 +62,16 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     return ((y.double() - ref).norm() / ref.norm()).item()
 
 
-def check(p: PackedW4, w_bf16: torch.Tensor, m: int, gen: torch.Generator) -> tuple[float, float]:
+def check(p: PackedW4, w_bf16: torch.Tensor, m: int, gen: torch.Generator) -> tuple[float, float, bool]:
     x = torch.randn(m, p.in_features, device="cuda", generator=gen).to(torch.bfloat16)
     y = w4a16_linear(x, p)
     oracle = x.double() @ dequantize_w4(p, torch.float64)
     e_ours, e_bf16 = rel_err(y, oracle), rel_err(F.linear(x, w_bf16), oracle)
-    if not (e_ours <= 2 * e_bf16 + 1e-3) or not torch.isfinite(y).all():
-        raise SystemExit(f"W4A16 WRONG at M={m} K={p.in_features} N={p.out_features}: rel err {e_ours:.3e} "
-                         f"vs bf16 {e_bf16:.3e}")
-    return e_ours, e_bf16
+    ok = bool(e_ours <= 2 * e_bf16 + 1e-3 and torch.isfinite(y).all())
+    if not ok:  # reported and kept in the JSON; the other cells still run (one device call, no retries)
+        print(f"W4A16 WRONG at M={m} K={p.in_features} N={p.out_features}: rel err {e_ours:.3e} "
+              f"vs bf16 {e_bf16:.3e}", flush=True)
+    return e_ours, e_bf16, ok
 
 
 def bench(fn, warmup: int, rep: int) -> float:
@@ -104,8 +105,8 @@ def main(argv=None) -> int:
         base = random_packed(k, n, g, gen)
         w_bf16 = dequantize_w4(base, torch.bfloat16).t().contiguous()  # (N, K): the same weights in bf16
         for m in (1, 16, 256):
-            e_ours, e_bf16 = check(base, w_bf16, m, gen)
-            checks.append(dict(M=m, K=k, N=n, rel_err=e_ours, rel_err_bf16=e_bf16))
+            e_ours, e_bf16, ok = check(base, w_bf16, m, gen)
+            checks.append(dict(M=m, K=k, N=n, rel_err=e_ours, rel_err_bf16=e_bf16, ok=ok))
         nq = copies_for(packed_bytes(base))
         packs = [base] + [PackedW4(qweight=base.qweight.clone(), sz=base.sz.clone(), perm=None, in_features=k,
                                    out_features=n, group_size=g) for _ in range(nq - 1)]
@@ -142,8 +143,9 @@ def main(argv=None) -> int:
     for a, b in zip(rows[::2], rows[1::2]):
         print(f"{a['M']:5d} {a['K']:6d} {a['N']:6d} {a['us']:9.1f} {a['floor_us']:8.1f} {a['TBps']:5.2f} "
               f"{a['tflops']:7.1f} {b['us']:8.1f} {b['us'] / a['us']:7.2f}")
-    print(f"wrote {path}")
-    return 0
+    bad = [c for c in checks if not c["ok"]]
+    print(f"correctness: {len(checks) - len(bad)}/{len(checks)} checks passed; wrote {path}")
+    return 1 if bad else 0
 
 
 def write(args, gpu: str, g: int, rows: list[dict], checks: list[dict]) -> Path:
