@@ -26,7 +26,7 @@ from flashscale.parallel.engine import ParallelEngine  # noqa: E402
 from flashscale.parallel.mesh import CollectiveError, ParallelMesh  # noqa: E402
 from flashscale.train.engine import OptimConfig  # noqa: E402
 
-_NOT_PARALLEL = ("model", "max_grad_norm", "micro_batches_step", "dtype", "grad_dtype")
+_NOT_PARALLEL = ("model", "max_grad_norm", "micro_batches_step", "dtype")
 
 
 def parallel_config(layout: dict) -> ParallelConfig:
@@ -38,8 +38,7 @@ def build(layout: dict, *, model=None) -> ParallelEngine:
     pc = parallel_config(layout)
     mesh = ParallelMesh(pc, cfg, rank=dist.get_rank(), world_size=dist.get_world_size())
     model = model if model is not None else Llama(cfg).init_weights(H.SEED)
-    return ParallelEngine(cfg, pc, OptimConfig(), model=model, mesh=mesh, dtype=layout.get("dtype", "float32"),
-                          grad_dtype=layout.get("grad_dtype", "float32"))
+    return ParallelEngine(cfg, pc, OptimConfig(), model=model, mesh=mesh, dtype=layout.get("dtype", "float32"))
 
 
 def my_rows(eng: ParallelEngine, x: torch.Tensor) -> torch.Tensor:

@@ -48,10 +48,10 @@ W4 = [
     dict(model="gqa", pp=2, tp=2, zero=1, schedule="interleaved", virtual_stages=2, sequence_parallel=True),
 ]
 # bf16 engines on an "even" model (no padding anywhere), one step, then the bytes held per rank
-MEM_W2 = [dict(model="even", dp=2, zero=z, dtype="bfloat16", grad_dtype=None) for z in range(4)] + \
-    [dict(model="even", dp=2, zero=2, dtype="bfloat16"), dict(model="even", tp=2, zero=3, dtype="bfloat16", grad_dtype=None)]
-MEM_W4 = [dict(model="even", dp=2, tp=2, zero=z, dtype="bfloat16", grad_dtype=None) for z in (1, 3)] + \
-    [dict(model="even", dp=2, pp=2, zero=2, dtype="bfloat16", grad_dtype=None)]
+MEM_W2 = [dict(model="even", dp=2, zero=z, dtype="bfloat16", grad_dtype="param") for z in range(4)] + \
+    [dict(model="even", dp=2, zero=2, dtype="bfloat16"), dict(model="even", tp=2, zero=3, dtype="bfloat16", grad_dtype="param")]
+MEM_W4 = [dict(model="even", dp=2, tp=2, zero=z, dtype="bfloat16", grad_dtype="param") for z in (1, 3)] + \
+    [dict(model="even", dp=2, pp=2, zero=2, dtype="bfloat16", grad_dtype="param")]
 RESHARD_SAVE = dict(model="gqa", dp=2, zero=3)
 RESHARD_LOAD = {2: dict(model="gqa", pp=2, zero=1), 4: dict(model="gqa", pp=2, tp=2, zero=2, sequence_parallel=True)}
 
@@ -217,7 +217,7 @@ def test_memory_per_rank_follows_the_zero_formula(launched, world):
         cfg = H.model_config(lay["model"])
         z, dp = lay["zero"], lay.get("dp", 1)
         p_bytes = 2  # bf16 parameters
-        g_bytes = 2 if lay.get("grad_dtype", "float32") is None else 4
+        g_bytes = 2 if lay.get("grad_dtype", "float32") == "param" else 4
         for r in results:
             psi = _expected_numel(cfg, lay, r["chunks"], r["partition"], r["tp_rank"])
             assert psi % dp == 0

@@ -46,7 +46,7 @@ def _one_thread():
     (dict(tp=8), 8, "num_attention_heads=4 is not divisible by tp=8"),
     (dict(tp=4), 4, "intermediate_size=66 is not divisible by tp=4"),
     (dict(pp=4, virtual_stages=2, schedule="interleaved"), 4, "8 pipeline chunks but the model has only 5"),
-    (dict(pp=2, stage_layers=(2, 2)), 2, "sums to 4"),
+    (dict(pp=2, stage_layers=[2, 2]), 2, "sums to 4"),
 ])
 def test_impossible_layouts_fail_before_any_collective(kw, world, match):
     cfg = H.model_config("gqa")
@@ -72,7 +72,7 @@ def test_kv_heads_split_or_replicated():
     (dict(virtual_stages=2), "needs schedule='interleaved'"),
     (dict(tp=0), "tp must be a positive int"),
     (dict(activation_checkpointing="some"), "activation_checkpointing must be one of"),
-    (dict(pp=2, stage_layers=(3,)), "pp \\* virtual_stages = 2"),
+    (dict(pp=2, stage_layers=[3]), "pp \\* virtual_stages = 2"),
 ])
 def test_config_rejects_bad_values(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -183,8 +183,9 @@ def _weights(eng):
 
 
 @pytest.mark.parametrize("kw", [dict(zero=0, schedule="gpipe"), dict(zero=1, activation_checkpointing="full"),
-                                dict(zero=2, activation_checkpointing="attention", checkpoint_layers=(1, 3)),
-                                dict(zero=3, schedule="interleaved", virtual_stages=2)])
+                                dict(zero=2, activation_checkpointing="attention", checkpoint_layers=[1, 3]),
+                                dict(zero=3, schedule="interleaved", virtual_stages=2),
+                                dict(zero=1, schedule="interleaved", virtual_stages=2, stage_layers=[4, 1])])
 def test_world_size_1_equals_single_device_engine(kw):
     steps = 6
     model = "mqa_tied" if kw["zero"] % 2 else "gqa"

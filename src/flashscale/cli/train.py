@@ -11,10 +11,7 @@ folder OUT/final (config.json, model.safetensors, tokenizer.json), which `flashs
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
-
-from flashscale.errors import UserError
 
 EPILOG = """\
 examples:
@@ -27,9 +24,11 @@ values: bool true/false, lists comma-separated or as [a, b], "none" for an optio
 
 multi-GPU (torchrun):
   torchrun --standalone --nproc-per-node 8 -m flashscale train 125M --out runs/125M
+  torchrun --standalone --nproc-per-node 8 -m flashscale train 125M --parallel.tp 2 --parallel.pp 2 \
+      --parallel.zero 1 --parallel.schedule 1f1b --out runs/125M        # dp = 8 / (tp * pp) = 2
   Each process drives one GPU; rank 0 logs and writes checkpoints. The parallel layout
-  (data/tensor/pipeline axes, ZeRO stage) is set by the [parallel] keys that flashscale.parallel adds;
-  with none of them, the single-device engine runs (one process).
+  (data/tensor/pipeline axes, ZeRO stage, schedule) is set by the [parallel] keys (docs/parallel.md);
+  with none of them and one process, the single-device engine runs.
 """
 
 
@@ -95,27 +94,29 @@ def run(args) -> int:
     from rich.table import Table
 
     from flashscale.models.checkpoint import save_hf
+    from flashscale.parallel.launch import make_trainer, wants_parallel
     from flashscale.train.config import load_config
     from flashscale.train.metrics import fmt_mfu
     from flashscale.train.trainer import Trainer
 
     config = load_config(args.config, overrides_from_args(args))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1:
-        # flashscale.parallel plugs in here: build the device mesh from the [parallel] keys and hand its
-        # engine_factory, rank, world_size, dp_rank and dp_size to the Trainer below.
-        raise UserError(f"launched as {world} processes (WORLD_SIZE={world}, torchrun), but no parallel engine "
-                        f"is available yet; run a single process")
     out = args.out if args.out is not None else default_out(args.config)
-    console = Console()
-    trainer = Trainer(config, out_dir=out, progress=not args.no_progress)
+    parallel = wants_parallel(config)  # torchrun (WORLD_SIZE > 1) or [parallel] keys: the parallel engine
+    if parallel:
+        trainer = make_trainer(config, out_dir=out, progress=not args.no_progress)
+    else:
+        trainer = Trainer(config, out_dir=out, progress=not args.no_progress)
+    console = Console(quiet=not trainer.is_main)
     trainer.setup()
     mc = trainer.model_config
     console.print(f"model: preset {config.model.preset!r}, {mc.num_params() / 1e6:.2f}M parameters; "
                   f"device {trainer.device}, {config.train.dtype}; {len(trainer.data.train):,} training tokens; "
                   f"output {out}")
     result = trainer.fit(resume=args.resume)
-    final = save_hf(trainer.model, out / "final", tokenizer=trainer.data.tokenizer)
+    if parallel:  # collective: rank 0 assembles the shards
+        final = trainer.save_final(out / "final", tokenizer=trainer.data.tokenizer)
+    else:
+        final = save_hf(trainer.model, out / "final", tokenizer=trainer.data.tokenizer)
 
     table = Table(title="flashscale train: summary", show_header=False)
     for name, value in (

@@ -34,13 +34,16 @@ class ParallelConfig:
     virtual_stages: int = 1  # model chunks per pipeline rank; > 1 only with schedule="interleaved"
     # Explicit pipeline split: layers per model chunk (pp * virtual_stages entries, each >= 1).
     # None: balanced automatically, the embedding and the head counted by their FLOPs.
-    stage_layers: tuple[int, ...] | None = None
+    stage_layers: list[int] | None = None
     sequence_parallel: bool = False  # norms/residuals sharded along the sequence over the tp axis
     # Pipeline micro-batches per step. None: train_step's micro_batches (the trainer's accumulation).
     micro_batches: int | None = None
     activation_checkpointing: str = "none"  # "none" | "full" (whole block) | "attention" (attn only)
     # Layers (global indices) the checkpointing applies to; None: every layer ("selective per layer").
-    checkpoint_layers: tuple[int, ...] | None = None
+    checkpoint_layers: list[int] | None = None
+    # Gradient buffers: "float32" (accumulation and reductions in fp32, as Megatron-LM does for bf16) or
+    # "param" (the compute dtype: the ZeRO paper's 2-byte accounting, half the gradient memory).
+    grad_dtype: str = "float32"
     backend: str | None = None  # "gloo" | "nccl"; None: nccl on CUDA, gloo on CPU
     timeout_s: float = 600.0  # a collective waiting longer raises, naming the rank and the operation
     zero3_prefetch: bool = True  # ZeRO-3: gather the next layer while this one computes
@@ -61,12 +64,14 @@ class ParallelConfig:
         if self.activation_checkpointing not in CHECKPOINTING:
             raise ValueError(f"ParallelConfig.activation_checkpointing must be one of {CHECKPOINTING}, "
                              f"got {self.activation_checkpointing!r}")
+        if self.grad_dtype not in ("float32", "param"):
+            raise ValueError(f"ParallelConfig.grad_dtype must be 'float32' or 'param', got {self.grad_dtype!r}")
         if self.backend not in (None, "gloo", "nccl"):
             raise ValueError(f"ParallelConfig.backend must be 'gloo', 'nccl' or None, got {self.backend!r}")
         if not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
             raise ValueError(f"ParallelConfig.timeout_s must be a positive number of seconds, got {self.timeout_s!r}")
         if self.stage_layers is not None:
-            self.stage_layers = tuple(self.stage_layers)
+            self.stage_layers = list(self.stage_layers)
             for n in self.stage_layers:
                 if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                     raise ValueError(f"ParallelConfig.stage_layers entries must be ints >= 1, got {self.stage_layers!r}")
@@ -74,7 +79,7 @@ class ParallelConfig:
                 raise ValueError(f"ParallelConfig.stage_layers has {len(self.stage_layers)} entries; it needs "
                                  f"pp * virtual_stages = {self.pp * self.virtual_stages}")
         if self.checkpoint_layers is not None:
-            self.checkpoint_layers = tuple(self.checkpoint_layers)
+            self.checkpoint_layers = list(self.checkpoint_layers)
             if any(not isinstance(i, int) or i < 0 for i in self.checkpoint_layers):
                 raise ValueError(f"ParallelConfig.checkpoint_layers must be layer indices >= 0, "
                                  f"got {self.checkpoint_layers!r}")

@@ -41,14 +41,12 @@ class ParallelEngine:
     """model_config: the Llama to train. model: an initialized full Llama (float32, CPU) to start from
     (e.g. the trainer's, or models.checkpoint.load_hf's); None: built here with init_weights(seed).
     mesh: None -> ParallelMesh.from_env (torchrun). dtype: compute dtype ("bfloat16" on GPU); masters
-    and AdamW states are float32 either way. grad_dtype: gradient buffers ("float32" default:
-    accumulation and reductions in fp32, as Megatron-LM does for bf16; None: the compute dtype, the
-    ZeRO paper's 2-byte accounting)."""
+    and AdamW states are float32 either way; gradients as parallel_config.grad_dtype says."""
 
     def __init__(self, model_config: LlamaConfig, parallel_config: ParallelConfig | None = None,
                  optim_config: OptimConfig | None = None, *, model: Llama | None = None,
                  mesh: ParallelMesh | None = None, seed: int = 0, device: str | torch.device | None = None,
-                 dtype: str | torch.dtype = "float32", grad_dtype: str | torch.dtype | None = "float32"):
+                 dtype: str | torch.dtype = "float32"):
         if not isinstance(model_config, LlamaConfig):
             raise TypeError(f"model_config must be a LlamaConfig, got {type(model_config).__name__}")
         self.model_config = model_config
@@ -57,7 +55,7 @@ class ParallelEngine:
             raise TypeError(f"parallel_config must be a ParallelConfig, got {type(pc).__name__}")
         self.optim_config = optim_config if optim_config is not None else OptimConfig()
         self.dtype = resolve_dtype(dtype)
-        self.grad_dtype = self.dtype if grad_dtype is None else resolve_dtype(grad_dtype)
+        self.grad_dtype = self.dtype if pc.grad_dtype == "param" else torch.float32
         if model is not None and model.config.to_hf_dict() != model_config.to_hf_dict():
             raise ValueError("model.config differs from model_config")
         # 1. mesh
@@ -296,12 +294,11 @@ class ParallelEngine:
         return self.zero_data.memory_bytes()
 
 
-def parallel_engine_factory(parallel_config: ParallelConfig, *, mesh: ParallelMesh | None = None,
-                            grad_dtype: str | None = "float32"):
+def parallel_engine_factory(parallel_config: ParallelConfig, *, mesh: ParallelMesh | None = None):
     """An engine_factory for flashscale.train.Trainer: (model, optim_config, device=, dtype=, compile=)."""
     def factory(model, optim_config, *, device=None, dtype="float32", compile=False):
         if compile:
             raise ValueError("train.compile is not supported with the parallel engine yet")
         return ParallelEngine(model.config, parallel_config, optim_config, model=model, mesh=mesh,
-                              device=device, dtype=dtype, grad_dtype=grad_dtype)
+                              device=device, dtype=dtype)
     return factory

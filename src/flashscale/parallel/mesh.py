@@ -201,9 +201,12 @@ class ParallelMesh:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))
         validate_layout(config, world, model_config)  # fail fast, identically on every rank
+        local = int(os.environ.get("LOCAL_RANK", "0"))
         if device is None:
-            device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if torch.cuda.is_available() else "cpu"
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", local)  # one GPU a process, picked by torchrun's local rank
         if device.type == "cuda":
             torch.cuda.set_device(device)
         backend = config.backend or ("nccl" if device.type == "cuda" else "gloo")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from flashscale.models.config import PRESETS, LlamaConfig, preset
+from flashscale.parallel.config import ParallelConfig
 from flashscale.train.typed import Mismatch, coerce, parse_text, type_name
 
 if sys.version_info >= (3, 11):
@@ -165,6 +166,9 @@ class Config:
     train: TrainSection = field(default_factory=TrainSection)
     log: LogSection = field(default_factory=LogSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    # the (pp, dp, tp) layout, ZeRO stage, pipeline schedule (flashscale.parallel; used under torchrun
+    # or when any key is set)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (tuples as lists); `config_from_dict` reads it back."""
