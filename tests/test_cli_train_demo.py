@@ -81,8 +81,3 @@ def test_demo_rejects_bad_steps(capsys):
     code, _, err = run_cli(capsys, "demo", "--steps", "0")
     assert code == 2 and "--steps: takes an int >= 1, got 0" in err
 
-
-def test_train_under_torchrun_without_parallel_engine(capsys, monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    code, _, err = run_cli(capsys, "train", "tiny")
-    assert code == 2 and "launched as 2 processes (WORLD_SIZE=2, torchrun)" in err

@@ -166,7 +166,9 @@ def run(args) -> int:
     # -- QUANTIZATION (added by the quantization issue): quantize `model` to 4 bits here and add a
     #    row "demo model, 4-bit" with its perplexity on the same `ids`, next to the float one. ----------
     console.print(table)
-    console.print(f"perplexity {ev['ppl']:.1f} vs unigram {unigram:.1f}: {unigram / ev['ppl']:.1f}x lower "
+    ratio = unigram / ev["ppl"]
+    verdict = f"{ratio:.1f}x below" if ratio >= 1 else f"{1 / ratio:.1f}x above"
+    console.print(f"perplexity {ev['ppl']:.1f}: {verdict} the unigram baseline's {unigram:.1f} "
                   f"({time.perf_counter() - t0:.0f} s to evaluate)")
 
     # -- samples --------------------------------------------------------------------------------------
