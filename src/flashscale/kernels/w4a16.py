@@ -13,6 +13,7 @@ Under Triton's interpreter (CPU tests) the first candidate runs, or the one pass
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from dataclasses import asdict, dataclass
@@ -53,17 +54,22 @@ class GemvConfig:
 _GEMM_CANDIDATES: dict[int, list[GemmConfig]] = {
     16: [GemmConfig(bm=16, bn=128, bk=128, num_stages=4), GemmConfig(bm=16, bn=64, bk=128, num_stages=4)],
     32: [GemmConfig(bm=32, bn=128, bk=128, num_stages=4), GemmConfig(bm=32, bn=64, bk=128, num_stages=4)],
-    64: [GemmConfig(bm=64, bn=128, bk=128, num_stages=3), GemmConfig(bm=64, bn=128, bk=128, num_warps=8, num_stages=4)],
+    64: [GemmConfig(bm=64, bn=128, bk=128, num_stages=3), GemmConfig(bm=64, bn=128, bk=128, num_warps=8, num_stages=4),
+         GemmConfig(bm=64, bn=64, bk=128, num_stages=4)],
+    # no split-K past 32 tokens (choose_split_k): 64-row tiles keep enough programs for N = 4096
     128: [GemmConfig(bm=128, bn=128, bk=128, num_warps=8, num_stages=3),
-          GemmConfig(bm=64, bn=128, bk=128, num_warps=8, num_stages=4)],
+          GemmConfig(bm=64, bn=128, bk=128, num_warps=8, num_stages=4), GemmConfig(bm=64, bn=64, bk=128, num_stages=4)],
+    256: [GemmConfig(bm=128, bn=128, bk=128, num_warps=8, num_stages=3),
+          GemmConfig(bm=64, bn=128, bk=128, num_warps=8, num_stages=4), GemmConfig(bm=64, bn=64, bk=128, num_stages=4)],
     1 << 30: [GemmConfig(bm=128, bn=128, bk=128, num_warps=8, num_stages=3),
               GemmConfig(bm=256, bn=128, bk=128, num_warps=8, num_stages=3),
               GemmConfig(bm=128, bn=128, bk=128, num_warps=8, num_stages=4)],
 }
 _GEMV_CANDIDATES: list[GemvConfig] = [GemvConfig(bn=256, kt=2), GemvConfig(bn=128, kt=2), GemvConfig(bn=256, kt=1)]
 
-_TUNED: dict[str, dict] = {}
+_TUNED: dict[tuple, dict] = {}  # key -> config fields + "split_k"
 _AUTOTUNE = True
+_ATOMIC_BUDGET = 1 << 18  # split-K adds M*N*splits values (and as many tickets) with atomics: cap that
 
 
 def set_autotune(enabled: bool) -> None:
@@ -72,8 +78,18 @@ def set_autotune(enabled: bool) -> None:
     _AUTOTUNE = bool(enabled)
 
 
+@functools.cache
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def _device_info(device: torch.device) -> tuple[str, int]:
+    """(name, SM count); the interpreter gets 4 SMs so tiny CPU tests exercise split-K."""
+    if device.type != "cuda":
+        return "cpu", 4
+    props = torch.cuda.get_device_properties(device)
+    return props.name, props.multi_processor_count
 
 
 def m_bucket(m: int) -> int:
@@ -92,26 +108,34 @@ def gemv_candidates(p: PackedW4) -> list[GemvConfig]:
     return wide or ok
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: exercise split-K on small shapes
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def choose_split_k(tiles: int, k_steps: int, num_sms: int) -> int:
-    """Splits of K so tiles * splits is about two programs per SM, each split >= 2 steps."""
-    if tiles >= num_sms or k_steps < 4:
+def choose_split_k(tiles: int, k_steps: int, num_sms: int, *, out_elems: int = 0, bm: int = 1) -> int:
+    """Splits of K so tiles * splits is about two programs per SM, each split >= 2 steps; none for
+    token tiles past 32 (prefill-sized tiles have enough programs, and their per-element atomics
+    would cost more than the split gains: measured on the H200, 2026-11-29), and no more than the
+    atomics budget allows (M*N*splits)."""
+    if tiles >= num_sms or k_steps < 4 or bm > 32:
         return 1
-    return max(1, min(-(-2 * num_sms // tiles), k_steps // 2))
+    split = max(1, min(-(-2 * num_sms // tiles), k_steps // 2))
+    if out_elems:
+        split = min(split, max(1, _ATOMIC_BUDGET // out_elems))
+    return split
+
+
+def _split_options(default: int) -> list[int]:
+    """Split factors the autotuner times around the heuristic (a runtime argument: no recompiles)."""
+    return sorted({default, max(1, default // 2), max(1, default // 4)}, reverse=True)
 
 
 def tuned_configs() -> dict[str, dict]:
-    """The autotune table of this process (JSON-able): key -> config fields."""
-    return {k: dict(v) for k, v in _TUNED.items()}
+    """The autotune table of this process (JSON-able): "kernel|M bucket|N|K|G|dtype|act|device" -> config."""
+    return {"|".join(map(str, k)): dict(v) for k, v in _TUNED.items()}
 
 
 def load_tuned_configs(table: dict[str, dict]) -> None:
-    _TUNED.update({k: dict(v) for k, v in table.items()})
+    """Install a table from tuned_configs() (e.g. saved by a benchmark run) so no key is re-timed."""
+    for k, v in table.items():
+        kind, bucket, n, kk, g, dtype, act, dev = k.split("|")
+        _TUNED[(kind, int(bucket), int(n), int(kk), int(g), dtype, act, dev)] = dict(v)
 
 
 def _common_args(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Tensor):
@@ -120,13 +144,24 @@ def _common_args(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: t
     return perm, b
 
 
-def _launch_gemm(x2d, p: PackedW4, bias, y, cfg: GemmConfig, split_k: int | None = None) -> None:
+def _gemm_split(x2d, p: PackedW4, cfg: GemmConfig) -> int:
+    m, k = x2d.shape
+    tiles = triton.cdiv(p.out_features, cfg.bn) * triton.cdiv(m, cfg.bm)
+    k_steps = triton.cdiv(triton.cdiv(k, FRAG_K) * FRAG_K, cfg.bk)
+    return choose_split_k(tiles, k_steps, _device_info(x2d.device)[1], out_elems=m * p.out_features, bm=cfg.bm)
+
+
+def _gemv_split(x2d, p: PackedW4, cfg: GemvConfig) -> int:
+    k = x2d.shape[1]
+    k_steps = triton.cdiv(triton.cdiv(k, FRAG_K) * FRAG_K, 64 * cfg.kt)
+    return choose_split_k(triton.cdiv(p.out_features, cfg.bn), k_steps, _device_info(x2d.device)[1],
+                          out_elems=p.out_features)
+
+
+def _launch_gemm(x2d, p: PackedW4, bias, y, cfg: GemmConfig, split_k: int) -> None:
     m, k = x2d.shape
     n = p.out_features
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
-    k_steps = triton.cdiv(triton.cdiv(k, FRAG_K) * FRAG_K, cfg.bk)
-    if split_k is None:
-        split_k = choose_split_k(tiles, k_steps, _num_sms(x2d.device))
     # a workspace even without split-K (then untouched): the pointer types are part of the compiled variant
     ws, cnt = split_k_workspace(x2d.device, m * n if split_k > 1 else 1)
     perm, b = _common_args(x2d, p, bias, y)
@@ -141,18 +176,14 @@ def _launch_gemm(x2d, p: PackedW4, bias, y, cfg: GemmConfig, split_k: int | None
     )
 
 
-def _launch_gemv(x2d, p: PackedW4, bias, y, cfg: GemvConfig, split_k: int | None = None) -> None:
+def _launch_gemv(x2d, p: PackedW4, bias, y, cfg: GemvConfig, split_k: int) -> None:
     k = x2d.shape[1]
     n = p.out_features
     bk = 64 * cfg.kt
-    tiles = triton.cdiv(n, cfg.bn)
-    k_steps = triton.cdiv(triton.cdiv(k, FRAG_K) * FRAG_K, bk)
-    if split_k is None:
-        split_k = choose_split_k(tiles, k_steps, _num_sms(x2d.device))
     ws, cnt = split_k_workspace(x2d.device, n if split_k > 1 else 1)
     perm, b = _common_args(x2d, p, bias, y)
     n_pad = p.sz.shape[1]
-    w4a16_gemv_kernel[(tiles, split_k)](
+    w4a16_gemv_kernel[(triton.cdiv(n, cfg.bn), split_k)](
         x2d, p.qweight, p.sz, perm, y, b, ws, cnt,
         n, k, p.qweight.stride(0), p.sz.stride(0), MAGIC_ONE, split_k,
         G=p.group_size, HAS_PERM=p.perm is not None, HAS_BIAS=bias is not None,
@@ -161,26 +192,32 @@ def _launch_gemv(x2d, p: PackedW4, bias, y, cfg: GemvConfig, split_k: int | None
     )
 
 
-def _tune(key: str, cands: list, launch) -> object:
-    """Fastest candidate for `key` (timed once per process), or the first when timing is impossible."""
+def _tune(key: tuple, cands: list, split_of, launch) -> tuple[object, int]:
+    """Fastest (config, split) for `key`, timed once per process over the candidates and a few split
+    factors around the heuristic; the first candidate with the heuristic split when timing is off
+    or impossible (interpreter, CUDA-graph capture)."""
     hit = _TUNED.get(key)
     if hit is not None:
-        cls = GemvConfig if "kt" in hit else GemmConfig
-        return cls(**hit)
-    if len(cands) == 1 or not _AUTOTUNE or _interpreting() or torch.cuda.is_current_stream_capturing():
-        return cands[0]
+        fields = dict(hit)
+        split = fields.pop("split_k")
+        return (GemvConfig if "kt" in fields else GemmConfig)(**fields), split
+    if not _AUTOTUNE or _interpreting() or torch.cuda.is_current_stream_capturing():
+        return cands[0], split_of(cands[0])
+    trials = [(c, s) for c in cands for s in _split_options(split_of(c))]
+    if len(trials) == 1:
+        return trials[0]
     best, best_t = None, float("inf")
-    for c in cands:
+    for c, s in trials:
         try:
-            launch(c)  # compile outside the timing
-            t = triton.testing.do_bench(lambda c=c: launch(c), warmup=5, rep=25, return_mode="median")
+            launch(c, s)  # compile outside the timing
+            t = triton.testing.do_bench(lambda c=c, s=s: launch(c, s), warmup=5, rep=25, return_mode="median")
         except OutOfResources:
             continue  # this config does not fit the device (shared memory, registers)
         if t < best_t:
-            best, best_t = c, t
+            best, best_t = (c, s), t
     if best is None:
         raise RuntimeError(f"no W4A16 config runs on this device for {key}")
-    _TUNED[key] = asdict(best)
+    _TUNED[key] = dict(asdict(best[0]), split_k=best[1])
     return best
 
 
@@ -188,7 +225,8 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
                  kernel: str | None = None, config: GemmConfig | GemvConfig | None = None,
                  split_k: int | None = None) -> torch.Tensor:
     """x2d (M, K) fp16/bf16, unit stride along K -> y (M, N) in x's dtype. Inputs are validated by
-    flashscale.ops.w4a16_linear; this launcher assumes them right. kernel: None (by M), "gemv", "gemm"."""
+    flashscale.ops.w4a16_linear; this launcher assumes them right. kernel: None (by M), "gemv", "gemm";
+    config / split_k: force them (tests, benchmarks) instead of the tuned choice."""
     m, k = x2d.shape
     n = p.out_features
     y = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
@@ -196,8 +234,6 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
         return y
     if kernel is None:
         kernel = "gemv" if m == 1 and gemv_candidates(p) else "gemm"
-    perm_tag = "perm" if p.perm is not None else "noperm"
-    dev = torch.cuda.get_device_name(x2d.device) if x2d.is_cuda else "cpu"
     if kernel == "gemv":
         if m != 1:
             raise ValueError(f"the gemv kernel takes one token (M = 1), got M={m}")
@@ -205,16 +241,20 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
         if not cands:
             raise ValueError(f"the gemv kernel needs a group size that is a multiple of 64 or one group per "
                              f"row; this weight has group_size={p.group_size}, K={k}")
-        key = f"gemv|{n}|{k}|{p.group_size}|{x2d.dtype}|{perm_tag}|{dev}"
-        cfg = config or _tune(key, cands, lambda c: _launch_gemv(x2d, p, bias, y, c, split_k))
-        _launch_gemv(x2d, p, bias, y, cfg, split_k)
+        split_of, launch, bucket = (lambda c: _gemv_split(x2d, p, c)), _launch_gemv, 1
     elif kernel == "gemm":
         cands = [config] if config is not None else gemm_candidates(m)
-        key = f"gemm|{m_bucket(m)}|{n}|{k}|{p.group_size}|{x2d.dtype}|{perm_tag}|{dev}"
-        cfg = config or _tune(key, cands, lambda c: _launch_gemm(x2d, p, bias, y, c, split_k))
-        _launch_gemm(x2d, p, bias, y, cfg, split_k)
+        split_of, launch, bucket = (lambda c: _gemm_split(x2d, p, c)), _launch_gemm, m_bucket(m)
     else:
         raise ValueError(f"kernel={kernel!r}; expected None, 'gemv' or 'gemm'")
+    if config is not None:
+        cfg, split = config, split_k or split_of(config)
+    else:
+        key = (kernel, bucket, n, k, p.group_size, str(x2d.dtype).removeprefix("torch."),
+               "perm" if p.perm is not None else "noperm", _device_info(x2d.device)[0])
+        cfg, split = _tune(key, cands, split_of, lambda c, s: launch(x2d, p, bias, y, c, s))
+        split = split_k or split
+    launch(x2d, p, bias, y, cfg, split)
     return y
 
 

@@ -85,6 +85,10 @@ def split_k_workspace(device: torch.device, numel: int) -> tuple[torch.Tensor, t
     device = torch.device(device)
     ws = _WORKSPACE.get(device)
     if ws is None or ws[0].numel() < numel:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # zeros made inside a capture are not zero until the graph replays: fail loudly instead
+            raise RuntimeError(f"the W4A16 split-K workspace must grow to {numel} elements inside CUDA-graph "
+                               "capture; run each shape once before capturing")
         size = max(numel, 1 << 16)
         ws = (torch.zeros(size, dtype=torch.float32, device=device), torch.zeros(size, dtype=torch.int32, device=device))
         _WORKSPACE[device] = ws
