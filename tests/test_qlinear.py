@@ -60,7 +60,6 @@ def test_from_gptq_v1_and_awq_match_v2():
                                checkpoint_format="gptq_v2")
     v1 = QuantLinear.from_gptq(**to_gptq(codes, zeros, scales, gi, checkpoint_format="gptq"),
                                checkpoint_format="gptq")
-    from flashscale.kernels.w4a16_pack import AWQ_REVERSE_ORDER  # noqa: F401  (the format lives there)
     order = [0, 2, 4, 6, 1, 3, 5, 7]
     qw = torch.zeros(k, n // 8, dtype=torch.int64)
     qz = torch.zeros(k // g, n // 8, dtype=torch.int64)

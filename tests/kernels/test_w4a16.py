@@ -8,7 +8,7 @@ the packers are checked against something they do not share code with.
 import pytest
 import torch
 
-from flashscale.kernels.w4a16_pack import (FRAG_K, FRAG_N, PackedW4, awq_codes, from_awq, from_gptq, gptq_codes,
+from flashscale.kernels.w4a16_pack import (FRAG_K, FRAG_N, awq_codes, from_awq, from_gptq, gptq_codes,
                                            pack_w4, to_gptq, unpack_w4)
 from flashscale.ops.w4a16 import w4a16_linear
 from flashscale.reference.w4a16 import dequantize_w4, w4a16_linear_ref
