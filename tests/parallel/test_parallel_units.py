@@ -143,19 +143,25 @@ def test_1f1b_bounds_live_activations_and_interleaving_shrinks_the_bubble():
 
 # --------------------------------------------------------------------------------- loss at tp = 1
 
-def test_vocab_parallel_cross_entropy_at_tp1_equals_cross_entropy():
+def test_vocab_parallel_cross_entropy_with_padding_equals_cross_entropy():
+    """tp = 1 with padded columns takes the vocab-parallel Function (three reductions, no-ops here);
+    without padding it is F.cross_entropy itself."""
     mesh = ParallelMesh(ParallelConfig())
-    logits = torch.randn(2, 5, 11, requires_grad=True)
+    logits = torch.randn(2, 5, 11)
+    padded = torch.cat([logits, torch.full((2, 5, 3), 50.0)], dim=-1).requires_grad_()  # 3 padding columns
     tgt = torch.randint(0, 11, (2, 5))
     tgt[1, 2] = -100
-    ours = vocab_parallel_cross_entropy(logits, tgt, vocab_start=0, vocab_stop=11, axis=mesh.tp)
+    ours = vocab_parallel_cross_entropy(padded, tgt, vocab_start=0, vocab_stop=11, axis=mesh.tp)
     ours.backward()
-    g_ours = logits.grad.clone()
-    logits.grad = None
-    ref = F.cross_entropy(logits.view(-1, 11), tgt.view(-1), ignore_index=-100)
+    ref_logits = logits.clone().requires_grad_()
+    ref = F.cross_entropy(ref_logits.view(-1, 11), tgt.view(-1), ignore_index=-100)
     ref.backward()
     assert abs(ours.item() - ref.item()) <= 1e-6 * ref.item()
-    torch.testing.assert_close(g_ours, logits.grad, rtol=1e-6, atol=1e-8)
+    torch.testing.assert_close(padded.grad[..., :11], ref_logits.grad, rtol=1e-6, atol=1e-8)
+    assert torch.equal(padded.grad[..., 11:], torch.zeros(2, 5, 3))
+    per_token = vocab_parallel_cross_entropy(padded, tgt, vocab_start=0, vocab_stop=11, axis=mesh.tp,
+                                             reduction="none")
+    assert per_token.shape == (2, 5) and per_token[1, 2] == 0
 
 
 # ------------------------------------------------------------------------- engine at world size 1

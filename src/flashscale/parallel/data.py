@@ -72,7 +72,8 @@ class FlatUnit:
     """One unit's flat parameter, gradient, master and optimizer-range bookkeeping on this rank."""
 
     def __init__(self, key: str, named: list[tuple[str, nn.Parameter]], specs: dict[str, ShardSpec],
-                 mesh: ParallelMesh, zero: int, grad_dtype: torch.dtype, uses: dict[str, int] | None = None):
+                 mesh: ParallelMesh, zero: int, dtype: torch.dtype, grad_dtype: torch.dtype,
+                 uses: dict[str, int] | None = None):
         self.key, self.zero = key, zero
         seen, uniq = set(), []
         for n, p in named:
@@ -92,15 +93,21 @@ class FlatUnit:
         self.shard = self.padded // dp
         self.shard_lo = mesh.dp_rank * self.shard
         self.decay_end = sum(e.numel for e in self.entries if e.decay)
-        p0 = self.entries[0].param
-        self.dtype, self.device, self.grad_dtype = p0.dtype, p0.device, grad_dtype
-        self.flat_param = torch.zeros(self.padded, dtype=self.dtype, device=self.device)
+        self.dtype, self.device, self.grad_dtype = dtype, self.entries[0].param.device, grad_dtype
+        # The parameters arrive in float32: their exact values become the masters (no rounding to bf16
+        # at initialization, as the single-device engine), the compute copy is cast from them.
+        full32 = torch.zeros(self.padded, dtype=torch.float32, device=self.device)
         with torch.no_grad():
             for e in self.entries:
-                self.flat_param[e.offset:e.offset + e.numel].copy_(e.param.detach().reshape(-1))
-                e.param.data = self.flat_param[e.offset:e.offset + e.numel].view(e.shape)
+                full32[e.offset:e.offset + e.numel].copy_(e.param.detach().reshape(-1))
+        self.flat_param = full32 if dtype == torch.float32 else full32.to(dtype)
+        for e in self.entries:
+            e.param.data = self.flat_param[e.offset:e.offset + e.numel].view(e.shape)
         # The ranges this rank's optimizer updates, and the slices of it counted in the global norm.
         self.opt_lo, self.opt_hi = (0, self.padded) if zero == 0 else (self.shard_lo, self.shard_lo + self.shard)
+        # The fp32 master of the optimizer range (a copy even for fp32 compute: one code path).
+        self.master = full32[self.opt_lo:self.opt_hi].clone()
+        del full32  # (when fp32 it is flat_param itself, which ZeRO-3 frees below)
         owned = [(e.offset, e.offset + e.numel) for e in self.entries if e.spec.owner]
         self.norm_ranges = _intersect(owned, self.shard_lo, self.shard_lo + self.shard)
         self.sync_ranges: dict[str, list[tuple[int, int]]] = {}
@@ -124,9 +131,6 @@ class FlatUnit:
         if zero == 3:
             self.param_shard = self.flat_param[self.shard_lo:self.shard_lo + self.shard].clone()
             _free(self.flat_param)
-        # The fp32 master of the optimizer range (a copy even for fp32 compute: one code path).
-        src = self.flat_param[self.opt_lo:self.opt_hi] if zero < 3 else self.param_shard
-        self.master = src.detach().to(torch.float32, copy=True)
         cut = min(max(self.decay_end, self.opt_lo), self.opt_hi)
         self.pieces: list[tuple[int, int, bool, nn.Parameter]] = []  # (lo, hi) in unit coordinates
         for lo, hi, decay in ((self.opt_lo, cut, True), (cut, self.opt_hi, False)):
@@ -321,16 +325,20 @@ class ZeroData:
     def masters_to_params(self) -> None:
         """Rounds the fp32 masters into the compute parameters (all-gathering the shards for 1, 2)."""
         pending = []
+        dp = self.mesh.dp
+        # NCCL all-gathers in place (input = this rank's chunk of the output); gloo gets a copy.
+        in_place = dp.size == 1 or self.mesh.backend == "nccl"
         with torch.no_grad():
             for u in self.units.values():
-                if self.zero == 0:
-                    u.flat_param.copy_(u.master)
-                elif self.zero == 3:
+                if self.zero == 3:
                     u.param_shard.copy_(u.master)
                     self._release(u)  # a gathered or prefetched copy holds the old values
-                else:
-                    pending.append(self.mesh.dp.all_gather_into(
-                        u.flat_param, u.master.to(u.dtype), async_op=True, what=f"all-gather of {u.key} params"))
+                    continue
+                own = u.flat_param[u.opt_lo:u.opt_hi]
+                own.copy_(u.master)  # the cast happens in the copy
+                if self.zero > 0:
+                    pending.append(dp.all_gather_into(u.flat_param, own if in_place else own.clone(),
+                                                      async_op=True, what=f"all-gather of {u.key} params"))
         for w in pending:
             w.wait()
 

@@ -4,8 +4,9 @@ Applied to a built single-device Llama from outside, in this order:
   1. mesh       layout validated against the world size and the model, process groups per axis
   2. pipeline   the layers split into pp * virtual_stages chunks; this rank keeps its chunks (others freed)
   3. tensor     Megatron TP (+ sequence parallelism) on the kept modules, slicing the full weights
-  4. precision  parameters cast to the compute dtype (bf16 on GPU), buffers (RoPE) stay fp32
-  5. data       ZeRO units: flat buffers, reduction hooks, fp32 masters + AdamW on this rank's shard
+  4. placement  onto this rank's device, still float32
+  5. data       ZeRO units: flat buffers in the compute dtype (bf16 on GPU) cast from exact fp32
+                masters, reduction hooks, AdamW on this rank's shard
   6. schedule   per micro-batch count, the pipeline plan (pipeline.build_plan), cached
 
 A step: micro-batches through the pipeline schedule (each loss scaled by 1/(m * dp), so the dp sum of
@@ -79,11 +80,9 @@ class ParallelEngine:
         stage.sequence_parallel, stage.tp_size = sp, m.tp_size
         stage.checkpointing = ckpt_mode
         stage.checkpoint_layers = set(pc.checkpoint_layers) if pc.checkpoint_layers is not None else None
-        # 4. precision and placement
+        # 4. placement (float32 still: the ZeRO units keep these exact values as masters and cast the
+        # compute copy; buffers such as RoPE's inv_freq stay float32)
         stage.to(self.device)
-        with torch.no_grad():
-            for p in stage.parameters():
-                p.data = p.data.to(self.dtype)
         # 5. ZeRO units (forward order: chunk by chunk)
         order = [stage.unit_keys(c) for c in range(len(stage.chunk_ids))]
         keys = [k for ks in order for k in ks]
@@ -97,7 +96,7 @@ class ParallelEngine:
             keys.remove("embed")
             alias = {"embed": "head"}
             uses = {"embed_tokens.weight": 2 if pc.num_chunks > 1 else 1}
-        units = [FlatUnit(k, groups[k], specs, m, pc.zero, self.grad_dtype, uses) for k in keys]
+        units = [FlatUnit(k, groups[k], specs, m, pc.zero, self.dtype, self.grad_dtype, uses) for k in keys]
         order = [[alias.get(k, k) for k in ks] for ks in order]
         self.zero_data = ZeroData(units, m, zero=pc.zero, optim_config=self.optim_config,
                                   forward_order=order, prefetch=pc.zero3_prefetch, alias=alias)
@@ -105,6 +104,9 @@ class ParallelEngine:
             stage.hooks = self.zero_data
         self.model = stage
         self._plans: dict[int, list] = {}
+        # NCCL creates a group's communicator at its first call, which must then involve every rank of
+        # the group; the pipeline's first batched send/recv involves two. A collective on it first.
+        m.pp.barrier("pipeline group warm-up")
 
     # ------------------------------------------------------------------------------------- layout
     @property

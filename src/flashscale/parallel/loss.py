@@ -5,7 +5,7 @@ tp axis; three reductions (max, then sum-exp and target logit together) replace 
     dloss/dz = softmax(z) - onehot(t)
 
 Columns past the real vocabulary (padding when V is not divisible by tp) are left out of every sum, so
-the loss equals the unpadded one. At tp == 1 it is plain cross-entropy by the same formula.
+the loss equals the unpadded one. At tp == 1 (nothing split, nothing padded) it is F.cross_entropy.
 Shapes: N tokens (B*S), Vl local vocab columns (padded), V real vocab.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from flashscale.parallel.mesh import Axis
 
@@ -45,7 +46,7 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):  # g (N,)
         softmax, idx, hit, keep = ctx.saved_tensors
-        grad = softmax.clone()
+        grad = softmax  # backward runs once (no retain_graph): the saved softmax becomes the gradient
         grad.scatter_add_(1, idx, -hit.to(grad.dtype)[:, None])
         grad.mul_((g * keep.to(g.dtype))[:, None])
         if grad.shape[1] < ctx.width:  # padded columns get no gradient
@@ -66,6 +67,11 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, 
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     valid = vocab_stop - vocab_start
+    if axis.size == 1 and valid == logits.shape[-1]:
+        # The whole vocabulary on this rank: the same formula as torch's fused kernel, which reads the
+        # (N, V) logits fewer times (it matters at V = 128K: each pass is B*S*V*4 bytes).
+        return F.cross_entropy(logits.reshape(-1, valid).float(), target.reshape(-1), ignore_index=ignore_index,
+                               reduction=reduction).view(target.shape if reduction == "none" else ())
     loss = VocabParallelCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
                                            vocab_start, valid, axis, ignore_index)  # (N,)
     if reduction == "none":

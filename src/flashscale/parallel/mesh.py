@@ -152,6 +152,8 @@ class ParallelMesh:
         self.pp_size, self.dp_size, self.tp_size = validate_layout(config, world_size, model_config)
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(device)
+        self.backend = (dist.get_backend() if world_size > 1 and dist.is_initialized() else
+                        config.backend or ("nccl" if self.device.type == "cuda" else "gloo"))
         self.timeout_s = float(config.timeout_s)
         tp, dp = self.tp_size, self.dp_size
         self.tp_rank = rank % tp
