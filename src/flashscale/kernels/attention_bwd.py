@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 
 from flashscale.kernels.attention_common import LOG2E, block_range, dropout_keep, scores_log2, seq_bounds, visible
-from flashscale.kernels.attention_tune import BwdConfig, FwdConfig, bench_ms, pick_bwd_config, pick_dq_config
+from flashscale.kernels.attention_tune import (BwdConfig, FwdConfig, bench_ms, bwd_candidates_for, dq_candidates_for,
+                                               launch_with_fallback, pick_bwd_config, pick_dq_config)
 
 
 @triton.jit
@@ -73,9 +74,9 @@ def _row_stats(LSE, DELTA, rows, len_q, CHECK_ROWS: tl.constexpr):
 
 @triton.jit
 def _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qs, stride_dos, stride_dqs,
-                start, end, cols, offs_m, offs_d, len_q, len_k, off, sm_scale, qk_scale, softcap2, slope2,
-                window_left, window_right, seed, rng_base, pitch_k, dropout_p, HEAD_DIM: tl.constexpr,
-                BLOCK_M: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                start, end, n0, cols, offs_m, offs_d, len_q, len_k, off, sm_scale, qk_scale, softcap2, slope2,
+                window_left, window_right, seed, rng_base, pitch4, dropout_p, HEAD_DIM: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                 HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, PAD_D: tl.constexpr,
                 ATOMIC_DQ: tl.constexpr, PRECISION: tl.constexpr):
     for start_m in range(start, end, BLOCK_M):
@@ -93,7 +94,8 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, st
             pT = tl.where(vis, pT, 0.0)
         dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # (BN, BM)
         if HAS_DROPOUT:
-            keep = dropout_keep(seed, rng_base, rows[None, :], cols[:, None], pitch_k, dropout_p)
+            # drawn query-major like the forward, then turned to this (keys, queries) tile
+            keep = tl.trans(dropout_keep(seed, rng_base, start_m, n0, pitch4, dropout_p, BLOCK_M, BLOCK_N))
             inv_keep = 1.0 / (1.0 - dropout_p)
             pdT = tl.where(keep, pT * inv_keep, 0.0)
             dpT = tl.where(keep, dpT * inv_keep, 0.0)
@@ -151,6 +153,7 @@ def _attn_bwd_dkdv_kernel(
     else:
         qk_scale = sm_scale * LOG2E
         softcap2 = 0.0
+    pitch4 = (seqlen_k + 3) // 4  # dropout: Philox counters per row, as the forward
     # Query blocks that see this key block: the forward's question transposed (see block_range).
     lo, hi, full_lo, full_hi = block_range(n0, len_k, len_q, -off, window_right, window_left, BLOCK_N, BLOCK_M,
                                            HAS_RIGHT, HAS_LEFT)
@@ -166,21 +169,21 @@ def _attn_bwd_dkdv_kernel(
             slope2 = tl.load(ALIBI + b * stride_ab + h * stride_ah) * LOG2E
         rng_base = 0
         if HAS_DROPOUT:
-            rng_base = (b64 * H + h) * seqlen_q * seqlen_k
+            rng_base = (b64 * H + h) * seqlen_q * pitch4
         dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qs, stride_dos,
-                             stride_dqs, full_lo, full_hi, cols, offs_m, offs_d, len_q, len_k, off, sm_scale,
-                             qk_scale, softcap2, slope2, window_left, window_right, seed, rng_base, seqlen_k,
-                             dropout_p, HEAD_DIM, BLOCK_M, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
+                             stride_dqs, full_lo, full_hi, n0, cols, offs_m, offs_d, len_q, len_k, off, sm_scale,
+                             qk_scale, softcap2, slope2, window_left, window_right, seed, rng_base, pitch4,
+                             dropout_p, HEAD_DIM, BLOCK_M, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
                              HAS_DROPOUT, PAD_D, ATOMIC_DQ, PRECISION)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qs, stride_dos,
-                             stride_dqs, lo, full_lo, cols, offs_m, offs_d, len_q, len_k, off, sm_scale, qk_scale,
-                             softcap2, slope2, window_left, window_right, seed, rng_base, seqlen_k, dropout_p,
-                             HEAD_DIM, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
+                             stride_dqs, lo, full_lo, n0, cols, offs_m, offs_d, len_q, len_k, off, sm_scale, qk_scale,
+                             softcap2, slope2, window_left, window_right, seed, rng_base, pitch4, dropout_p,
+                             HEAD_DIM, BLOCK_M, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
                              PAD_D, ATOMIC_DQ, PRECISION)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qs, stride_dos,
-                             stride_dqs, full_hi, hi, cols, offs_m, offs_d, len_q, len_k, off, sm_scale, qk_scale,
-                             softcap2, slope2, window_left, window_right, seed, rng_base, seqlen_k, dropout_p,
-                             HEAD_DIM, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
+                             stride_dqs, full_hi, hi, n0, cols, offs_m, offs_d, len_q, len_k, off, sm_scale, qk_scale,
+                             softcap2, slope2, window_left, window_right, seed, rng_base, pitch4, dropout_p,
+                             HEAD_DIM, BLOCK_M, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
                              PAD_D, ATOMIC_DQ, PRECISION)
     dk = dk * sm_scale
     tl.store(DK + b64 * stride_dkb + (start_k + cols)[:, None] * stride_dks + hk * stride_dkh + offs_d[None, :],
@@ -232,8 +235,9 @@ def _attn_bwd_dq_kernel(
     if HAS_ALIBI:
         slope2 = tl.load(ALIBI + b * stride_ab + h * stride_ah) * LOG2E
     rng_base = 0
+    pitch4 = (seqlen_k + 3) // 4
     if HAS_DROPOUT:
-        rng_base = bh.to(tl.int64) * seqlen_q * seqlen_k
+        rng_base = bh.to(tl.int64) * seqlen_q * pitch4
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, hi, full_lo, full_hi = block_range(m0, len_q, len_k, off, window_left, window_right, BLOCK_M, BLOCK_N,
                                            HAS_LEFT, HAS_RIGHT)
@@ -253,7 +257,7 @@ def _attn_bwd_dq_kernel(
             p = tl.where(vis, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         if HAS_DROPOUT:
-            keep = dropout_keep(seed, rng_base, rows[:, None], cols[None, :], seqlen_k, dropout_p)
+            keep = dropout_keep(seed, rng_base, m0, start_n, pitch4, dropout_p, BLOCK_M, BLOCK_N)
             dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
         ds = p * (dp - delta[:, None])
         if HAS_SOFTCAP:
@@ -333,7 +337,9 @@ def attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, *, dlse=None, cu_seqlens_
     if config is None:
         config = pick_bwd_config(q, head_dim=D, seqlen_q=sq, seqlen_k=sk, causal=right == 0,
                                  bench=lambda cfg: bench_ms(lambda: launch_dkdv(cfg)))
-    launch_dkdv(config)
+        launch_with_fallback(launch_dkdv, config, bwd_candidates_for(q, head_dim=D, seqlen_q=sq))
+    else:
+        launch_dkdv(config)
     if atomic:
         if dq_acc is not dq:
             dq.copy_(dq_acc)
@@ -350,5 +356,7 @@ def attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, *, dlse=None, cu_seqlens_
     if dq_config is None:
         dq_config = pick_dq_config(q, head_dim=D, seqlen_q=sq, seqlen_k=sk, causal=right == 0,
                                    bench=lambda cfg: bench_ms(lambda: launch_dq(cfg)))
-    launch_dq(dq_config)
+        launch_with_fallback(launch_dq, dq_config, dq_candidates_for(q, head_dim=D, seqlen_q=sq))
+    else:
+        launch_dq(dq_config)
     return dq, dk, dv

@@ -21,7 +21,8 @@ import triton.language as tl
 
 from flashscale.kernels.attention_common import (LOG2E, block_range, dropout_keep, scores_log2, seq_bounds,
                                                  visible)
-from flashscale.kernels.attention_tune import FwdConfig, bench_ms, pick_fwd_config, tma_ok
+from flashscale.kernels.attention_tune import (FwdConfig, bench_ms, fwd_candidates_for, launch_with_fallback,
+                                               pick_fwd_config, tma_ok)
 
 
 @triton.jit
@@ -41,7 +42,8 @@ def _load_tile(ptr, desc, start, seqlen, stride, offs_r, offs_d, HEAD_DIM: tl.co
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, K, V, desc_k, desc_v, stride_ks, stride_vs, start, end, offs_m, offs_n,
                offs_d, seqlen_k, off, qk_scale, softcap2, slope2, window_left, window_right, seed, rng_base,
-               pitch_k, dropout_p, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+               row0, pitch4, dropout_p, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               MASKED: tl.constexpr,
                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, PAD_D: tl.constexpr, USE_TMA: tl.constexpr,
                WARP_SPEC: tl.constexpr, PRECISION: tl.constexpr):
@@ -67,7 +69,7 @@ def _fwd_inner(acc, l_i, m_i, q, K, V, desc_k, desc_v, stride_ks, stride_vs, sta
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if HAS_DROPOUT:  # the normalizer l keeps every entry; only the P @ V product drops
-            keep = dropout_keep(seed, rng_base, offs_m[:, None], cols[None, :], pitch_k, dropout_p)
+            keep = dropout_keep(seed, rng_base, row0, start_n, pitch4, dropout_p, BLOCK_M, BLOCK_N)
             p = tl.where(keep, p, 0.0)
         v = _load_tile(V, desc_v, start_n, seqlen_k, stride_vs, offs_n, offs_d, HEAD_DIM, USE_TMA, MASKED, PAD_D)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
@@ -133,8 +135,9 @@ def _attn_fwd_kernel(
     if HAS_ALIBI:
         slope2 = tl.load(ALIBI + b * stride_ab + h * stride_ah) * LOG2E
     rng_base = 0
+    pitch4 = (seqlen_k + 3) // 4  # Philox counters per row: seqlen_k is the (max) pitch, as the reference
     if HAS_DROPOUT:
-        rng_base = bh.to(tl.int64) * seqlen_q * seqlen_k  # seqlen_q/k: the (max) pitch, as the reference
+        rng_base = bh.to(tl.int64) * seqlen_q * pitch4
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -145,17 +148,17 @@ def _attn_fwd_kernel(
     # "first block" (their rows may be fully masked; the inner loop guards that).
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, stride_ks, stride_vs, full_lo,
                                full_hi, offs_m, offs_n, offs_d, len_k, off, qk_scale, softcap2, slope2,
-                               window_left, window_right, seed, rng_base, seqlen_k, dropout_p, HEAD_DIM,
-                               BLOCK_N, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, PAD_D,
+                               window_left, window_right, seed, rng_base, m0, pitch4, dropout_p, HEAD_DIM,
+                               BLOCK_M, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, PAD_D,
                                USE_TMA, WARP_SPEC, PRECISION)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, stride_ks, stride_vs, lo, full_lo,
                                offs_m, offs_n, offs_d, len_k, off, qk_scale, softcap2, slope2, window_left,
-                               window_right, seed, rng_base, seqlen_k, dropout_p, HEAD_DIM, BLOCK_N, True,
+                               window_right, seed, rng_base, m0, pitch4, dropout_p, HEAD_DIM, BLOCK_M, BLOCK_N, True,
                                HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, PAD_D, USE_TMA, False,
                                PRECISION)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, stride_ks, stride_vs, full_hi, hi,
                                offs_m, offs_n, offs_d, len_k, off, qk_scale, softcap2, slope2, window_left,
-                               window_right, seed, rng_base, seqlen_k, dropout_p, HEAD_DIM, BLOCK_N, True,
+                               window_right, seed, rng_base, m0, pitch4, dropout_p, HEAD_DIM, BLOCK_M, BLOCK_N, True,
                                HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, PAD_D, USE_TMA, False,
                                PRECISION)
 
@@ -227,8 +230,10 @@ def attention_fwd(q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, ma
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 
-    if config is None:
-        config = pick_fwd_config(q, head_dim=D, seqlen_q=sq, seqlen_k=sk, causal=right == 0,
-                                 bench=lambda cfg: bench_ms(lambda: launch(cfg)))
-    launch(config)
+    if config is not None:  # explicit (tests, tuning tools): exactly this one
+        launch(config)
+        return out, lse
+    config = pick_fwd_config(q, head_dim=D, seqlen_q=sq, seqlen_k=sk, causal=right == 0, dropout=dropout_p > 0,
+                             bench=lambda cfg: bench_ms(lambda: launch(cfg)))
+    launch_with_fallback(launch, config, fwd_candidates_for(q, head_dim=D, seqlen_q=sq, dropout=dropout_p > 0))
     return out, lse

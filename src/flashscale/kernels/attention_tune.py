@@ -126,7 +126,8 @@ def tma_ok(*tensors: torch.Tensor) -> bool:
     return True
 
 
-def fwd_candidates(head_dim: int, dtype: torch.dtype, *, gpu: bool, hopper: bool) -> list[FwdConfig]:
+def fwd_candidates(head_dim: int, dtype: torch.dtype, *, gpu: bool, hopper: bool,
+                   dropout: bool = False) -> list[FwdConfig]:
     """Default first. Shared memory: Q (BM x BD) + stages x (K + V) (BN x BD); H100/H200 allow 227 KiB.
 
     ptxas (sm_90a, bf16) reports no spills for these; benchmarks/attention_resources.py re-checks.
@@ -136,8 +137,11 @@ def fwd_candidates(head_dim: int, dtype: torch.dtype, *, gpu: bool, hopper: bool
     if not gpu:
         return [FwdConfig(block_m=16, block_n=16)]
     tma = hopper and dtype != torch.float32
-    if dtype == torch.float32:  # 4-byte tiles: half of everything
-        return [FwdConfig(block_m=64, block_n=64 if head_dim <= 128 else 32, num_warps=4, num_stages=2)]
+    if dtype == torch.float32:  # "ieee" fp32 products run on FMA units, register-hungry: small tiles
+        return [FwdConfig(block_m=32, block_n=32, num_warps=4 if head_dim <= 64 else 8, num_stages=2)]
+    if dropout and head_dim <= 128:
+        # Philox state and the mask's shuffle: 128 x 128 tiles spill or pass 227 KiB of shared memory
+        return [FwdConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, tma=tma)]  # no spill
     if head_dim <= 64:
         return [FwdConfig(block_m=128, block_n=64, num_warps=4, num_stages=3, tma=tma),   # 196 regs
                 FwdConfig(block_m=128, block_n=128, num_warps=8, num_stages=3, tma=tma),  # 164 regs
@@ -157,7 +161,7 @@ def bwd_candidates(head_dim: int, dtype: torch.dtype, *, gpu: bool, hopper: bool
     if not gpu:
         return [BwdConfig(block_m=16, block_n=16)]
     if dtype == torch.float32:
-        return [BwdConfig(block_m=32, block_n=64 if head_dim <= 128 else 32, num_warps=4, num_stages=1)]
+        return [BwdConfig(block_m=16, block_n=32, num_warps=4 if head_dim <= 128 else 8, num_stages=1)]
     if head_dim <= 64:
         return [BwdConfig(block_m=64, block_n=128, num_warps=8, num_stages=2),   # 219 regs
                 BwdConfig(block_m=64, block_n=64, num_warps=4, num_stages=2)]
@@ -175,7 +179,7 @@ def dq_candidates(head_dim: int, dtype: torch.dtype, *, gpu: bool, hopper: bool)
     if not gpu:
         return [FwdConfig(block_m=16, block_n=16)]
     if dtype == torch.float32:
-        return [FwdConfig(block_m=64, block_n=32, num_warps=4, num_stages=1)]
+        return [FwdConfig(block_m=32, block_n=32, num_warps=4 if head_dim <= 64 else 8, num_stages=1)]
     if head_dim <= 128:
         return [FwdConfig(block_m=128, block_n=64, num_warps=8, num_stages=2),  # 173 regs (d128)
                 FwdConfig(block_m=64, block_n=64, num_warps=4, num_stages=2)]
@@ -243,16 +247,43 @@ def _where(q: torch.Tensor) -> dict:
     return dict(gpu=gpu, hopper=gpu and torch.cuda.get_device_capability(q.device)[0] >= 9)
 
 
-def pick_fwd_config(q, *, head_dim, seqlen_q, seqlen_k, causal, bench=None) -> FwdConfig:
-    cands = [_fit_block_m(c, seqlen_q) for c in fwd_candidates(head_dim, q.dtype, **_where(q))]
-    return _pick("fwd", FwdConfig, list(dict.fromkeys(cands)), q, head_dim, causal, max(seqlen_q, seqlen_k), bench)
+def fwd_candidates_for(q, *, head_dim, seqlen_q, dropout=False) -> list[FwdConfig]:
+    cands = [_fit_block_m(c, seqlen_q) for c in fwd_candidates(head_dim, q.dtype, dropout=dropout, **_where(q))]
+    return list(dict.fromkeys(cands))
+
+
+def bwd_candidates_for(q, *, head_dim, seqlen_q) -> list[BwdConfig]:
+    return list(dict.fromkeys(_fit_block_m(c, seqlen_q) for c in bwd_candidates(head_dim, q.dtype, **_where(q))))
+
+
+def dq_candidates_for(q, *, head_dim, seqlen_q) -> list[FwdConfig]:
+    return list(dict.fromkeys(_fit_block_m(c, seqlen_q) for c in dq_candidates(head_dim, q.dtype, **_where(q))))
+
+
+def pick_fwd_config(q, *, head_dim, seqlen_q, seqlen_k, causal, dropout=False, bench=None) -> FwdConfig:
+    cands = fwd_candidates_for(q, head_dim=head_dim, seqlen_q=seqlen_q, dropout=dropout)
+    kind = "fwd-dropout" if dropout else "fwd"
+    return _pick(kind, FwdConfig, cands, q, head_dim, causal, max(seqlen_q, seqlen_k), bench)
 
 
 def pick_bwd_config(q, *, head_dim, seqlen_q, seqlen_k, causal, bench=None) -> BwdConfig:
-    cands = [_fit_block_m(c, seqlen_q) for c in bwd_candidates(head_dim, q.dtype, **_where(q))]
-    return _pick("bwd", BwdConfig, list(dict.fromkeys(cands)), q, head_dim, causal, max(seqlen_q, seqlen_k), bench)
+    cands = bwd_candidates_for(q, head_dim=head_dim, seqlen_q=seqlen_q)
+    return _pick("bwd", BwdConfig, cands, q, head_dim, causal, max(seqlen_q, seqlen_k), bench)
 
 
 def pick_dq_config(q, *, head_dim, seqlen_q, seqlen_k, causal, bench=None) -> FwdConfig:
-    cands = [_fit_block_m(c, seqlen_q) for c in dq_candidates(head_dim, q.dtype, **_where(q))]
-    return _pick("dq", FwdConfig, list(dict.fromkeys(cands)), q, head_dim, causal, max(seqlen_q, seqlen_k), bench)
+    cands = dq_candidates_for(q, head_dim=head_dim, seqlen_q=seqlen_q)
+    return _pick("dq", FwdConfig, cands, q, head_dim, causal, max(seqlen_q, seqlen_k), bench)
+
+
+def launch_with_fallback(launch, config, candidates: list) -> None:
+    """launch(config); if the GPU cannot hold it (shared memory or registers: an older or smaller GPU than
+    the defaults were sized for), the next candidates in order, smallest last. Never a resource error
+    in front of a user while some config fits."""
+    order = [config] + [c for c in candidates if c != config]
+    for i, cfg in enumerate(order):
+        try:
+            return launch(cfg)
+        except triton.runtime.errors.OutOfResources:
+            if i == len(order) - 1:
+                raise

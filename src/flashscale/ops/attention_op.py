@@ -113,10 +113,15 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, a["cu_seqlens_q"], a["cu_seqlens_k"], a["alibi_slopes"], a["seed"])
     ctx.scalars = tuple(a[n] for n in _ARGS[4:])
+    # An unused lse must arrive as None, not as materialized zeros: its gradient costs a read and a
+    # different kernel variant.
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k, alibi, seed = ctx.saved_tensors
+    if dout is None:  # only lse was used
+        dout = torch.zeros_like(out)
     max_q, max_k, scale, wl, wr, softcap, dropout_p, deterministic, impl = ctx.scalars
     dq, dk, dv = attention_bwd_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, alibi, seed, max_q, max_k, scale, wl,
                                   wr, softcap, dropout_p, deterministic, impl)

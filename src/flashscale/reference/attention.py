@@ -9,8 +9,9 @@ Score of query i and key j in one sequence (off = Sk - Sq aligns the diagonal bo
     s_ij -= slope_h * |i + off - j|                           if alibi_slopes is given
     visible iff  j >= i + off - left  (left >= 0)  and  j <= i + off + right  (right >= 0);  causal: right = 0
 P = softmax over visible keys; rows with no visible key give zeros (and lse = -inf), never NaN.
-Dropout keeps P_ij when tl.rand(seed, ((b*H + h)*SQ + i)*SK + j) >= p (SQ, SK: the sequence length, or
-max_seqlen for varlen) and scales kept entries by 1/(1-p): the kernel's stream, reproduced bit for bit.
+Dropout keeps P_ij when word j % 4 of tl.rand4x(seed, ((b*H + h)*SQ + i)*ceil(SK/4) + j // 4) is >= p
+(SQ, SK: the sequence lengths, or max_seqlen for varlen) and scales kept entries by 1/(1-p): the
+kernels' Philox stream, reproduced bit for bit.
 LSE is of the (capped, biased, masked) scores before dropout, in natural log, float32:
 (B, H, Sq) dense, (H, Tq) varlen.
 """
@@ -21,16 +22,17 @@ import math
 
 import torch
 
-from flashscale.reference.philox import philox_uniform
+from flashscale.reference.philox import philox_uniform4
 
 
 def dropout_keep_mask(seed: int, p: float, *, batch: int, head: int, heads: int, rows: int, cols: int,
                       seq_q: int, seq_k: int, device=None) -> torch.Tensor:
     """(rows, cols) bool: which P entries of (batch, head) the kernels keep (see the module docstring)."""
-    i = torch.arange(rows, dtype=torch.int64, device=device)[:, None]
-    j = torch.arange(cols, dtype=torch.int64, device=device)[None, :]
-    offset = ((batch * heads + head) * seq_q + i) * seq_k + j
-    return philox_uniform(seed, offset.cpu()).to(device) >= torch.tensor(p, dtype=torch.float32)
+    i = torch.arange(rows, dtype=torch.int64)[:, None]
+    quads = torch.arange((cols + 3) // 4, dtype=torch.int64)[None, :]
+    counter = ((batch * heads + head) * seq_q + i) * ((seq_k + 3) // 4) + quads
+    u = philox_uniform4(seed, counter).flatten(-2)[:, :cols]  # (rows, cols): word j % 4 of counter j // 4
+    return (u >= torch.tensor(p, dtype=torch.float32)).to(device)
 
 
 def _scores(q, k, *, scale, causal, window, softcap, alibi):

@@ -29,10 +29,10 @@ def _mul_hi_lo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return hi, lo
 
 
-def philox_uint32(seed: int, offset: torch.Tensor, n_rounds: int = 10) -> torch.Tensor:
-    """First output word of Philox4x32 for counters (offset_lo, offset_hi, 0, 0) and key (seed_lo, seed_hi).
+def philox_uint32x4(seed: int, offset: torch.Tensor, n_rounds: int = 10) -> tuple[torch.Tensor, ...]:
+    """The four output words of Philox4x32 for counters (offset_lo, offset_hi, 0, 0), key (seed_lo, seed_hi).
 
-    Matches `tl.randint(seed, offset)` for an int64 `offset` (values in [0, 2**32), held in int64).
+    Matches `tl.randint4x(seed, offset)` for an int64 `offset` (words in [0, 2**32), held in int64).
     """
     if not 0 <= seed < 2**64:
         raise ValueError(f"seed must be in [0, 2**64); got {seed}")
@@ -47,12 +47,21 @@ def philox_uint32(seed: int, offset: torch.Tensor, n_rounds: int = 10) -> torch.
         hi_a, lo_a = _mul_hi_lo(_ROUND_A, c0)
         c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
         k0, k1 = (k0 + _KEY_A) & _MASK32, (k1 + _KEY_B) & _MASK32
-    return c0
+    return c0, c1, c2, c3
+
+
+def uint32_to_uniform(x: torch.Tensor) -> torch.Tensor:
+    """Triton's uint_to_uniform_float for 32-bit words: float32 in [0, 1)."""
+    x = torch.where(x >= 2**31, x - 2**32, x)  # bitcast to int32
+    x = torch.where(x < 0, -x - 1, x).to(torch.int32)
+    return x.to(torch.float32) * torch.tensor(_UNIFORM_SCALE, dtype=torch.float32)
 
 
 def philox_uniform(seed: int, offset: torch.Tensor) -> torch.Tensor:
     """`tl.rand(seed, offset)`: float32 uniforms in [0, 1), bit-identical to Triton's."""
-    x = philox_uint32(seed, offset)
-    x = torch.where(x >= 2**31, x - 2**32, x)  # bitcast to int32
-    x = torch.where(x < 0, -x - 1, x).to(torch.int32)
-    return x.to(torch.float32) * torch.tensor(_UNIFORM_SCALE, dtype=torch.float32)
+    return uint32_to_uniform(philox_uint32x4(seed, offset)[0])
+
+
+def philox_uniform4(seed: int, counter: torch.Tensor) -> torch.Tensor:
+    """`tl.rand4x(seed, counter)` as one tensor (..., 4): the four uniforms each counter yields."""
+    return torch.stack([uint32_to_uniform(w) for w in philox_uint32x4(seed, counter)], dim=-1)
