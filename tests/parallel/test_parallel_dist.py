@@ -24,8 +24,8 @@ import _parallel_harness as H  # noqa: E402
 
 from flashscale.errors import UserError  # noqa: E402
 
-CI_STEPS = 10
-RESHARD_AT = 5
+CI_STEPS = 6
+RESHARD_AT = 3
 
 # The CI subset: every axis alone and in pairs, every ZeRO stage, every schedule, sequence parallelism,
 # replicated kv heads, tied embeddings across stages, activation checkpointing, the odd vocabulary (61)
