@@ -46,7 +46,7 @@ def _overrides(args, device: str) -> list[str]:
     ov = ["--train.device", device, "--train.seed", str(args.seed)]
     if device == "cuda":
         # bf16 weights with fp32 masters, 4x the batch: 800 steps are 6.6M tokens, ~7 passes over the
-        # corpus, which a 2.4M-parameter model fits without overfitting much.
+        # corpus, which a 1.3M-parameter model fits without overfitting much.
         ov += ["--train.dtype", "bfloat16", "--train.batch_size", "32", "--train.lr", "3e-3",
                "--train.warmup_steps", "40", "--train.steps", "800", "--log.every", "100"]
     if args.quick:
