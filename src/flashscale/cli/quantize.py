@@ -1,5 +1,7 @@
-"""`flashscale quantize MODEL OUT_DIR`: RTN, GPTQ or AWQ of an HF model folder or a GGUF file into a
-GPTQ- or AWQ-format directory, with perplexity on the held-out text before and after.
+"""`flashscale quantize MODEL OUT_DIR`: RTN, GPTQ or AWQ post-training quantization to a GPTQ/AWQ folder.
+
+MODEL is an HF model folder or a GGUF file; the perplexity on the held-out text is reported before and
+after (of the written checkpoint, read back).
 
 The run is resumable: per-block results go to a work directory beside OUT_DIR (.OUT_DIR.work); run the
 same command again after a crash and it continues at the first unfinished block. OUT_DIR appears only
@@ -23,14 +25,16 @@ def add_parser(sub) -> None:
                        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("model", metavar="MODEL", help="an HF model folder (with tokenizer.json) or a .gguf file")
     p.add_argument("out", metavar="OUT_DIR", help="the quantized model folder to write")
-    p.add_argument("--method", choices=("gptq", "awq", "rtn"), default="gptq")
+    p.add_argument("--method", choices=("gptq", "awq", "rtn"), default="gptq", help="the algorithm")
     p.add_argument("--bits", type=int, default=4, help="2, 3, 4 or 8")
     p.add_argument("--group-size", type=int, default=128, help="columns sharing a scale; -1: one per row")
     p.add_argument("--act-order", action="store_true", help="GPTQ: columns by descending Hessian diagonal")
     p.add_argument("--static-groups", action="store_true", help="GPTQ: fit group grids before act-order")
     sym = p.add_mutually_exclusive_group()
-    sym.add_argument("--sym", dest="sym", action="store_true", default=None, help="symmetric grid (default for gptq/rtn)")
-    sym.add_argument("--asym", dest="sym", action="store_false", help="asymmetric grid (default for awq)")
+    sym.add_argument("--sym", dest="sym", action="store_true", default=argparse.SUPPRESS,
+                     help="symmetric grid (the default for gptq/rtn)")
+    sym.add_argument("--asym", dest="sym", action="store_false", default=argparse.SUPPRESS,
+                     help="asymmetric grid (the default for awq)")
     p.add_argument("--format", choices=("gptq", "gptq_v2", "awq"), default=None,
                    help="checkpoint layout (default: awq for --method awq at 4 bits, else gptq)")
     p.add_argument("--calib", default=None, metavar="FILE",
@@ -47,7 +51,7 @@ def add_parser(sub) -> None:
     p.add_argument("--no-eval", action="store_true", help="skip perplexity before/after")
     p.add_argument("--eval-max-tokens", type=int, default=None, metavar="N", help="score only the first N eval tokens")
     p.add_argument("--eval-batch-size", type=int, default=8, help="windows a forward pass in evaluation")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, sym=None)
 
 
 def _check_args(args):
