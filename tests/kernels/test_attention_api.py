@@ -172,3 +172,19 @@ def test_empty_inputs():
     q, k, v = (torch.randn(1, 0, 2, 8) for _ in range(3))
     out, lse = attention(q, k, v, return_lse=True)
     assert out.shape == q.shape and lse.shape == (1, 2, 0)
+
+
+def test_eager_calls_skip_the_custom_op(monkeypatch):
+    """Eager calls go through the autograd.Function: custom-op dispatch costs more host time than a short
+    kernel runs (see ops/attention_op.py); only torch.compile needs the op."""
+    import importlib
+
+    api = importlib.import_module("flashscale.ops.attention")  # the module (the package exports the function)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("eager attention went through the custom op")
+
+    monkeypatch.setattr(api, "attention_fwd_op", refuse)
+    q, k, v = _qkv(B=1, S=5, H=2, Hkv=1, D=8, requires_grad=True)
+    out, lse = attention(q, k, v, causal=True, return_lse=True)
+    torch.autograd.grad((out, lse), (q, k, v), (torch.randn_like(out), torch.randn_like(lse)))

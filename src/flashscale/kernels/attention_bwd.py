@@ -22,8 +22,8 @@ import triton
 import triton.language as tl
 
 from flashscale.kernels.attention_common import LOG2E, block_range, dropout_keep, scores_log2, seq_bounds, visible
-from flashscale.kernels.attention_tune import (BwdConfig, FwdConfig, bench_ms, bwd_candidates_for, dq_candidates_for,
-                                               launch_with_fallback, pick_bwd_config, pick_dq_config)
+from flashscale.kernels.attention_tune import (BwdConfig, FwdConfig, bench_ms, cdiv, dummy_i32, launch_with_fallback, plan,
+                                               pow2)
 
 
 @triton.jit
@@ -293,8 +293,8 @@ def attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, *, dlse=None, cu_seqlens_
         dq.zero_(), dk.zero_(), dv.zero_()
         return dq, dk, dv
     left, right = window
-    BD = max(triton.next_power_of_2(D), 16)
-    dummy = q.new_empty(0, dtype=torch.int32)
+    BD = max(pow2(D), 16)
+    dummy = dummy_i32(q.device)
     cu_q = cu_seqlens_q if varlen else dummy
     cu_k = cu_seqlens_k if varlen else dummy
     alibi = alibi_slopes if alibi_slopes is not None else lse
@@ -312,7 +312,7 @@ def attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, *, dlse=None, cu_seqlens_
     g = dlse if dlse is not None else lse
     sgb, sgh = (0, g.stride(0)) if varlen else (g.stride(0), g.stride(1))
     pre_m = 16 if sq <= 16 else 64
-    _bwd_preprocess[(triton.cdiv(sq, pre_m), B * H)](
+    _bwd_preprocess[(cdiv(sq, pre_m), B * H)](
         out, dout, g, delta, cu_q, *_strides3(out, varlen), *_strides3(dout, varlen), slb, slh, sgb, sgh, H, sq,
         HEAD_DIM=D, BLOCK_D=BD, BLOCK_M=pre_m, IS_VARLEN=varlen, HAS_DLSE=dlse is not None, num_warps=4)
 
@@ -327,7 +327,7 @@ def attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, *, dlse=None, cu_seqlens_
     def launch_dkdv(cfg: BwdConfig):
         if atomic:
             dq_acc.zero_()
-        _attn_bwd_dkdv_kernel[(triton.cdiv(sk, cfg.block_n), B * Hkv)](
+        _attn_bwd_dkdv_kernel[(cdiv(sk, cfg.block_n), B * Hkv)](
             q, k, v, dout, lse, delta, dk, dv, dq_acc, cu_q, cu_k, alibi,
             *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen), *_strides3(dout, varlen),
             *_strides3(dk, varlen), *_strides3(dv, varlen), *_strides3(dq_acc, varlen), slb, slh, sab, sah,
@@ -335,9 +335,9 @@ def attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, *, dlse=None, cu_seqlens_
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     if config is None:
-        config = pick_bwd_config(q, head_dim=D, seqlen_q=sq, seqlen_k=sk, causal=right == 0,
-                                 bench=lambda cfg: bench_ms(lambda: launch_dkdv(cfg)))
-        launch_with_fallback(launch_dkdv, config, bwd_candidates_for(q, head_dim=D, seqlen_q=sq))
+        config, candidates = plan("bwd", q, head_dim=D, seqlen_q=sq, seqlen_k=sk, causal=right == 0,
+                                  bench=lambda cfg: bench_ms(lambda: launch_dkdv(cfg)))
+        launch_with_fallback(launch_dkdv, config, candidates)
     else:
         launch_dkdv(config)
     if atomic:
@@ -346,7 +346,7 @@ def attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, *, dlse=None, cu_seqlens_
         return dq, dk, dv
 
     def launch_dq(cfg: FwdConfig):
-        _attn_bwd_dq_kernel[(triton.cdiv(sq, cfg.block_m), B * H)](
+        _attn_bwd_dq_kernel[(cdiv(sq, cfg.block_m), B * H)](
             q, k, v, dout, lse, delta, dq, cu_q, cu_k, alibi,
             *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen), *_strides3(dout, varlen),
             *_strides3(dq, varlen), slb, slh, sab, sah, *scalars,
@@ -354,9 +354,9 @@ def attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, *, dlse=None, cu_seqlens_
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     if dq_config is None:
-        dq_config = pick_dq_config(q, head_dim=D, seqlen_q=sq, seqlen_k=sk, causal=right == 0,
-                                   bench=lambda cfg: bench_ms(lambda: launch_dq(cfg)))
-        launch_with_fallback(launch_dq, dq_config, dq_candidates_for(q, head_dim=D, seqlen_q=sq))
+        dq_config, candidates = plan("dq", q, head_dim=D, seqlen_q=sq, seqlen_k=sk, causal=right == 0,
+                                     bench=lambda cfg: bench_ms(lambda: launch_dq(cfg)))
+        launch_with_fallback(launch_dq, dq_config, candidates)
     else:
         launch_dq(dq_config)
     return dq, dk, dv

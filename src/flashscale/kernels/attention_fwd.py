@@ -21,8 +21,7 @@ import triton.language as tl
 
 from flashscale.kernels.attention_common import (LOG2E, block_range, dropout_keep, scores_log2, seq_bounds,
                                                  visible)
-from flashscale.kernels.attention_tune import (FwdConfig, bench_ms, fwd_candidates_for, launch_with_fallback,
-                                               pick_fwd_config, tma_ok)
+from flashscale.kernels.attention_tune import FwdConfig, bench_ms, cdiv, dummy_i32, launch_with_fallback, plan, pow2, tma_ok
 
 
 @triton.jit
@@ -209,13 +208,13 @@ def attention_fwd(q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, ma
         sab, sah = (0, alibi_slopes.stride(0)) if alibi_slopes.dim() == 1 else alibi_slopes.stride()
     else:
         sab = sah = 0
-    dummy = q.new_empty(0, dtype=torch.int32)
+    dummy = dummy_i32(q.device)
 
     def launch(cfg: FwdConfig):
         use_tma = cfg.tma and tma_ok(q, k, v)
         if use_tma and q.is_cuda:
             triton.set_allocator(_tma_allocator)
-        grid = (triton.cdiv(sq, cfg.block_m), B * H)
+        grid = (cdiv(sq, cfg.block_m), B * H)
         _attn_fwd_kernel[grid](
             q, k, v, out, lse,
             cu_seqlens_q if varlen else dummy, cu_seqlens_k if varlen else dummy,
@@ -223,7 +222,7 @@ def attention_fwd(q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, ma
             sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh, slb, slh, sab, sah,
             H, H // Hkv, sq, sk, float(softmax_scale), float(softcap), int(left), int(right), float(dropout_p),
             int(seed),
-            HEAD_DIM=D, BLOCK_D=max(triton.next_power_of_2(D), 16), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            HEAD_DIM=D, BLOCK_D=max(pow2(D), 16), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             IS_VARLEN=varlen, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, HAS_SOFTCAP=softcap > 0,
             HAS_ALIBI=alibi_slopes is not None, HAS_DROPOUT=dropout_p > 0, USE_TMA=use_tma,
             WARP_SPEC=cfg.warp_specialize and use_tma, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
@@ -233,7 +232,7 @@ def attention_fwd(q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, ma
     if config is not None:  # explicit (tests, tuning tools): exactly this one
         launch(config)
         return out, lse
-    config = pick_fwd_config(q, head_dim=D, seqlen_q=sq, seqlen_k=sk, causal=right == 0, dropout=dropout_p > 0,
-                             bench=lambda cfg: bench_ms(lambda: launch(cfg)))
-    launch_with_fallback(launch, config, fwd_candidates_for(q, head_dim=D, seqlen_q=sq, dropout=dropout_p > 0))
+    config, candidates = plan("fwd", q, head_dim=D, seqlen_q=sq, seqlen_k=sk, causal=right == 0,
+                              dropout=dropout_p > 0, bench=lambda cfg: bench_ms(lambda: launch(cfg)))
+    launch_with_fallback(launch, config, candidates)
     return out, lse

@@ -17,6 +17,7 @@ Under the interpreter (CPU tests) one small config is used; tests pass explicit 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -61,6 +62,7 @@ def set_autotune(enabled: bool) -> None:
     """Turn tuning of uncached shapes on or off for this process (default: FLASHSCALE_AUTOTUNE=1)."""
     global _autotune
     _autotune = bool(enabled)
+    _plans.clear()  # picks made under the other setting are re-made
 
 
 def autotune_enabled() -> bool:
@@ -101,14 +103,40 @@ def _store_disk(key: str, value: dict) -> None:
         pass
 
 
+def pow2(n: int) -> int:
+    """Next power of two >= n (>= 1). Host-side: triton.next_power_of_2 and triton.cdiv are constexpr
+    functions in Triton 3.6 and cost tens of microseconds a call, which short sequences feel."""
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def seqlen_bucket(n: int) -> int:
     """Powers of two from 128 to 16384: configs change slowly with length, the key stays small."""
-    return min(max(triton.next_power_of_2(max(n, 1)), 128), 16384)
+    return min(max(pow2(max(n, 1)), 128), 16384)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+@functools.lru_cache(maxsize=None)
+def capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else (0, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def dummy_i32(device: torch.device) -> torch.Tensor:
+    """An empty int32 tensor standing in for absent pointer arguments (cu_seqlens of a dense call)."""
+    return torch.empty(0, dtype=torch.int32, device=device)
 
 
 def cache_key(kind: str, q: torch.Tensor, head_dim: int, causal: bool, seqlen: int) -> str:
-    gpu = torch.cuda.get_device_name(q.device) if q.is_cuda else "cpu"
-    bd = max(triton.next_power_of_2(head_dim), 16)
+    gpu = _device_name(q.device)
+    bd = max(pow2(head_dim), 16)
     return f"{gpu}|triton-{triton.__version__}|{kind}|{str(q.dtype).replace('torch.', '')}|d{bd}|" \
            f"{'causal' if causal else 'full'}|s{seqlen_bucket(seqlen)}"
 
@@ -118,8 +146,9 @@ def tma_ok(*tensors: torch.Tensor) -> bool:
 
     Under the interpreter descriptors are emulated, so tests can run the TMA code path on CPU.
     """
+    interp = interpreting()
     for t in tensors:
-        if not interpreting() and (not t.is_cuda or torch.cuda.get_device_capability(t.device)[0] < 9):
+        if not interp and (not t.is_cuda or capability(t.device)[0] < 9):
             return False
         if t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
             return False
@@ -189,7 +218,7 @@ def dq_candidates(head_dim: int, dtype: torch.dtype, *, gpu: bool, hopper: bool)
 
 def _fit_block_m(cfg, seqlen_q: int):
     """Short query sequences (decode, tiny batches) get a smaller row block, never under tl.dot's 16."""
-    bm = min(cfg.block_m, max(16, triton.next_power_of_2(max(seqlen_q, 1))))
+    bm = min(cfg.block_m, max(16, pow2(max(seqlen_q, 1))))
     if bm == cfg.block_m:
         return cfg
     return replace(cfg, block_m=bm, num_warps=min(cfg.num_warps, 4))
@@ -244,36 +273,41 @@ def bench_ms(fn) -> float:
 
 def _where(q: torch.Tensor) -> dict:
     gpu = q.is_cuda and not interpreting()
-    return dict(gpu=gpu, hopper=gpu and torch.cuda.get_device_capability(q.device)[0] >= 9)
+    return dict(gpu=gpu, hopper=gpu and capability(q.device)[0] >= 9)
 
 
-def fwd_candidates_for(q, *, head_dim, seqlen_q, dropout=False) -> list[FwdConfig]:
-    cands = [_fit_block_m(c, seqlen_q) for c in fwd_candidates(head_dim, q.dtype, dropout=dropout, **_where(q))]
-    return list(dict.fromkeys(cands))
+def _candidates(kind: str, q, head_dim: int, seqlen_q: int, dropout: bool) -> list:
+    where = _where(q)
+    if kind == "fwd":
+        cands = fwd_candidates(head_dim, q.dtype, dropout=dropout, **where)
+    elif kind == "bwd":
+        cands = bwd_candidates(head_dim, q.dtype, **where)
+    else:
+        cands = dq_candidates(head_dim, q.dtype, **where)
+    return list(dict.fromkeys(_fit_block_m(c, seqlen_q) for c in cands))
 
 
-def bwd_candidates_for(q, *, head_dim, seqlen_q) -> list[BwdConfig]:
-    return list(dict.fromkeys(_fit_block_m(c, seqlen_q) for c in bwd_candidates(head_dim, q.dtype, **_where(q))))
+_plans: dict[tuple, tuple] = {}
 
 
-def dq_candidates_for(q, *, head_dim, seqlen_q) -> list[FwdConfig]:
-    return list(dict.fromkeys(_fit_block_m(c, seqlen_q) for c in dq_candidates(head_dim, q.dtype, **_where(q))))
+def plan(kind: str, q: torch.Tensor, *, head_dim: int, seqlen_q: int, seqlen_k: int, causal: bool,
+         dropout: bool = False, bench=None) -> tuple:
+    """(config, candidates) for a "fwd", "bwd" (dK/dV) or "dq" launch.
 
-
-def pick_fwd_config(q, *, head_dim, seqlen_q, seqlen_k, causal, dropout=False, bench=None) -> FwdConfig:
-    cands = fwd_candidates_for(q, head_dim=head_dim, seqlen_q=seqlen_q, dropout=dropout)
-    kind = "fwd-dropout" if dropout else "fwd"
-    return _pick(kind, FwdConfig, cands, q, head_dim, causal, max(seqlen_q, seqlen_k), bench)
-
-
-def pick_bwd_config(q, *, head_dim, seqlen_q, seqlen_k, causal, bench=None) -> BwdConfig:
-    cands = bwd_candidates_for(q, head_dim=head_dim, seqlen_q=seqlen_q)
-    return _pick("bwd", BwdConfig, cands, q, head_dim, causal, max(seqlen_q, seqlen_k), bench)
-
-
-def pick_dq_config(q, *, head_dim, seqlen_q, seqlen_k, causal, bench=None) -> FwdConfig:
-    cands = dq_candidates_for(q, head_dim=head_dim, seqlen_q=seqlen_q)
-    return _pick("dq", FwdConfig, cands, q, head_dim, causal, max(seqlen_q, seqlen_k), bench)
+    Memoized per shape class (device, dtype, head dim, causal, dropout, length buckets), so a repeat call
+    costs one dict lookup: on short sequences the host time per call is what the GPU waits for.
+    """
+    fast = (kind, q.device, q.dtype, head_dim, causal, dropout, seqlen_bucket(max(seqlen_q, seqlen_k)),
+            min(pow2(max(seqlen_q, 1)), 256))
+    hit = _plans.get(fast)
+    if hit is not None:
+        return hit
+    cands = _candidates(kind, q, head_dim, seqlen_q, dropout)
+    cls = BwdConfig if kind == "bwd" else FwdConfig
+    key_kind = "fwd-dropout" if kind == "fwd" and dropout else kind
+    cfg = _pick(key_kind, cls, cands, q, head_dim, causal, max(seqlen_q, seqlen_k), bench)
+    _plans[fast] = (cfg, cands)
+    return cfg, cands
 
 
 def launch_with_fallback(launch, config, candidates: list) -> None:

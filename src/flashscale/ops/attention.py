@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from flashscale.ops.attention_op import attention_fwd_op
+from flashscale.ops.attention_op import AttentionFunction, attention_fwd_op
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _IMPLS = ("auto", "triton", "reference")
@@ -172,11 +172,16 @@ def attention(
         if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(f"impl='triton' needs a CUDA tensor (q is on {q.device}) or TRITON_INTERPRET=1")
 
-    if dropout_p > 0 and seed is None:
-        seed_t = torch.randint(0, 2**62, (), dtype=torch.int64)  # CPU generator: follows torch.manual_seed
-    else:
-        seed_t = torch.tensor(seed or 0, dtype=torch.int64)
-    out, lse = attention_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, seed_t, int(max_seqlen_q),
-                                int(max_seqlen_k), float(softmax_scale), int(left), int(right), float(softcap),
-                                float(dropout_p), bool(deterministic), impl)
+    args = (int(max_seqlen_q), int(max_seqlen_k), float(softmax_scale), int(left), int(right), float(softcap),
+            float(dropout_p), bool(deterministic), impl)
+    if torch.compiler.is_compiling():  # the custom op: one node in the graph, fake-traceable
+        if dropout_p > 0 and seed is None:
+            seed_t = torch.randint(0, 2**62, (), dtype=torch.int64)  # CPU generator: follows torch.manual_seed
+        else:
+            seed_t = torch.tensor(seed or 0, dtype=torch.int64)
+        out, lse = attention_fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, seed_t, *args)
+    else:  # eager: the autograd.Function, without the custom-op dispatch cost (see attention_op)
+        if dropout_p > 0 and seed is None:
+            seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))  # the same draw as under compile
+        out, lse = AttentionFunction.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, seed or 0, *args)
     return (out, lse) if return_lse else out

@@ -1,13 +1,17 @@
-"""torch.library custom ops for attention: `flashscale::attention_fwd` / `flashscale::attention_bwd`.
+"""The attention op's two front doors over one implementation:
 
-Custom ops (with fake implementations and autograd registered) so torch.compile traces a model through
-attention without a graph break, and so the backward is ours, not autograd's view of the kernels.
+- eager: `AttentionFunction` (a torch.autograd.Function). Host time per call is what decides short
+  sequences: torch.library's custom-op dispatch costs several times a small kernel's run (measured on
+  the H200 2026-11-29: a constant ~0.3-0.6 ms on every forward), so eager calls skip it.
+- torch.compile: the custom ops `flashscale::attention_fwd` / `flashscale::attention_bwd`, with fake
+  implementations and autograd registered, so a compiled model traces through attention without a graph
+  break. The seed travels there as a 0-d int64 CPU tensor (no .item() in traced code).
+
 Inputs arrive validated by flashscale.ops.attention.attention. Dispatch per call:
   impl="triton"    -> the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1 for tests)
   impl="reference" -> plain PyTorch (flashscale.reference.attention)
   impl="auto"      -> Triton on CUDA for 16/32-bit floats, the reference otherwise (CPU, float64)
 Causal is window_right = 0 here. Outputs are always freshly allocated and contiguous (the fakes say so).
-The seed travels as a 0-d int64 CPU tensor: drawing it needs no .item() in traced code.
 """
 
 from __future__ import annotations
@@ -17,13 +21,15 @@ from torch import Tensor
 
 from flashscale.reference.attention import attention_bwd_ref, attention_ref
 
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
 
 def use_triton(q: Tensor, impl: str) -> bool:
     if impl == "reference":
         return False
     if impl == "triton":
         return True
-    return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16, torch.float32)
+    return q.is_cuda and q.dtype in _KERNEL_DTYPES
 
 
 def _lse_shape(q: Tensor, varlen: bool) -> tuple[int, ...]:
@@ -32,31 +38,86 @@ def _lse_shape(q: Tensor, varlen: bool) -> tuple[int, ...]:
 
 def _ref_kwargs(cu_q, cu_k, alibi, seed, max_q, max_k, scale, wl, wr, softcap, dropout_p) -> dict:
     return dict(softmax_scale=scale, window=(wl, wr), softcap=softcap, alibi_slopes=alibi, dropout_p=dropout_p,
-                seed=int(seed), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
+                seed=seed, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
 
+
+def fwd_impl(q, k, v, cu_q, cu_k, alibi, seed: int, max_q, max_k, scale, wl, wr, softcap, dropout_p, impl):
+    """-> out (like q, contiguous), lse (B, H, Sq) or (H, Tq) float32."""
+    if use_triton(q, impl):
+        from flashscale.kernels.attention_fwd import attention_fwd  # kernels load on first use, not at import
+
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(_lse_shape(q, cu_q is not None), dtype=torch.float32, device=q.device)
+        attention_fwd(q, k, v, out, lse, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
+                      max_seqlen_k=max_k, softmax_scale=scale, window=(wl, wr), softcap=softcap, alibi_slopes=alibi,
+                      dropout_p=dropout_p, seed=seed)
+        return out, lse
+    with torch.autocast(q.device.type, enabled=False):  # the reference picks its own precision
+        out, lse = attention_ref(q, k, v, return_lse=True, **_ref_kwargs(cu_q, cu_k, alibi, seed, max_q, max_k, scale,
+                                                                         wl, wr, softcap, dropout_p))
+    return out.contiguous(), lse.to(torch.float32).contiguous()
+
+
+def bwd_impl(dout, q, k, v, out, lse, dlse, cu_q, cu_k, alibi, seed: int, max_q, max_k, scale, wl, wr, softcap,
+             dropout_p, deterministic, impl):
+    """-> dq, dk, dv (like q, k, v; contiguous). dout and dlse may be None (that output was unused)."""
+    if dout is None:
+        dout = torch.zeros_like(out)
+    if use_triton(q, impl):
+        from flashscale.kernels.attention_bwd import attention_bwd
+
+        # Gradients arriving from autograd can be expanded views (stride 0, e.g. out.sum()); the kernels
+        # index dO with a unit head-dim stride and dLSE with a unit row stride.
+        if dout.stride(-1) != 1:
+            dout = dout.contiguous()
+        if dlse is not None and dlse.stride(-1) != 1:
+            dlse = dlse.contiguous()
+        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, dlse=dlse, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                      max_seqlen_q=max_q, max_seqlen_k=max_k, softmax_scale=scale, window=(wl, wr), softcap=softcap,
+                      alibi_slopes=alibi, dropout_p=dropout_p, seed=seed, deterministic=deterministic)
+        return dq, dk, dv
+    # FA2's backward formulas in plain PyTorch (autograd cannot run inside a custom op's kernel).
+    with torch.autocast(q.device.type, enabled=False):
+        grads = attention_bwd_ref(dout, q, k, v, out, lse, dlse=dlse, **_ref_kwargs(
+            cu_q, cu_k, alibi, seed, max_q, max_k, scale, wl, wr, softcap, dropout_p))
+    return tuple(g.contiguous() for g in grads)
+
+
+class AttentionFunction(torch.autograd.Function):
+    """Eager autograd: apply(q, k, v, cu_q, cu_k, alibi, seed, max_q, max_k, scale, wl, wr, softcap,
+    dropout_p, deterministic, impl) -> (out, lse)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, alibi, seed, max_q, max_k, scale, wl, wr, softcap, dropout_p,
+                deterministic, impl):
+        out, lse = fwd_impl(q, k, v, cu_q, cu_k, alibi, seed, max_q, max_k, scale, wl, wr, softcap, dropout_p, impl)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.extra = (cu_q, cu_k, alibi, seed, max_q, max_k, scale, wl, wr, softcap, dropout_p, deterministic, impl)
+        # An unused lse must arrive as None, not as materialized zeros: its gradient costs a read and a
+        # different kernel variant.
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = bwd_impl(dout, q, k, v, out, lse, dlse, *ctx.extra)
+        return (dq, dk, dv) + (None,) * 13
+
+
+# ---- torch.compile: custom ops ----
 
 @torch.library.custom_op("flashscale::attention_fwd", mutates_args=())
 def attention_fwd_op(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
                      alibi_slopes: Tensor | None, seed: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                      softmax_scale: float, window_left: int, window_right: int, softcap: float, dropout_p: float,
                      deterministic: bool, impl: str) -> tuple[Tensor, Tensor]:
-    """-> out (like q, contiguous), lse (B, H, Sq) or (H, Tq) float32. `deterministic` is for the backward."""
-    varlen = cu_seqlens_q is not None
-    if use_triton(q, impl):
-        from flashscale.kernels.attention_fwd import attention_fwd  # kernels load on first use, not at import
-
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        lse = torch.empty(_lse_shape(q, varlen), dtype=torch.float32, device=q.device)
-        attention_fwd(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
-                      window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
-                      dropout_p=dropout_p, seed=int(seed))
-        return out, lse
-    with torch.autocast(q.device.type, enabled=False):  # the reference picks its own precision
-        out, lse = attention_ref(q, k, v, return_lse=True, **_ref_kwargs(
-            cu_seqlens_q, cu_seqlens_k, alibi_slopes, seed, max_seqlen_q, max_seqlen_k, softmax_scale, window_left,
-            window_right, softcap, dropout_p))
-    return out.contiguous(), lse.to(torch.float32).contiguous()
+    """-> out, lse as fwd_impl. `deterministic` is for the backward."""
+    return fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int(seed), max_seqlen_q, max_seqlen_k,
+                    softmax_scale, window_left, window_right, softcap, dropout_p, impl)
 
 
 @attention_fwd_op.register_fake
@@ -71,30 +132,9 @@ def attention_bwd_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                      seed: Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, window_left: int,
                      window_right: int, softcap: float, dropout_p: float, deterministic: bool,
                      impl: str) -> tuple[Tensor, Tensor, Tensor]:
-    """-> dq, dk, dv (like q, k, v; contiguous)."""
-    if use_triton(q, impl):
-        # Gradients arriving from autograd can be expanded views (stride 0, e.g. out.sum()); the kernels
-        # index dO with a unit head-dim stride and dLSE with a unit row stride.
-        if dout.stride(-1) != 1:
-            dout = dout.contiguous()
-        if dlse is not None and dlse.stride(-1) != 1:
-            dlse = dlse.contiguous()
-        from flashscale.kernels.attention_bwd import attention_bwd
-
-        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, dlse=dlse, cu_seqlens_q=cu_seqlens_q,
-                      cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                      softmax_scale=softmax_scale, window=(window_left, window_right), softcap=softcap,
-                      alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=int(seed), deterministic=deterministic)
-        return dq, dk, dv
-    # FA2's backward formulas in plain PyTorch (autograd cannot run inside a custom op's kernel).
-    kw = _ref_kwargs(cu_seqlens_q, cu_seqlens_k, alibi_slopes, seed, max_seqlen_q, max_seqlen_k, softmax_scale,
-                     window_left, window_right, softcap, dropout_p)
-    with torch.autocast(q.device.type, enabled=False):
-        grads = attention_bwd_ref(dout, q, k, v, out, lse, dlse=dlse, **kw)
-    return tuple(g.contiguous() for g in grads)
+    """-> dq, dk, dv as bwd_impl."""
+    return bwd_impl(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, int(seed), max_seqlen_q,
+                    max_seqlen_k, softmax_scale, window_left, window_right, softcap, dropout_p, deterministic, impl)
 
 
 @attention_bwd_op.register_fake
@@ -113,18 +153,14 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, a["cu_seqlens_q"], a["cu_seqlens_k"], a["alibi_slopes"], a["seed"])
     ctx.scalars = tuple(a[n] for n in _ARGS[4:])
-    # An unused lse must arrive as None, not as materialized zeros: its gradient costs a read and a
-    # different kernel variant.
-    ctx.set_materialize_grads(False)
+    ctx.set_materialize_grads(False)  # as AttentionFunction
 
 
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k, alibi, seed = ctx.saved_tensors
     if dout is None:  # only lse was used
         dout = torch.zeros_like(out)
-    max_q, max_k, scale, wl, wr, softcap, dropout_p, deterministic, impl = ctx.scalars
-    dq, dk, dv = attention_bwd_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, alibi, seed, max_q, max_k, scale, wl,
-                                  wr, softcap, dropout_p, deterministic, impl)
+    dq, dk, dv = attention_bwd_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, alibi, seed, *ctx.scalars)
     return (dq, dk, dv) + (None,) * len(_ARGS)
 
 
