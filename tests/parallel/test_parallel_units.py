@@ -216,8 +216,10 @@ def test_checkpoint_roundtrip_resume_and_hf_export(tmp_path):
     H.compare_run("resume", [a for a, _ in got], [b for _, b in got], _weights(eng2), ref)
     # same-layout state_dict round trip
     eng3 = _engine("mqa_tied", zero=0, schedule="gpipe")
-    eng3.load_state_dict(eng2.state_dict())
+    sd = eng2.state_dict()
+    eng3.load_state_dict(sd)
     assert all(torch.equal(a, b) for a, b in zip(eng3.model.parameters(), eng2.model.parameters()))
+    assert eng3.optimizer_step() == eng2.optimizer_step() == steps
     with pytest.raises(ValueError, match="cannot load into"):
         eng.load_state_dict(eng2.state_dict())
     # HF export -> load_hf -> import into a parallel engine
@@ -234,6 +236,12 @@ def test_checkpoint_roundtrip_resume_and_hf_export(tmp_path):
                               mesh=ParallelMesh(ParallelConfig(zero=3), hf.config))
     for n, t in _weights(imported).items():
         assert torch.equal(t, dict(hf.named_parameters())[n].detach()), n
+    # AdamW moments came back with the state dict: the next step of the copy equals the original's
+    x, y = H.batches(eng2.model_config, 1, seed=5)[0]
+    a = eng2.train_step(x, y, lr=1e-3, micro_batches=1, max_grad_norm=1.0)
+    b = eng3.train_step(x, y, lr=1e-3, micro_batches=1, max_grad_norm=1.0)
+    assert float(a["loss"]) == float(b["loss"]) and float(a["grad_norm"]) == float(b["grad_norm"])
+    assert all(torch.equal(p, q) for p, q in zip(eng3.model.parameters(), eng2.model.parameters()))
 
 
 def test_incomplete_checkpoint_is_refused(tmp_path):

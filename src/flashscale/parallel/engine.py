@@ -83,7 +83,7 @@ class ParallelEngine:
         # 4. placement (float32 still: the ZeRO units keep these exact values as masters and cast the
         # compute copy; buffers such as RoPE's inv_freq stay float32)
         stage.to(self.device)
-        # 5. ZeRO units (forward order: chunk by chunk)
+        # 5. ZeRO units (forward order of hook keys, chunk by chunk: ZeRO-3 prefetches along it)
         order = [stage.unit_keys(c) for c in range(len(stage.chunk_ids))]
         keys = [k for ks in order for k in ks]
         groups = {k: stage.unit_params(k) for k in keys}
@@ -97,7 +97,6 @@ class ParallelEngine:
             alias = {"embed": "head"}
             uses = {"embed_tokens.weight": 2 if pc.num_chunks > 1 else 1}
         units = [FlatUnit(k, groups[k], specs, m, pc.zero, self.dtype, self.grad_dtype, uses) for k in keys]
-        order = [[alias.get(k, k) for k in ks] for ks in order]
         self.zero_data = ZeroData(units, m, zero=pc.zero, optim_config=self.optim_config,
                                   forward_order=order, prefetch=pc.zero3_prefetch, alias=alias)
         if pc.zero >= 2:
@@ -263,14 +262,20 @@ class ParallelEngine:
             raise ValueError(f"engine state of layout {sd.get('layout')} rank {sd.get('rank')} cannot load into "
                              f"{self.layout()} rank {self.mesh.rank}; use save()/load() to reshard")
         zd = self.zero_data
+        moments = {}
         with torch.no_grad():
             for key, st in sd["units"].items():
                 u = zd.units[key]
                 u.master.copy_(st["master"])
                 for (*_, p), ps in zip(u.pieces, st["pieces"]):
                     if ps is not None:
-                        zd.optimizer.state[p] = {"step": torch.tensor(float(sd["step"])),
-                                                 **{k: v.to(self.device).clone() for k, v in ps.items()}}
+                        moments[p] = ps
+        # through AdamW's own loader: it puts "step" where the (fused or not) implementation wants it
+        opt_sd = zd.optimizer.state_dict()
+        params = [p for g in zd.optimizer.param_groups for p in g["params"]]
+        opt_sd["state"] = {i: {"step": torch.tensor(float(sd["step"])), **{k: v.clone() for k, v in moments[p].items()}}
+                           for i, p in enumerate(params) if p in moments}
+        zd.optimizer.load_state_dict(opt_sd)
         zd.masters_to_params()
 
     def save(self, directory: Path) -> None:

@@ -22,6 +22,11 @@ from flashscale.models.config import LlamaConfig
 from flashscale.parallel.config import ParallelConfig
 
 
+# torch 2.13 renamed the flat-tensor collectives (the old names warn); torch 2.4-2.12 have only those.
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 class CollectiveError(RuntimeError):
     """A collective or point-to-point operation failed or timed out on this rank."""
 
@@ -124,8 +129,8 @@ class Axis:
             if out.data_ptr() != inp.data_ptr():
                 out.copy_(inp)
             return _Pending(self, what, []) if async_op else None
-        return self._run(what, lambda async_op: dist.all_gather_into_tensor(out, inp, group=self.group,
-                                                                             async_op=async_op), async_op)
+        return self._run(what, lambda async_op: _all_gather_flat(out, inp, group=self.group,
+                                                                     async_op=async_op), async_op)
 
     def reduce_scatter_into(self, out: torch.Tensor, inp: torch.Tensor, *, async_op: bool = False,
                             what: str = "reduce_scatter"):
@@ -134,8 +139,8 @@ class Axis:
             if out.data_ptr() != inp.data_ptr():
                 out.copy_(inp)
             return _Pending(self, what, []) if async_op else None
-        return self._run(what, lambda async_op: dist.reduce_scatter_tensor(out, inp, group=self.group,
-                                                                            async_op=async_op), async_op)
+        return self._run(what, lambda async_op: _reduce_scatter_flat(out, inp, group=self.group,
+                                                                        async_op=async_op), async_op)
 
     def barrier(self, what: str = "barrier") -> None:
         if self.size > 1:
