@@ -26,7 +26,7 @@ def run_cli(capsys, *argv):
     (["--model.preset", "huge"], "model.preset='huge' is not a preset; choose one of: tiny, demo, 125M"),
     (["--train.steps", "ten"], "config key train.steps = 'ten': expected int"),
     (["--train.betas", "0.9"], "config key train.betas = '0.9': expected list of 2 float"),
-    (["--train.stepz", "3"], "unknown config key train.stepz; valid keys of [train]: steps, batch_size"),
+    (["--train.stepz", "3"], "unknown config key train.stepz; valid keys of [train]: steps, time_budget, batch_size"),
     (["--data.files", "/no/such/corpus.txt"], "data.files: corpus path '/no/such/corpus.txt' does not exist"),
     (["--data.tokenizer", "/no/such/tokenizer.json"], "tokenizer path '/no/such/tokenizer.json' does not exist"),
     (["--data.val_files", "/no/such/dir/"], "data.val_files: corpus path '/no/such/dir/' does not exist"),

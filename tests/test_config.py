@@ -45,7 +45,7 @@ def test_overrides_parse_by_field_type():
 
 
 @pytest.mark.parametrize("overrides, match", [
-    (["--train.stepz", "5"], r"unknown config key train\.stepz; valid keys of \[train\]: steps, batch_size"),
+    (["--train.stepz", "5"], r"unknown config key train\.stepz; valid keys of \[train\]: steps, time_budget, "),
     (["--trian.steps", "5"], r"unknown config section \[trian\]; valid sections: model, data, train, log, checkpoint"),
     (["--train.steps", "abc"], r"config key train\.steps = 'abc': expected int$"),
     (["--train.steps", "2.5"], r"train\.steps = '2\.5': expected int"),

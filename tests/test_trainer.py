@@ -218,3 +218,13 @@ def test_bf16_engine_keeps_fp32_masters():
     for n, p in model.named_parameters():
         master = eng.masters[eng.names.index(n)]
         assert torch.equal(p, master.to(torch.bfloat16))
+
+
+def test_time_budget_fits_the_schedule_and_stops(cache, tmp_path):
+    ov = overrides(cache, **{"train.steps": "100000", "train.time_budget": "2.0", "checkpoint.every": "0",
+                             "log.every": "1000"})
+    result = Trainer(load_config("tiny", ov), out_dir=tmp_path, progress=False, quiet=True).fit()
+    assert 3 <= result.steps < 100000 and result.seconds >= 2.0
+    last = [r for r in read_jsonl(tmp_path / "log.jsonl") if "loss" in r][-1]
+    assert last["step"] == result.steps  # the last step is logged
+    assert last["lr"] <= 3e-4 + 0.25 * (3e-3 - 3e-4)  # the cosine was re-fitted to end with the budget

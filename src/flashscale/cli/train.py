@@ -36,7 +36,8 @@ def add_parser(sub) -> None:
     from flashscale.train.config import available_configs, keys, sections
     from flashscale.train.typed import type_name
 
-    p = sub.add_parser("train", help="train a model from a TOML config", description=__doc__.split("\n\n")[0],
+    p = sub.add_parser("train", help="train a model from a TOML config",
+                       description=" ".join(__doc__.split("\n\n")[0].split("`: ", 1)[1].split()),
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
                        usage="flashscale train [CONFIG] [--section.key VALUE ...] [--resume auto|PATH] [--out DIR]")
     p.add_argument("config", nargs="?", default="tiny", metavar="CONFIG",

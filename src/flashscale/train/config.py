@@ -96,6 +96,11 @@ class DataSection:
 @dataclass(kw_only=True)
 class TrainSection:
     steps: int = 100
+    # Seconds of training (validation and checkpoints excluded), or None. With a budget, train.steps is
+    # an upper bound and the cosine's length is re-estimated every step from the measured step time, so
+    # the decay ends when the budget does; the run is then not reproducible step for step (its log
+    # records the steps it took: rerun with that train.steps and no budget to repeat it exactly).
+    time_budget: float | None = None
     batch_size: int = 16  # global batch, in sequences of data.seq_len tokens
     micro_batches: int = 1  # gradient accumulation: batch_size is split into this many micro-batches
     lr: float = 1e-3
@@ -121,6 +126,8 @@ class TrainSection:
                              f"train.micro_batches={self.micro_batches}")
         if not self.lr > 0 or not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"train.lr={self.lr!r}, train.min_lr={self.min_lr!r}: expected 0 <= min_lr <= lr, lr > 0")
+        if self.time_budget is not None and not self.time_budget > 0:
+            raise ValueError(f"train.time_budget={self.time_budget!r}: expected seconds > 0, or none")
         if self.seed < 0:
             raise ValueError(f"train.seed={self.seed!r}: expected an int >= 0")
         if self.warmup_steps < 0:

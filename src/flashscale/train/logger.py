@@ -60,8 +60,8 @@ class RunLogger:
             self.tb.close()
             self.tb = None
 
-    def advance(self, step: int) -> None:
-        self.progress.update(self.task, completed=step)
+    def advance(self, step: int, total: int | None = None) -> None:
+        self.progress.update(self.task, completed=step, total=total)
 
     def note(self, text: str) -> None:
         if self.enabled:

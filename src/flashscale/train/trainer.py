@@ -204,9 +204,18 @@ class Trainer:
                 logger.note(n)
             if start >= t.steps:
                 logger.note(f"checkpoint is at step {start} >= train.steps={t.steps}: nothing to train")
-            t_interval, steps_interval, paused = time.perf_counter(), 0, 0.0
+            t_fit, paused = time.perf_counter(), 0.0  # paused: validation and checkpoint time, not training
+
+            def train_time() -> float:
+                return time.perf_counter() - t_fit - paused
+
+            mark, steps_interval = 0.0, 0  # training time at the last log, steps since
+            planned = t.steps  # the schedule's length: train.steps, or re-estimated under a time budget
             for step in range(start, t.steps):
-                lr = lr_at(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps, total_steps=t.steps)
+                if t.time_budget is not None and step - start >= 2:
+                    per_step = train_time() / (step - start)
+                    planned = min(t.steps, step + max(1, round((t.time_budget - train_time()) / per_step)))
+                lr = lr_at(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps, total_steps=planned)
                 x, y = self.sampler.next_batch(self.data.train)  # (B, S) each, this rank's share
                 out = self.engine.train_step(x, y, lr=lr, micro_batches=t.micro_batches,
                                              max_grad_norm=t.max_grad_norm)
@@ -216,12 +225,13 @@ class Trainer:
                 steps_interval += 1
                 if self.on_step is not None:
                     self.on_step(done, {"lr": lr, **out})
-                if done % c.log.every == 0 or done == t.steps:
+                last = done == t.steps or (t.time_budget is not None and train_time() >= t.time_budget)
+                if done % c.log.every == 0 or last:
                     losses = torch.stack(pending).float().cpu().tolist()  # waits for the device
                     pending.clear()
-                    dt = time.perf_counter() - t_interval - paused  # eval/checkpoint time is not training time
-                    tps = steps_interval * tokens_per_step / dt
-                    result.seconds += dt
+                    now = train_time()
+                    tps = steps_interval * tokens_per_step / (now - mark)
+                    mark, steps_interval = now, 0
                     result.losses.extend(losses)
                     rec = {"step": done, "loss": sum(losses) / len(losses), "lr": lr,
                            "grad_norm": float(last_norm), "tokens": done * tokens_per_step,
@@ -229,16 +239,17 @@ class Trainer:
                            "peak_mem": peak_memory_bytes(self.device), "time": time.time()}
                     logger.log(rec)
                     result.loss = rec["loss"]
-                if done % c.log.every == 0 or done == t.steps:
-                    t_interval, steps_interval, paused = time.perf_counter(), 0, 0.0
                 t_pause = time.perf_counter()
-                if c.log.eval_every and done % c.log.eval_every == 0 and done != t.steps:
+                if c.log.eval_every and done % c.log.eval_every == 0 and not last:
                     logger.log({"step": done, **self.validate()})
-                if c.checkpoint.every and (done % c.checkpoint.every == 0 or done == t.steps):
+                if c.checkpoint.every and (done % c.checkpoint.every == 0 or last):
                     result.checkpoint = self._save(done, done * tokens_per_step)
-                logger.advance(done)
+                logger.advance(done, total=done if last else planned)
                 paused += time.perf_counter() - t_pause
                 result.steps, result.steps_run = done, result.steps_run + 1
+                if last:
+                    break
+            result.seconds = mark
             result.tokens = result.steps * tokens_per_step
             ran_tokens = result.steps_run * tokens_per_step
             result.tokens_per_s = ran_tokens / result.seconds if result.seconds > 0 else 0.0
