@@ -53,6 +53,24 @@ def attention_table(res: dict, name: str) -> list[str]:
     return out
 
 
+def w4a16_table(res: dict, name: str) -> list[str]:
+    """Speedup of ours over bf16 F.linear, a row per (K, N), a column per M (the rows hold both)."""
+    us: dict[tuple, dict[str, float]] = defaultdict(dict)
+    for r in res["rows"]:
+        us[(r["K"], r["N"], r["M"])][r["impl"]] = r["us"]
+    ms = sorted({k[2] for k in us})
+    out = [f"W4A16 linear (group size 128): speedup over bf16 F.linear (µs of bf16 / µs of ours). {_provenance(res, name)}",
+           "", "| K x N | " + " | ".join(f"M={m}" for m in ms) + " |", "|---|" + "---|" * len(ms)]
+    for kn in sorted({k[:2] for k in us}):
+        cells = []
+        for m in ms:
+            c = us.get((*kn, m), {})
+            ours = next((v for k, v in c.items() if k != "bf16"), None)
+            cells.append(f"{c['bf16'] / ours:.2f}" if ours and "bf16" in c else "–")
+        out.append(f"| {kn[0]} x {kn[1]} | " + " | ".join(cells) + " |")
+    return out
+
+
 def generic_table(res: dict, name: str, title: str, columns: list[str]) -> list[str]:
     cols = [c for c in columns if any(c in r for r in res["rows"])]
     out = [f"{title}. {_provenance(res, name)}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -66,8 +84,12 @@ SECTIONS = [
      ["impl", "model", "params", "steps", "tokens", "seconds", "tokens_per_s", "mfu", "val_ppl_moby_dick", "unigram_ppl"]),
     ("quant-quality.json", "Perplexity on moby_dick (held out) after 4/3-bit quantization",
      ["model", "method", "bits", "group_size", "ppl", "seconds"]),
-    ("w4a16-h200.json", "W4A16 linear layers against bf16 F.linear (group size 128)",
-     ["impl", "M", "K", "N", "group_size", "us", "tflops", "TBps"]),
+    ("quant-quality-ref125M-h200.json", "Perplexity on moby_dick of the 125M reference model after 4/3-bit quantization",
+     ["model", "method", "bits", "group_size", "ppl", "seconds"]),
+    ("gptq-speed-h200.json", "GPTQ speed and memory, Llama-3-8B shape (128 x 2048 calibration tokens)",
+     ["model", "method", "bits", "group_size", "layers", "seconds", "peak_gpu_gb", "passed"]),
+    ("generate_w4a16-h200.json", "Decode at batch 1, Llama-3-8B shape (random weights)",
+     ["impl", "layers", "batch", "tokens", "ms_per_token", "tokens_per_s", "TBps"]),
     ("parallel-overhead-h200.json", "Parallel engine overhead at world size 1", None),
     ("attention-fp8-accuracy.json", "FP8 attention accuracy (RMSE against float64)", ["method", "rmse"]),
 ]
@@ -80,6 +102,9 @@ def render() -> str:
         if "fp8-accuracy" in res_name:
             continue
         parts += attention_table(_load(res_name), res_name) + [""]
+        found = True
+    for res_name in sorted(p.name for p in RESULTS.glob("w4a16-*.json")):
+        parts += w4a16_table(_load(res_name), res_name) + [""]
         found = True
     for res_name, title, cols in SECTIONS:
         res = _load(res_name)
