@@ -13,7 +13,11 @@ from flashscale.cli import main
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
+    # One tokenizer + token file for the session's training tests (test_trainer, test_cli_train_demo,
+    # their subprocesses): same settings, same content-hashed cache entries.
+    path = tmp_path_factory.getbasetemp() / "train-cache"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 def run_cli(capsys, *argv):

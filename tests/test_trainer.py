@@ -35,12 +35,15 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    # One tokenizer + token file for the module (and its subprocesses); the corpus is the bundled one.
-    return tmp_path_factory.mktemp("cache")
+    # One tokenizer + token file for the session's training tests (test_trainer, test_cli_train_demo,
+    # their subprocesses): same settings, same content-hashed cache entries.
+    path = tmp_path_factory.getbasetemp() / "train-cache"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 def overrides(cache, **extra):
-    base = {"data.cache_dir": str(cache), "data.vocab_size": "512", "data.tokenizer_max_chars": "1000000",
+    base = {"data.cache_dir": str(cache), "data.vocab_size": "1024", "data.tokenizer_max_chars": "1000000",
             "data.seq_len": "32", "train.batch_size": "4", "train.steps": str(STEPS), "train.lr": "3e-3",
             "train.warmup_steps": "2", "train.device": "cpu", "log.every": "1", "log.tensorboard": "false",
             "log.eval_batches": "2", "checkpoint.every": str(EVERY), "checkpoint.keep": "2"}
