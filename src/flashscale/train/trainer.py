@@ -7,8 +7,9 @@ Exact resume: the state a step depends on is the engine's (float32 master weight
 step counts), the sampler's (epoch, position), the step number (the LR is a pure function of it) and
 the RNG states. A checkpoint holds all of them, written atomically (checkpoint.py), so a run killed at
 any moment and resumed from its newest complete checkpoint computes the same steps on the same
-batches in the same order: on the CPU in float32 the per-step losses are bitwise equal; on CUDA they
-are equal with train.deterministic (deterministic kernels, fixed cuBLAS workspace).
+batches in the same order: on the CPU in float32 the per-step losses are bitwise equal (for the same
+intra-op thread count); on CUDA they are equal with train.deterministic (deterministic kernels, fixed
+cuBLAS workspace). A run under train.time_budget is the exception: its schedule follows the clock.
 """
 
 from __future__ import annotations
