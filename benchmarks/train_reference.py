@@ -140,6 +140,10 @@ def main(argv=None) -> int:
         # bf16 run: the attention reference's float32 matmuls (until the kernel lands) may use TF32.
         torch.backends.cuda.matmul.allow_tf32 = True
     configure_cpu()
+    if args.smoke:
+        # Tiny shapes: one intra-op thread. On a shared machine an OpenMP team whose other thread is
+        # descheduled spins at every op's barrier (measured 60x slower steps of the tiny preset).
+        torch.set_num_threads(1)
 
     t0 = time.perf_counter()
     device, data, model_config = prepare(config)  # tokenizer + token file (cached by content hash)
