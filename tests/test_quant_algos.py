@@ -201,3 +201,28 @@ def test_awq_clip_never_worse_than_no_clip():
     best = search_clip(w, x, cfg)  # (N, NG)
     org = w.reshape(32, 2, 32).abs().amax(-1)
     assert best.shape == (32, 2) and bool((best <= org + 1e-7).all()) and bool((best < org).any())
+
+
+def test_gptq_sink_weight_adds_the_first_tokens_to_the_hessian(monkeypatch):
+    """sink_weight=w: each window's first token counts w times in H (H_w - H_1 = (w - 1)·2·Σ x₀x₀ᵀ / T)."""
+    import flashscale.quant.api as api
+
+    block, x, cos, sin = _outlier_block(2)
+    seen = {}
+
+    def capture(w, H, **kw):
+        seen.setdefault(kw["name"], []).append(H.clone())
+        return gptq_quantize(w, H, **kw)
+
+    monkeypatch.setattr(api, "gptq_quantize", capture)
+    for weight in (1.0, 32.0):
+        cfg = api.QuantizeConfig(method="gptq", group_size=32, sink_weight=weight)
+        api.gptq_block_fn(cfg)(copy.deepcopy(block), x, cos, sin, "b")
+    h = block.input_layernorm(x)  # (B, S, E): the q/k/v group's inputs
+    extra = 31.0 * 2 * h[:, 0].T @ h[:, 0] / (x.shape[0] * x.shape[1])
+    h1, h32 = seen["b.q_proj/k_proj/v_proj"]
+    torch.testing.assert_close(h32 - h1, extra, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="sink_weight=0.5 must be a number >= 1"):
+        api.QuantizeConfig(sink_weight=0.5)
+    with pytest.raises(ValueError, match="sink_weight are GPTQ options"):
+        api.QuantizeConfig(method="awq", sink_weight=2.0)

@@ -44,6 +44,9 @@ def add_parser(sub) -> None:
     p.add_argument("--seqlen", type=int, default=None, help="tokens a window (default: min(2048, model context))")
     p.add_argument("--seed", type=int, default=0, help="seed of the calibration windows")
     p.add_argument("--damp", type=float, default=0.01, help="GPTQ dampening, a fraction of mean(diag H)")
+    p.add_argument("--sink-weight", type=float, default=1.0,
+                   help="GPTQ: weight of each calibration window's first token (an attention sink) in the "
+                        "Hessians; 1 is the paper's uniform weighting")
     p.add_argument("--device", default=None, help="where blocks are processed (default: cuda if available)")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="compute dtype (auto: bfloat16 on cuda, else float32)")
     p.add_argument("--work-dir", default=None, help="per-block resume state (default: .OUT_DIR.work beside OUT_DIR)")
@@ -65,7 +68,7 @@ def _check_args(args):
     fmt = args.format or ("awq" if args.method == "awq" and args.bits == 4 else "gptq")
     cfg = QuantizeConfig(method=args.method, bits=args.bits, group_size=args.group_size, sym=args.sym,
                          act_order=args.act_order, static_groups=args.static_groups, damp_percent=args.damp,
-                         checkpoint_format=fmt)
+                         sink_weight=args.sink_weight, checkpoint_format=fmt)
     model = Path(args.model).expanduser()
     if not model.exists():
         raise FileNotFoundError(f"model {str(model)!r} does not exist (takes an HF model folder or a .gguf file)")
@@ -171,7 +174,8 @@ def run(args) -> int:
 
     q = quantize_model(model, cfg.method, bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym,
                        act_order=cfg.act_order, static_groups=cfg.static_groups, damp_percent=cfg.damp_percent,
-                       checkpoint_format=cfg.checkpoint_format, calib_tokens=calib, device=device,
+                       sink_weight=cfg.sink_weight, checkpoint_format=cfg.checkpoint_format, calib_tokens=calib,
+                       device=device,
                        work_dir=None if cfg.method == "rtn" else work, progress=console.is_terminal)
     try:
         save_quantized(q, out, tokenizer=tok if not path.is_dir() else None,

@@ -12,6 +12,7 @@ block's compute for the early groups.
 from __future__ import annotations
 
 import dataclasses
+import math
 import resource
 import time
 from dataclasses import dataclass, field
@@ -42,6 +43,11 @@ class QuantizeConfig:
     damp_percent: float = 0.01  # GPTQ
     block_size: int = 128  # GPTQ lazy batch
     checkpoint_format: str = "gptq"  # the format the result will be written in ("gptq" v1 keeps zeros >= 1)
+    # Weight of the first token of every calibration window in GPTQ's Hessians (1: the paper's uniform
+    # weighting). That token becomes an attention sink (most of every query's attention mass) in many
+    # LLMs, yet is 1/seqlen of H, so plain GPTQ may trade its k/v error for the other tokens' and raise
+    # the block's output error above RTN's (seen on SmolLM2-135M; act-order avoids it too). Opt-in.
+    sink_weight: float = 1.0
     awq_grid: int = 20
     awq_clip: bool = True
     awq_tokens: int = 65536  # calibration tokens AWQ's searches use (whole sequences, first ones)
@@ -54,8 +60,10 @@ class QuantizeConfig:
         check_group_size(self.group_size)
         if self.sym is None:
             self.sym = self.method != "awq"
-        if (self.act_order or self.static_groups) and self.method != "gptq":
-            raise ValueError(f"act_order/static_groups are GPTQ options, got method={self.method!r}")
+        if not (isinstance(self.sink_weight, (int, float)) and self.sink_weight >= 1.0):
+            raise ValueError(f"sink_weight={self.sink_weight!r} must be a number >= 1")
+        if (self.act_order or self.static_groups or self.sink_weight != 1.0) and self.method != "gptq":
+            raise ValueError(f"act_order/static_groups/sink_weight are GPTQ options, got method={self.method!r}")
         if self.checkpoint_format not in FORMATS:
             raise ValueError(f"checkpoint_format={self.checkpoint_format!r} is not supported; takes one of {FORMATS}")
         if self.checkpoint_format == "awq":
@@ -116,7 +124,11 @@ def gptq_block_fn(cfg: QuantizeConfig):
             acc = HessianAccumulator(lins[0].in_features, device=x.device, name=f"{name}.{group[0]}")
 
             def hook(_m, args, _out):
-                acc.add_batch(args[0])
+                x = args[0]  # (b, S, K)
+                if cfg.sink_weight != 1.0:
+                    x = x.clone()
+                    x[:, 0] *= math.sqrt(cfg.sink_weight)  # H gains (w - 1)·x₀x₀ᵀ per window
+                acc.add_batch(x)
                 raise _Stop
 
             handle = lins[0].register_forward_hook(hook)

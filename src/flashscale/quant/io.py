@@ -45,6 +45,8 @@ def _hf(name: str) -> str:
 def quantization_config(cfg, checkpoint_format: str) -> dict:
     """The quantization_config dict for config.json (transformers' GPTQConfig / AwqConfig fields)."""
     meta = {"quantizer": ["flashscale:0.1.0"], "method": cfg.method}
+    if getattr(cfg, "sink_weight", 1.0) != 1.0:
+        meta["sink_weight"] = cfg.sink_weight
     if checkpoint_format == "awq":
         return {"quant_method": "awq", "bits": cfg.bits, "group_size": cfg.group_size, "zero_point": True,
                 "version": "gemm", "modules_to_not_convert": None, "meta": meta}
