@@ -266,3 +266,19 @@ def test_train_step_validates_its_inputs():
         eng.train_step(x, x[:, :4], lr=1e-3, micro_batches=1, max_grad_norm=None)
     with pytest.raises(ValueError, match="max_grad_norm"):
         eng.train_step(x, x, lr=1e-3, micro_batches=1, max_grad_norm=0.0)
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+def test_dropped_engine_frees_its_buffers(zero):
+    """Gradient hooks live in autograd's C++ side, out of the garbage collector's sight: a hook holding
+    the engine's units strongly kept every dropped engine's parameters and optimizer states alive (seen
+    on the H200: +22 GB per 1B engine built in one process)."""
+    import gc
+    import weakref
+
+    eng = _engine("gqa", zero=zero)
+    _train(eng, 1)
+    refs = [weakref.ref(eng.zero_data), weakref.ref(next(eng.model.parameters()))]
+    del eng
+    gc.collect()
+    assert [r() for r in refs] == [None, None]

@@ -28,6 +28,8 @@ ShardSpec marks as owned.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 
@@ -166,9 +168,14 @@ class ZeroData:
                 self.next_key[a], self.prev_key[b] = b, a
         self.expected_passes = 1
         self.in_flight: list[tuple[FlatUnit, object]] = []
+        # The hooks hold this object and its units only weakly: a parameter's hook lives in autograd's
+        # C++ side, invisible to the garbage collector, so a strong reference back to the units (which
+        # hold the parameter) would keep a dropped engine's buffers alive for the life of the process.
+        me = weakref.ref(self)
         for u in units:
             for i, e in enumerate(u.entries):
-                e.param.register_post_accumulate_grad_hook(lambda p, u=u, i=i: self._on_grad(u, i, p))
+                e.param.register_post_accumulate_grad_hook(
+                    lambda p, key=u.key, i=i: (lambda z: z is not None and z._on_grad(z.units[key], i, p))(me()))
         decay = [p for u in units for lo, hi, d, p in u.pieces if d]
         no_decay = [p for u in units for lo, hi, d, p in u.pieces if not d]
         fused = mesh.device.type == "cuda"
