@@ -79,6 +79,38 @@ def generic_table(res: dict, name: str, title: str, columns: list[str]) -> list[
     return out
 
 
+def multigpu_table(res: dict, name: str) -> list[str]:
+    """benchmarks/multigpu.py: weak scaling beside FSDP2 with memory against the prediction, the NCCL
+    parity runs, the pipeline bubble against the formulas."""
+    rows = res["rows"]
+    sc = [r for r in rows if r["part"] == "scaling"]
+    base = next((r["tokens_per_s_per_gpu"] for r in sc if r["impl"] == "single"), None)
+    out = [f"Multi-GPU ({res.get('kind')}): 1B preset, seq 2048, 8 sequences per GPU (weak scaling). "
+           f"{_provenance(res, name)}", "",
+           "| GPUs | impl | layout | tokens/s/GPU | scaling eff. | MFU | peak GB | predicted peak GB | states GB | ZeRO formula GB |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sc:
+        eff = f"{r['tokens_per_s_per_gpu'] / base:.1%}" if base else "–"
+        out.append(f"| {r['gpus']} | {r['impl']} | {r['layout']} | {r['tokens_per_s_per_gpu']:,.0f} | {eff} | "
+                   f"{100 * r['mfu']:.1f}% | {r['peak_mem_gb']:.2f} | {_fmt(r.get('predicted_peak_gb'), 2)} | "
+                   f"{r['state_mem_gb']:.2f} | {_fmt(r.get('predicted_state_gb'), 2)} |")
+    par = [r for r in rows if r["part"] == "parity" and r["impl"] == "flashscale"]
+    if par:
+        out += ["", f"NCCL parity against one GPU ({par[0]['steps']} bf16 steps, tolerance {par[0]['tolerance']:.0e} "
+                    f"from the noise floor; 5 float32 steps, tolerance 1e-5):", "",
+                "| GPUs | layout | bf16 max rel. loss diff | float32 max rel. loss diff | pass |", "|---|---|---|---|---|"]
+        out += [f"| {r['gpus']} | {r['layout']} | {r['max_loss_rel_diff']:.1e} | {r['max_loss_rel_diff_fp32']:.1e} | "
+                f"{'yes' if r['passed'] else 'NO'} |" for r in par]
+    bub = [r for r in rows if r["part"] == "bubble"]
+    if bub:
+        out += ["", "Pipeline bubble (busiest rank; 1B preset with a 32k vocabulary, micro-batches of 4 x 2048):", "",
+                "| GPUs | schedule | m | measured | formula | stage imbalance |", "|---|---|---|---|---|---|"]
+        out += [f"| {r['gpus']} | {r['schedule']}{'' if r['virtual_stages'] == 1 else ' v=' + str(r['virtual_stages'])} | "
+                f"{r['micro_batches']} | {r['bubble_measured']:.3f} | {r['bubble_formula']:.3f} | {r['stage_imbalance']:.1%} |"
+                for r in bub]
+    return out
+
+
 SECTIONS = [
     ("train-reference-h200.json", "Training the ~125M reference model on one H200",
      ["impl", "model", "params", "steps", "tokens", "seconds", "tokens_per_s", "mfu", "val_ppl_moby_dick", "unigram_ppl"]),
@@ -105,6 +137,9 @@ def render() -> str:
         found = True
     for res_name in sorted(p.name for p in RESULTS.glob("w4a16-*.json")):
         parts += w4a16_table(_load(res_name), res_name) + [""]
+        found = True
+    for res_name in sorted(p.name for p in RESULTS.glob("multigpu-*.json")):
+        parts += multigpu_table(_load(res_name), res_name) + [""]
         found = True
     for res_name, title, cols in SECTIONS:
         res = _load(res_name)

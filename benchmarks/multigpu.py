@@ -26,10 +26,12 @@ them into benchmarks/results/multigpu-<kind>.json (+ .png), flat rows with an `i
    (ZeRO >= 1: / N_d). predicted_peak = formula states + the activation bytes measured at ZeRO-0 on the
    same per-GPU batch (peak - states there: ZeRO does not change activations).
 4. bubble  (W > 1) pp = W, the 1B preset with a 32k vocabulary (16 layers, split evenly: the head
-   costs ~1/4 layer), micro-batches of 1 x 2048, m in {4, 8, 16}, GPipe / 1F1B / interleaved (v = 2). The pipeline
+   costs ~1/4 layer), micro-batches of 4 x 2048 (at 1 x 2048 the host's kernel launches set the
+   pace), m in {4, 8, 16}, GPipe / 1F1B / interleaved (v = 2). The pipeline
    section of a step is timed on the host between two barriers (total); every forward and backward
-   action on the GPU with CUDA events (busy). GPipe and 1F1B: bubble = idle / total against
-   (p-1)/(m+p-1); interleaved: bubble = idle / busy against Megatron's (p-1)/(v m) (their definitions).
+   action on the GPU with CUDA events (busy), on the busiest rank (the formulas assume equal stages;
+   the lighter ranks' extra idle is the stage imbalance, reported apart). GPipe and 1F1B: bubble =
+   idle / total against (p-1)/(m+p-1); interleaved: idle / busy against Megatron's (p-1)/(v m).
 """
 
 from __future__ import annotations
@@ -254,6 +256,25 @@ def zero_formula(psi: int, zero: int, nd: int, grad_bytes: int = 4) -> float:
     return p + g + o
 
 
+def predict_memory(rows: list[dict]) -> None:
+    """Fills predicted_state_gb (the ZeRO formula) and predicted_peak_gb of the data-parallel scaling
+    rows: formula states + the activations measured at ZeRO-0 (its peak minus its states, same per-GPU
+    batch) + for ZeRO >= 2 with several micro-batches the full fp32 gradient (4 Psi): earlier micro-
+    batches accumulate locally and the reduce-scatter runs on the last (no_sync, as FSDP's), so every
+    unit's full gradient is alive in that backward before its shard is kept."""
+    act = {r["gpus"]: (r["peak_mem_gb"] - r["state_mem_gb"]) for r in rows
+           if r.get("part") == "scaling" and r.get("zero") == 0 and r.get("params")}
+    for r in rows:
+        if r.get("part") != "scaling" or not r.get("params"):
+            continue
+        psi, z, nd = r["params"], r["zero"], r["dp"]
+        r["predicted_state_gb"] = zero_formula(psi, z, nd) / GB
+        a = act.get(r["gpus"], next(iter(act.values()), None))  # weak scaling: same per-GPU batch at every W
+        if a is not None:
+            accum = 4 * psi / GB if z >= 2 and r["micro_batches"] > 1 else 0.0
+            r["predicted_peak_gb"] = r["predicted_state_gb"] + a + accum
+
+
 def fsdp2_engine(ctx, cfg, weights):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -341,7 +362,6 @@ def part_scaling(ctx: Ctx) -> list[dict]:
         configs.append(("flashscale", ParallelConfig(pp=W, zero=1), (W, 1, 1)))
     configs.append(("fsdp2", None, (1, W, 1)))
     rows = []
-    act_bytes = None
     for impl, pc, (pp, dp, tp) in configs:
         ctx.free()
         if impl == "fsdp2":
@@ -363,13 +383,8 @@ def part_scaling(ctx: Ctx) -> list[dict]:
                    predicted_state_gb=None, predicted_peak_gb=None, max_loss_rel_diff=None,
                    bubble_measured=None, bubble_formula=None)
         if impl != "fsdp2" and pp == 1 and tp == 1:
-            z = pc.zero if pc is not None else 1
-            psi = cfg.num_params()
-            row["predicted_state_gb"] = zero_formula(psi, z, dp) / GB
-            if z == 0:
-                act_bytes = peak_mem - state
-            if act_bytes is not None:
-                row["predicted_peak_gb"] = row["predicted_state_gb"] + act_bytes / GB
+            row.update(zero=pc.zero if pc is not None else 1, dp=dp, params=cfg.num_params())
+            predict_memory(rows + [row])
         rows.append(row)
         mf = "-" if row["mfu"] is None else f"{100 * row['mfu']:.1f}%"
         pred = "" if row["predicted_state_gb"] is None else f" (formula {row['predicted_state_gb']:.2f})"
@@ -381,6 +396,18 @@ def part_scaling(ctx: Ctx) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------- bubble
+def bubble_stats(per: list[tuple[float, float]], sched: str, p: int, v: int, m: int):
+    """per: each pipeline rank's (total, busy) seconds. The formulas assume stages of equal cost; ours
+    differ a little (the last also runs the head and the loss), and the lighter ranks then idle for
+    that imbalance on top of the schedule's bubble. The bubble is the bottleneck (busiest) rank's idle
+    time; the imbalance, 1 - min busy / max busy, is reported beside it."""
+    total, busy = max(per, key=lambda tb: tb[1])
+    imbalance = 1 - min(b for _, b in per) / busy
+    if sched == "interleaved":
+        return (total - busy) / busy, (p - 1) / (v * m), "idle/busy of the busiest rank", imbalance
+    return (total - busy) / total, (p - 1) / (m + p - 1), "idle/total of the busiest rank", imbalance
+
+
 class TimedExecutor(pengine.PipelineExecutor):
     """The engine's executor with the forward/backward actions timed by CUDA events and the whole
     pipeline section timed on the host between barriers."""
@@ -417,6 +444,9 @@ def part_bubble(ctx: Ctx) -> list[dict]:
     L = 16 if not ctx.smoke else 4
     cfg = preset("1B", vocab_size=32000) if not ctx.smoke else preset("tiny", num_hidden_layers=L)
     seq = 2048 if not ctx.smoke else 64
+    # 4 sequences a micro-batch: at 1 x 2048 a stage's ~8000 kernels a step average ~20 us each, as
+    # short as their launch from Python, so the host, not the schedule, set the idle time (profiled)
+    mb_size = 4 if not ctx.smoke else 1
     weights = Llama(cfg).init_weights(0).state_dict()
     pengine.PipelineExecutor = TimedExecutor
     rows = []
@@ -432,8 +462,8 @@ def part_bubble(ctx: Ctx) -> list[dict]:
                 if sched == "interleaved" and m % W:
                     continue
                 g = torch.Generator().manual_seed(m)
-                x = torch.randint(0, cfg.vocab_size, (m, seq), generator=g)
-                y = torch.randint(0, cfg.vocab_size, (m, seq), generator=g)
+                x = torch.randint(0, cfg.vocab_size, (m * mb_size, seq), generator=g)
+                y = torch.randint(0, cfg.vocab_size, (m * mb_size, seq), generator=g)
                 TimedExecutor.record.clear()
                 for _ in range(5):
                     eng.train_step(x, y, lr=1e-4, micro_batches=m, max_grad_norm=1.0)
@@ -444,18 +474,13 @@ def part_bubble(ctx: Ctx) -> list[dict]:
                 allv = [torch.zeros_like(bt) for _ in range(W)]
                 dist.all_gather(allv, bt)
                 per = [(float(a[0]), float(a[1])) for a in allv]
-                if sched == "interleaved":
-                    meas = statistics.mean((t - b) / b for t, b in per)
-                    formula = (W - 1) / (v * m)
-                    definition = "idle/busy"
-                else:
-                    meas = statistics.mean((t - b) / t for t, b in per)
-                    formula = (W - 1) / (m + W - 1)
-                    definition = "idle/total"
+                meas, formula, definition, imbalance = bubble_stats(per, sched, W, v, m)
                 layout = layout_name(pc, W, 1, 1)
                 rows.append(dict(impl="flashscale", part="bubble", model="1B-32kvocab", gpus=W, layout=layout,
-                                 schedule=sched, virtual_stages=v, micro_batches=m, stage_layers=split,
+                                 schedule=sched, virtual_stages=v, micro_batches=m, micro_batch_size=mb_size,
+                                 seq_len=seq, stage_layers=split,
                                  bubble_measured=meas, bubble_formula=formula, bubble_definition=definition,
+                                 stage_imbalance=imbalance,
                                  per_rank_busy_s=[b for _, b in per], per_rank_total_s=[t for t, _ in per]))
                 ctx.log(f"bubble {layout:28s} m={m:2d}  measured {meas:.3f}  formula {formula:.3f}  ({definition}; "
                         f"busy per rank {', '.join(f'{b * 1e3:.0f}' for _, b in per)} ms of {per[0][0] * 1e3:.0f})")
@@ -527,8 +552,21 @@ def merge(args) -> int:
     rows, meta = [], {}
     for f in sorted(args.merge.glob("part-*.json")):
         d = json.loads(f.read_text())
+        for r in d["rows"]:
+            if r.get("part") == "bubble":  # derived fields from the raw per-rank timings
+                per = list(zip(r["per_rank_total_s"], r["per_rank_busy_s"]))
+                (r["bubble_measured"], r["bubble_formula"], r["bubble_definition"],
+                 r["stage_imbalance"]) = bubble_stats(per, r["schedule"], r["gpus"], r["virtual_stages"],
+                                                      r["micro_batches"])
+            if r.get("part") == "scaling" and r.get("impl") != "fsdp2" and "params" not in r:
+                lay = r["layout"]  # rows written before these fields existed: single / dpN-tp1-pp1-zeroZ
+                if lay == "single" or ("-tp1-pp1-" in lay):
+                    r.update(zero=1 if lay == "single" else int(lay.split("zero")[1][0]),
+                             dp=1 if lay == "single" else int(lay[2:lay.index("-")]),
+                             params=preset(r["model"]).num_params())
         rows += d["rows"]
         meta = d
+    predict_memory(rows)
     if not rows:
         raise SystemExit(f"no part-*.json files in {args.merge}")
     kind = args.kind or meta.get("kind", "unknown")
