@@ -79,6 +79,21 @@ def test_demo_quick_end_to_end(tmp_path, cache):
         assert prompt in out
     assert (tmp_path / "demo" / "model" / "model.safetensors").is_file()
     assert (tmp_path / "demo" / "model" / "tokenizer.json").is_file()
+    # the 4-bit rows, each a finite perplexity, and the GPTQ checkpoint loads back
+    ppl = {}
+    for line in out.splitlines():
+        if "│" in line and "perplexity" not in line:
+            cells = [c.strip() for c in line.split("│") if c.strip()]
+            if len(cells) == 2:
+                ppl[cells[0]] = float(cells[1])
+    assert any(k.startswith("demo model, RTN 4-bit") for k in ppl), ppl
+    gptq = [v for k, v in ppl.items() if k.startswith("demo model, GPTQ 4-bit")]
+    assert gptq and all(0 < v < float("inf") for v in ppl.values()), ppl
+    from flashscale.quant.io import load_quantized, read_quantization_config
+
+    qdir = tmp_path / "demo" / "model-gptq-4bit"
+    assert read_quantization_config(qdir)["bits"] == 4
+    load_quantized(qdir)
 
 
 def test_demo_rejects_bad_steps(capsys):

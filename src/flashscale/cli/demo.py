@@ -5,10 +5,12 @@
    schedule is fitted to this machine's measured speed as it trains, unless --steps is given), on a
    GPU in bf16 with more steps and a larger batch;
 3. score the held-out moby_dick (GPTQ/AWQ protocol: non-overlapping windows) beside the unigram baseline;
-4. [quantization goes here: another issue adds 4-bit quantization and perplexity before/after];
-5. generate three short samples.
-The trained model is saved as an HF folder (OUT/model: config.json, model.safetensors, tokenizer.json),
-usable with `flashscale eval` and `flashscale generate`.
+4. quantize it to 4 bits (groups of 32: the MLP's 352 inputs rule out 64 and 128) with RTN and with
+   GPTQ (calibrated on 128 windows of the training text) and score both on the same tokens;
+5. generate three short samples with the 4-bit GPTQ model.
+The trained model is saved as an HF folder (OUT/model: config.json, model.safetensors, tokenizer.json)
+and the 4-bit one in the GPTQ checkpoint format (OUT/model-gptq-4bit); `flashscale eval` and
+`flashscale generate` take either.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import dataclasses
 import time
 from pathlib import Path
 
-CPU_BUDGET_S = 240.0  # training seconds on the CPU; tokenizer, tokens and evaluation come on top
+CPU_BUDGET_S = 210.0  # training seconds on the CPU; tokenizer, tokens, quantization and evaluation come on top
+QUANT_BITS, CALIB_WINDOWS = 4, 128
 EVAL_BUDGET_S = 90.0  # on a CPU too slow to score all of moby_dick in this time, a prefix is scored (and said so)
 MAX_STEPS = 8000  # bound under the CPU time budget (3.7 passes over the corpus), beyond what 2 cores reach
 QUICK_EVAL_TOKENS = 8192  # --quick scores only this prefix of moby_dick
@@ -96,6 +99,28 @@ def time_cpu_step(config, device, model_config) -> tuple[float, int]:
     return per_step[threads], threads
 
 
+def _quantize(model, data, seq_len: int, device, seed: int):
+    """(GPTQ's QuantizedModel, [(table label, QuantizedModel)] for RTN and GPTQ), each on its own copy
+    of the trained model (quantize_model works in place)."""
+    import copy
+
+    from flashscale.cli.quantize import _calib_text
+    from flashscale.quant.api import quantize_model
+    from flashscale.quant.calibrate import calibration_tokens
+
+    text, _ = _calib_text(None)  # the training texts: moby_dick stays held out
+    calib = calibration_tokens(data.tokenizer, text=text, nsamples=CALIB_WINDOWS, seqlen=seq_len, seed=seed)
+    # the largest usual group size dividing every linear's inputs (demo: 32, for the MLP's 352), else rows
+    ins = {model.config.hidden_size, model.config.intermediate_size, model.config.q_dim}
+    group = next((gs for gs in (128, 64, 32) if all(n % gs == 0 for n in ins)), -1)
+    kw = dict(bits=QUANT_BITS, group_size=group, device=device)
+    rtn = quantize_model(copy.deepcopy(model).float().eval(), "rtn", **kw)
+    gptq = quantize_model(copy.deepcopy(model).float().eval(), "gptq", calib_tokens=calib, **kw)
+    g = f"{QUANT_BITS}-bit, " + (f"groups of {group}" if group > 0 else "one group a row")
+    return gptq, [(f"demo model, RTN {g}", rtn),
+                  (f"demo model, GPTQ {g} ({gptq.summary.total_seconds:.0f} s)", gptq)]
+
+
 def run(args) -> int:
     import torch
     from rich.console import Console
@@ -104,6 +129,7 @@ def run(args) -> int:
     from flashscale.data.corpus import eval_text
     from flashscale.data.tokens import encode_text
     from flashscale.models.checkpoint import save_hf
+    from flashscale.quant.io import save_quantized
     from flashscale.train.config import load_config
     from flashscale.train.evaluate import perplexity, unigram_perplexity
     from flashscale.train.setup import prepare, resolve_device
@@ -166,18 +192,25 @@ def run(args) -> int:
     table.add_column("perplexity", justify="right")
     table.add_row("unigram baseline (add-one, fit on the training tokens)", f"{unigram:.1f}")
     table.add_row(f"demo model ({config.train.dtype})", f"{ev['ppl']:.1f}")
-    # -- QUANTIZATION (added by the quantization issue): quantize `model` to 4 bits here and add a
-    #    row "demo model, 4-bit" with its perplexity on the same `ids`, next to the float one. ----------
+    t_eval = time.perf_counter() - t0
+
+    # -- 4-bit quantization: RTN and GPTQ, each scored on the same ids -------------------------------
+    t0 = time.perf_counter()
+    qmodel, qrows = _quantize(model, data, config.data.seq_len, device, args.seed)
+    for label, q in qrows:
+        table.add_row(label, f"{perplexity(q.model, ids, window=config.data.seq_len, batch_size=16, device=device)['ppl']:.1f}")
+    save_quantized(qmodel, args.out / "model-gptq-4bit", tokenizer=data.tokenizer, overwrite=True)
     console.print(table)
     ratio = unigram / ev["ppl"]
     verdict = f"{ratio:.1f}x below" if ratio >= 1 else f"{1 / ratio:.1f}x above"
     console.print(f"perplexity {ev['ppl']:.1f}: {verdict} the unigram baseline's {unigram:.1f} "
-                  f"({time.perf_counter() - t0:.0f} s to evaluate)")
+                  f"({t_eval:.0f} s to evaluate; quantizing and scoring the 4-bit models {time.perf_counter() - t0:.0f} s)")
+    model = qmodel.model
 
     # -- samples --------------------------------------------------------------------------------------
     from flashscale.infer.generate import generate
 
-    console.rule("samples (top-k 40, temperature 0.8)")
+    console.rule(f"samples of the {QUANT_BITS}-bit GPTQ model (top-k 40, temperature 0.8)")
     for i, prompt in enumerate(PROMPTS):
         x = torch.tensor([data.tokenizer.encode(prompt).ids], dtype=torch.long)  # (1, S0)
         out = generate(model, x, max_new_tokens=16 if args.quick else 48, temperature=0.8, top_k=40,
@@ -186,6 +219,7 @@ def run(args) -> int:
         console.print(f"[bold]{prompt}[/bold]{text[len(prompt):] if text.startswith(prompt) else ' | ' + text}",
                       soft_wrap=True)
     console.rule()
-    console.print(f"model saved to {args.out / 'model'} (flashscale eval / generate take it); "
+    console.print(f"model saved to {args.out / 'model'}, its {QUANT_BITS}-bit version to "
+                  f"{args.out / 'model-gptq-4bit'} (flashscale eval / generate take them); "
                   f"training log in {args.out / 'train'}; total {time.perf_counter() - t_start:.0f} s")
     return 0
