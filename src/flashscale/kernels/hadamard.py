@@ -1,0 +1,160 @@
+"""Random-sign Walsh-Hadamard transform along head_dim fused with FP8 (e4m3) block quantization.
+
+The pre-pass of the FP8 attention (FlashAttention-3, section 3.3): each program reads one quantization
+block, `block` rows of one head of x (B, S, H, D) in bf16/fp16/fp32, once; multiplies by the seeded
+signs and the Hadamard matrix (Q and K only; V skips it), takes the block's amax, and writes the e4m3
+block plus its fp32 descale = max(amax, FLOOR) / 448 once. Per-tensor quantization (the baseline) is a
+second launch handed the global amax.
+
+Two ways to multiply by H_D (D = 64, 128, 256), picked by `method`:
+  "mma":       y = (x * signs) @ H on the tensor cores. H is built in registers from
+               H[i, j] = (-1)^popcount(i & j) (no memory traffic); x * (+-1) and the +-1 entries are exact in
+               the input dtype and products accumulate in fp32, so this is exact up to fp32 summation
+               order. 2 D FLOPs an element on tensor cores is far below the pass's byte cost
+               (3 bytes an element), so it stays memory-bound. The default.
+  "butterfly": the fast Walsh-Hadamard transform, log2(D) stages of (a + b, a - b) on register tiles
+               through reshape/permute/split/join: D log2 D adds, but every stage may cost the compiler a
+               layout shuffle through shared memory. Kept and tested as the O(D log D) alternative; the
+               benchmark times both.
+
+V's layout for the FP8 tensor cores: Hopper's FP8 wgmma reads its B operand K-major only. In P @ V
+the reduction (K) dimension is the key index, so V is written transposed, (B, Hkv, D, S_pad) with the
+sequence contiguous (S_pad: S rounded up to 16 so every row starts 16-byte aligned, as TMA needs; the
+padding is zeros). The attention kernel then loads (D, BLOCK_N) tiles and uses their transpose.
+
+Interpreter (CPU tests, triton 3.6.0, seen 2026-12): float8e4nv stores run, but the interpreter's
+rounding is wrong where rounding carries into the next binade (124.3 -> 64 instead of 128) and it
+flushes e4m3 subnormals to 0. So the CPU tests run the kernel with out_dtype=float32 (the scaled values
+before the cast; torch's correct e4m3 cast is applied outside and must then match the reference bit for
+bit) and check the e4m3 store path only away from those cases; the GPU tests check the real e4m3 stores
+bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from flashscale.reference.attention_fp8 import E4M3_MAX, FLOOR, random_signs
+
+_METHODS = ("mma", "butterfly")
+
+
+@triton.jit
+def _hadamard_mma(x, D: tl.constexpr, LOG2D: tl.constexpr):
+    """x (R, D) in fp16/bf16/fp32 -> x @ H_D (unnormalized) in fp32, on the tensor cores."""
+    offs = tl.arange(0, D)
+    bits = offs[:, None] & offs[None, :]
+    parity = tl.zeros([D, D], dtype=tl.int32)
+    for b in tl.static_range(LOG2D):
+        parity = parity ^ ((bits >> b) & 1)
+    h = (1 - 2 * parity).to(x.dtype)
+    return tl.dot(x, h, input_precision="ieee" if x.dtype == tl.float32 else "tf32").to(tl.float32)
+
+
+@triton.jit
+def _hadamard_butterfly(x, R: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr):
+    """x (R, D) fp32 -> x @ H_D (unnormalized): stage i pairs columns c and c + 2^i within blocks of 2^(i+1)."""
+    for i in tl.static_range(LOG2D):
+        x = tl.reshape(x, [R, D // (2 << i), 2, 1 << i])  # (R, blocks, pair, offset)
+        a, b = tl.split(tl.permute(x, [0, 1, 3, 2]))  # split takes the last axis (of size 2)
+        x = tl.permute(tl.join(a + b, a - b), [0, 1, 3, 2])
+        x = tl.reshape(x, [R, D])
+    return x
+
+
+@triton.jit
+def _hadamard_quant_kernel(
+    X, Y, DESCALE, SIGNS, AMAX,
+    stride_xb, stride_xs, stride_xh, stride_yb, stride_ys, stride_yh, stride_yd, stride_db, stride_dh,
+    H, S, inv_sqrt_d,
+    D: tl.constexpr, LOG2D: tl.constexpr, BLOCK: tl.constexpr, HADAMARD: tl.constexpr, METHOD: tl.constexpr,
+    PER_TENSOR: tl.constexpr,
+):
+    blk = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    rows = blk * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, D)
+    ok = rows[:, None] < S
+    x = tl.load(X + b * stride_xb + h * stride_xh + rows[:, None].to(tl.int64) * stride_xs + offs_d[None, :],
+                mask=ok, other=0.0)  # (BLOCK, D), rows past S read as 0 and raise no amax
+    if HADAMARD:
+        signs = tl.load(SIGNS + offs_d).to(x.dtype)  # +-1: exact in every float dtype
+        x = x * signs[None, :]
+        if METHOD == "mma":
+            y = _hadamard_mma(x, D, LOG2D)
+        else:
+            y = _hadamard_butterfly(x.to(tl.float32), BLOCK, D, LOG2D)
+        y = y * inv_sqrt_d
+    else:
+        y = x.to(tl.float32)
+    if PER_TENSOR:
+        amax = tl.load(AMAX)
+    else:
+        amax = tl.max(tl.max(tl.abs(y), axis=1), axis=0)
+    amax = tl.maximum(amax, FLOOR)
+    # IEEE-rounded divisions, as torch does in the reference (Triton's "/" may be approximate on GPU)
+    inv = tl.math.div_rn(tl.full([], E4M3_MAX, tl.float32), amax)
+    q = tl.minimum(tl.maximum(y * inv, -E4M3_MAX), E4M3_MAX).to(Y.dtype.element_ty)  # e4m3 (fp32: tests)
+    tl.store(Y + b * stride_yb + h * stride_yh + rows[:, None].to(tl.int64) * stride_ys
+             + offs_d[None, :].to(tl.int64) * stride_yd, q, mask=ok)
+    tl.store(DESCALE + b * stride_db + h * stride_dh + blk, tl.math.div_rn(amax, tl.full([], E4M3_MAX, tl.float32)))
+
+
+def padded_len(s: int) -> int:
+    """Sequence length of the transposed V layout: a multiple of 16 (16-byte aligned rows for TMA)."""
+    return -(-s // 16) * 16
+
+
+def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0, transpose: bool = False,
+                   per_tensor: bool = False, method: str = "mma", num_warps: int | None = None,
+                   signs: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float8_e4m3fn
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (B, S, H, D) fp16/bf16/fp32, D in {16, ..., 256} a power of 2 -> (y8, descale).
+
+    y8: e4m3 (B, S, H, D), or with transpose=True (B, H, D, padded_len(S)) (V's layout, zero padding).
+    descale: float32 (B, H, ceil(S / block)). Inputs are checked by flashscale.ops.attention_fp8.
+    signs: the (D,) +-1 vector (default: random_signs(D, seed), the same for Q and K).
+    out_dtype=float32 stores the scaled values before their e4m3 rounding (interpreter tests only).
+    """
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {_METHODS}; got {method!r}")
+    B, S, H, D = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    nb = triton.cdiv(S, block)
+    if transpose:
+        sp = padded_len(S)
+        y = torch.empty((B, H, D, sp), dtype=out_dtype, device=x.device)
+        if sp > S:
+            y[..., S:].zero_()  # the kernel's K/V tail loads are masked, but TMA reads whole rows
+        sy = (y.stride(0), y.stride(3), y.stride(1), y.stride(2))
+    else:
+        y = torch.empty((B, S, H, D), dtype=out_dtype, device=x.device)
+        sy = (y.stride(0), y.stride(1), y.stride(2), y.stride(3))
+    descale = torch.empty((B, H, nb), dtype=torch.float32, device=x.device)
+    if B * H * nb == 0:
+        return y, descale
+    if signs is None:
+        signs = random_signs(D, seed, device=x.device)
+    warps = num_warps or (4 if block * D <= 64 * 64 else 8 if block * D <= 128 * 128 else 16)
+
+    def launch(amax=None):
+        _hadamard_quant_kernel[(nb, B * H)](
+            x, y, descale, signs, amax if amax is not None else descale,
+            x.stride(0), x.stride(1), x.stride(2), *sy, descale.stride(0), descale.stride(1),
+            H, S, 1.0 / math.sqrt(D),
+            D=D, LOG2D=D.bit_length() - 1, BLOCK=block, HADAMARD=hadamard, METHOD=method,
+            PER_TENSOR=amax is not None, num_warps=warps,
+        )
+
+    launch()
+    if per_tensor:  # the block pass found every block's amax; the tensor's is their max
+        amax = (descale.amax() * E4M3_MAX).reshape(1).contiguous()
+        launch(amax)
+    return y, descale
