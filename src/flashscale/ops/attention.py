@@ -82,6 +82,7 @@ def attention(
     max_seqlen_q: int | None = None,
     max_seqlen_k: int | None = None,
     impl: str = "auto",
+    fp8: bool = False,
 ):
     """Scaled dot-product attention; differentiable in q, k, v (and through lse when it is returned).
 
@@ -93,8 +94,19 @@ def attention(
     deterministic: bitwise-reproducible gradients (a separate dQ pass instead of atomics).
     impl: "auto" (Triton kernels on CUDA, reference elsewhere), "triton" (also on CPU when
     TRITON_INTERPRET=1, for tests) or "reference".
+    fp8: FlashAttention-3's FP8 forward (flashscale.ops.attention_fp8 with its defaults: Hadamard, block
+    quantization; bf16 backward); dense layout, causal and softmax_scale only.
     Returns out like q [, lse].
     """
+    if fp8:
+        extras = dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed,
+                      return_lse=return_lse, deterministic=deterministic, cu_seqlens_q=cu_seqlens_q,
+                      cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+        unsupported = [n for n, val in extras.items() if isinstance(val, torch.Tensor) or val not in (None, 0, False)]
+        if unsupported or impl != "auto":
+            raise ValueError(f"fp8=True takes only q, k, v, causal and softmax_scale; got {unsupported or ['impl']}")
+        from flashscale.ops.attention_fp8 import attention_fp8
+        return attention_fp8(q, k, v, causal=causal, softmax_scale=softmax_scale)
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     layout = "(total_tokens, heads, head_dim)" if varlen else "(batch, seqlen, heads, head_dim)"
     rank = 3 if varlen else 4
