@@ -1,0 +1,222 @@
+"""FP8 attention forward speed (FlashAttention-3's FP8 grid) beside bf16 SDPA (cuDNN, flash) and ours.
+
+Grid: head dim 128 and 256, causal and not, seqlen 512 ... 16384 with batch * seqlen = 16384 and
+heads * head_dim = 2048. FLOPs: 4 * B * S^2 * H * D, halved when causal (the same count for FP8).
+Rows (impl): flashscale_fp8 (kernel on pre-quantized inputs), flashscale_fp8_e2e (Hadamard/quantization
+pre-pass + kernel, from bf16), flashscale_bf16 (our FA2 kernel), sdpa_cudnn, sdpa_flash (bf16).
+Also the pre-pass alone (ms, GB/s) for both Hadamard methods. Times: triton.testing.do_bench medians.
+Correctness first, per (head dim, causal) group at seqlen 1024: kernel vs emulation (as the GPU tests).
+
+    python benchmarks/attention_fp8.py [--quick] [--tune] [--out DIR]
+Writes DIR/attention-fp8-<gpu>.json ({gpu, torch, triton, date, rows, checks, errors}) and a .png.
+Targets (FA3 on H100, 16k non-causal): d128 >= 1000, d256 >= 1150 TFLOP/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+SEQLENS = [512, 1024, 2048, 4096, 8192, 16384]
+QUICK_SEQLENS = [1024, 4096, 16384]
+TOKENS, HIDDEN = 16384, 2048
+TARGETS = {128: 1000.0, 256: 1150.0}
+
+
+def flops(b, s, h, d, causal):
+    return 4.0 * b * s * s * h * d / (2 if causal else 1)
+
+
+def check_group(hdim, causal, seqlen=1024, batch=2):
+    from flashscale.ops import attention_fp8_quantized, quantize_fp8
+    from flashscale.reference.attention import attention_ref
+    heads = HIDDEN // hdim
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
+               for _ in range(3))
+    x = quantize_fp8(q, k, v)
+    args = (x.q8, x.k8, x.v8, x.q_descale, x.k_descale, x.v_descale)
+    out = attention_fp8_quantized(*args, causal=causal)
+    from flashscale.kernels.attention_fp8 import fp8_candidates
+    tile = fp8_candidates(hdim, gpu=True)[0]
+    emu = attention_fp8_quantized(*args, causal=causal, impl="emulation", config=tile)
+    exact = attention_ref(q.double(), k.double(), v.double(), causal=causal)
+    rm = lambda a, b: (a.double() - b.double()).pow(2).mean().sqrt().item()  # noqa: E731
+    e_out, e_emu = rm(out, exact), rm(emu, exact)
+    return dict(rmse=e_out, emulation_rmse=e_emu, ok=bool(e_out <= 1.1 * e_emu + 1e-6))
+
+
+def time_group(hdim, causal, seqlen, impls, rep, warmup, tune):
+    import triton
+    from flashscale.kernels.attention_fp8 import attention_fp8_fwd, fp8_candidates
+    from flashscale.ops import attention, quantize_fp8
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    batch, heads = TOKENS // seqlen, HIDDEN // hdim
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
+               for _ in range(3))
+    x = quantize_fp8(q, k, v)
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, heads, seqlen, device="cuda")
+    bench = lambda f: triton.testing.do_bench(f, warmup=warmup, rep=rep, return_mode="median")  # noqa: E731
+    cands = [c for c in fp8_candidates(hdim, gpu=True) if 128 % c.block_m == 0 and 128 % c.block_n == 0]
+    if not tune:
+        cands = cands[:1]
+    best, best_ms = None, float("inf")
+    for cfg in cands:
+        def fp8(cfg=cfg):
+            attention_fp8_fwd(x.q8, x.k8, x.v8, x.q_descale, x.k_descale, x.v_descale, out, lse, causal=causal,
+                              softmax_scale=hdim ** -0.5, block_m=128, block_n=128, config=cfg)
+        try:
+            ms = bench(fp8)
+        except Exception as e:  # a tile this GPU cannot compile or hold is not a candidate
+            print(f"config {cfg} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+            continue
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    res = {}
+    if best is not None:
+        res["flashscale_fp8"] = (best_ms, best)
+        prepass = lambda: quantize_fp8(q, k, v)  # noqa: E731
+        res["prepass"] = (bench(prepass), None)
+        res["flashscale_fp8_e2e"] = (best_ms + res["prepass"][0], best)
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    if "flashscale_bf16" in impls:
+        res["flashscale_bf16"] = (bench(lambda: attention(q, k, v, causal=causal)), None)
+    for name, be in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+        if name in impls:
+            def f(be=be):
+                with sdpa_kernel([be]):
+                    return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+            res[name] = (bench(f), None)
+    return batch, heads, res
+
+
+def prepass_rows(hdim, rep, warmup):
+    """The pre-pass alone at 16k tokens: ms and effective GB/s (read bf16 + write e4m3 + descales)."""
+    import triton
+    from flashscale.kernels.hadamard import hadamard_quant
+    heads = HIDDEN // hdim
+    x = torch.randn(1, TOKENS, heads, hdim, device="cuda", dtype=torch.bfloat16)
+    rows = []
+    for method in ("mma", "butterfly"):
+        try:
+            ms = triton.testing.do_bench(lambda: hadamard_quant(x, block=128, hadamard=True, method=method),
+                                         warmup=warmup, rep=rep, return_mode="median")
+        except Exception as e:
+            rows.append(dict(impl=f"hadamard_quant_{method}", hdim=hdim, error=f"{type(e).__name__}: {str(e)[:120]}"))
+            continue
+        rows.append(dict(impl=f"hadamard_quant_{method}", hdim=hdim, ms=ms, gbps=x.numel() * 3 / ms * 1e-6))
+    return rows
+
+
+def plot(rows, path, gpu):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    impls = ["flashscale_fp8", "flashscale_fp8_e2e", "flashscale_bf16", "sdpa_cudnn", "sdpa_flash"]
+    impls = [i for i in impls if any(r.get("impl") == i for r in rows)]
+    panels = sorted({(r["hdim"], r["causal"]) for r in rows if "causal" in r})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.4), squeeze=False)
+    for ax, (d, c) in zip(axes[0], panels):
+        sel = [r for r in rows if r.get("hdim") == d and r.get("causal") == c]
+        seqs = sorted({r["seqlen"] for r in sel})
+        w = 0.8 / max(len(impls), 1)
+        for i, impl in enumerate(impls):
+            vals = [next((r["tflops"] for r in sel if r["impl"] == impl and r["seqlen"] == s), 0) for s in seqs]
+            ax.bar([x + (i - (len(impls) - 1) / 2) * w for x in range(len(seqs))], vals, w, label=impl)
+        ax.set_xticks(range(len(seqs)), [f"{s // 1024}k" if s >= 1024 else str(s) for s in seqs])
+        ax.set_title(f"head dim {d}, {'causal' if c else 'non-causal'}", fontsize=9)
+        ax.set_ylabel("TFLOP/s")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"FP8 attention forward on {gpu} (batch x seqlen = {TOKENS}, hidden {HIDDEN})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--tune", action="store_true", help="time every FP8 tile candidate, keep the fastest")
+    ap.add_argument("--hdims", type=int, nargs="+", default=[128, 256])
+    ap.add_argument("--seqlens", type=int, nargs="+", default=None)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        print("needs a Hopper GPU (compute capability 9.x)", file=sys.stderr)
+        return 2
+    import triton
+    seqlens = args.seqlens or (QUICK_SEQLENS if args.quick else SEQLENS)
+    rep, warmup = (30, 10) if args.quick else (100, 25)
+    impls = ["flashscale_bf16", "sdpa_cudnn", "sdpa_flash"]
+    gpu = torch.cuda.get_device_name()
+    rows, checks, errors = [], [], []
+    t0 = time.time()
+    for hdim in args.hdims:
+        rows += prepass_rows(hdim, rep, warmup)
+        for causal in (False, True):
+            try:
+                checks.append(dict(hdim=hdim, causal=causal, **check_group(hdim, causal)))
+            except Exception as e:
+                errors.append(f"check d{hdim} causal={causal}: {type(e).__name__}: {str(e)[:200]}")
+            for s in seqlens:
+                try:
+                    batch, heads, res = time_group(hdim, causal, s, impls, rep, warmup, args.tune)
+                except Exception as e:
+                    errors.append(f"d{hdim} causal={causal} S{s}: {type(e).__name__}: {str(e)[:200]}")
+                    continue
+                for impl, (ms, cfg) in res.items():
+                    if impl == "prepass":
+                        rows.append(dict(impl="prepass", hdim=hdim, causal=causal, seqlen=s, batch=batch,
+                                         heads=heads, ms=ms))
+                        continue
+                    rows.append(dict(impl=impl, **{"pass": "fwd"}, hdim=hdim, causal=causal, seqlen=s, batch=batch,
+                                     heads=heads, ms=ms, tflops=flops(batch, s, heads, hdim, causal) / ms * 1e-9,
+                                     **({"config": cfg.__dict__} if cfg is not None else {})))
+            print(f"d{hdim} causal={causal}: done ({time.time() - t0:.0f}s)", flush=True)
+    slug = re.sub(r"^nvidia-", "", re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-"))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
+                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  setting=dict(tokens=TOKENS, hidden=HIDDEN, quant_blocks=[128, 128], tuned=args.tune,
+                               flops="4*B*S^2*H*D (/2 causal)", timing="do_bench median"),
+                  rows=rows, checks=checks, errors=errors)
+    path = out / f"attention-fp8-{slug}.json"
+    path.write_text(json.dumps(result, indent=1))
+    print(f"wrote {path}")
+    plot(rows, out / f"attention-fp8-{slug}.png", gpu)
+    for e in errors:
+        print("ERROR", e)
+    for c in checks:
+        print(f"check d{c['hdim']} causal={c['causal']}: {'ok' if c['ok'] else 'FAILED'} "
+              f"(rmse {c['rmse']:.2e}, emulation {c['emulation_rmse']:.2e})")
+    for r in rows:
+        if r["impl"].startswith("hadamard_quant"):
+            print(f"pre-pass {r['impl']} d{r['hdim']}: " + (f"{r['ms']:.3f} ms, {r['gbps']:.0f} GB/s" if "ms" in r
+                                                           else r["error"]))
+    names = ["flashscale_fp8", "flashscale_fp8_e2e", "flashscale_bf16", "sdpa_cudnn", "sdpa_flash"]
+    print(f"{'d':>4} {'causal':6} {'seqlen':>6} " + " ".join(f"{n:>18}" for n in names) + "  target")
+    cells = sorted({(r["hdim"], r["causal"], r["seqlen"]) for r in rows if "tflops" in r})
+    for d, c, s in cells:
+        vals = {r["impl"]: r["tflops"] for r in rows if "tflops" in r and (r["hdim"], r["causal"], r["seqlen"]) == (d, c, s)}
+        mark = ""
+        if s == 16384 and not c and d in TARGETS:
+            mark = "ok" if vals.get("flashscale_fp8", 0) >= TARGETS[d] else f"MISS (>= {TARGETS[d]:.0f})"
+        print(f"{d:>4} {str(c):6} {s:>6} " + " ".join(f"{vals.get(n, float('nan')):>18.1f}" for n in names)
+              + f"  {mark}")
+    return 1 if errors or any(not c["ok"] for c in checks) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
