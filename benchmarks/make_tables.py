@@ -103,7 +103,8 @@ def multigpu_table(res: dict, name: str) -> list[str]:
                 f"{'yes' if r['passed'] else 'NO'} |" for r in par]
     bub = [r for r in rows if r["part"] == "bubble"]
     if bub:
-        out += ["", "Pipeline bubble (busiest rank; 1B preset with a 32k vocabulary, micro-batches of 4 x 2048):", "",
+        out += ["", "Pipeline bubble (busiest rank; 1B preset with a 32k vocabulary, micro-batches of 4 x 2048)"
+                + (f". Note: {res['note']}" if res.get("note") else ":"), "",
                 "| GPUs | schedule | m | measured | formula | stage imbalance |", "|---|---|---|---|---|---|"]
         out += [f"| {r['gpus']} | {r['schedule']}{'' if r['virtual_stages'] == 1 else ' v=' + str(r['virtual_stages'])} | "
                 f"{r['micro_batches']} | {r['bubble_measured']:.3f} | {r['bubble_formula']:.3f} | {r['stage_imbalance']:.1%} |"
