@@ -73,7 +73,7 @@ def fp8_candidates(head_dim: int, *, gpu: bool) -> list[Fp8Config]:
 def _round_e4m3(x):
     """Round fp32 to e4m3's 3 mantissa bits (nearest even) in integer arithmetic, normal range only.
 
-    Interpreter only (triton 3.6.0, 2026-12): its float8e4nv cast loses the carry into the next binade
+    Interpreter only (triton 3.6.0, 2026-11): its float8e4nv cast loses the carry into the next binade
     (124.3 -> 64, not 128), so under TRITON_INTERPRET the kernel rounds P here first and the cast is then
     exact. P's subnormals (below 2^-6, i.e. 2^-14 of the row max) still flush to 0 there; the GPU's cvt
     needs none of this.

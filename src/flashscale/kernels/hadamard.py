@@ -22,7 +22,7 @@ the reduction (K) dimension is the key index, so V is written transposed, (B, Hk
 sequence contiguous (S_pad: S rounded up to 16 so every row starts 16-byte aligned, as TMA needs; the
 padding is zeros). The attention kernel then loads (D, BLOCK_N) tiles and uses their transpose.
 
-Interpreter (CPU tests, triton 3.6.0, seen 2026-12): float8e4nv stores run, but the interpreter's
+Interpreter (CPU tests, triton 3.6.0, seen 2026-11): float8e4nv stores run, but the interpreter's
 rounding is wrong where rounding carries into the next binade (124.3 -> 64 instead of 128) and it
 flushes e4m3 subnormals to 0. So the CPU tests run the kernel with out_dtype=float32 (the scaled values
 before the cast; torch's correct e4m3 cast is applied outside and must then match the reference bit for
