@@ -160,10 +160,31 @@ def test_torch_compile_has_no_graph_break():
 def test_autocast_runs_in_the_autocast_dtype():
     q, k, v = _qkv(B=1, S=5, H=2, Hkv=2, D=8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = attention(q, k.bfloat16(), v)  # mixed inputs are what autocast hands over
-    assert out.dtype == torch.bfloat16
+        out = attention(q, k.bfloat16(), v, impl="reference")  # mixed inputs are what autocast hands over
+        fast = attention(q, k.bfloat16(), v)  # auto on the CPU: torch's SDPA
+    assert out.dtype == fast.dtype == torch.bfloat16
     ref = attention_ref(q.bfloat16(), k.bfloat16(), v.bfloat16())
     assert torch.equal(out, ref)
+    torch.testing.assert_close(fast, ref, rtol=2e-2, atol=2e-2)  # bf16 rounding of another algorithm
+
+
+@pytest.mark.parametrize("causal, Sq, Sk, H, Hkv", [(True, 7, 7, 4, 2), (False, 5, 9, 4, 1), (True, 1, 6, 2, 2),
+                                                   (False, 6, 6, 2, 2)])
+def test_cpu_auto_path_matches_the_reference(causal, Sq, Sk, H, Hkv):
+    """impl='auto' on the CPU runs torch's SDPA for the plain cases (causal only at Sq == Sk; the rest,
+    e.g. decode's Sq=1 < Sk, falls back to the reference): values and gradients as the reference's."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, Sq, H, 16, generator=g, requires_grad=True)
+    k = torch.randn(2, Sk, Hkv, 16, generator=g, requires_grad=True)
+    v = torch.randn(2, Sk, Hkv, 16, generator=g, requires_grad=True)
+    do = torch.randn(2, Sq, H, 16, generator=g)
+    got = attention(q, k, v, causal=causal)
+    grads = torch.autograd.grad(got, (q, k, v), do)
+    want = attention_ref(q, k, v, causal=causal)
+    want_grads = torch.autograd.grad(want, (q, k, v), do)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_empty_inputs():

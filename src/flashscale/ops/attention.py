@@ -63,6 +63,16 @@ def _check_cu_seqlens(name: str, cu, q: torch.Tensor, total: int, max_seqlen, ma
     return max_seqlen
 
 
+def _sdpa_cpu(q, k, v, *, causal: bool, softmax_scale: float) -> torch.Tensor:
+    """q (B, Sq, H, D), k/v (B, Sk, Hkv, D) -> (B, Sq, H, D) through F.scaled_dot_product_attention."""
+    H, Hkv = q.shape[2], k.shape[2]
+    if H != Hkv:  # GQA: K/V heads repeated (enable_gqa needs torch >= 2.5; the copy is small on a CPU)
+        k, v = k.repeat_interleave(H // Hkv, dim=2), v.repeat_interleave(H // Hkv, dim=2)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, scale=softmax_scale)
+    return out.transpose(1, 2)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -184,6 +194,15 @@ def attention(
         if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(f"impl='triton' needs a CUDA tensor (q is on {q.device}) or TRITON_INTERPRET=1")
 
+    if (impl == "auto" and q.device.type == "cpu" and not varlen and not return_lse and left == -1
+            and (causal or right == -1) and softcap == 0 and alibi_slopes is None and dropout_p == 0
+            and (not causal or max_seqlen_q == max_seqlen_k) and q.dtype != torch.float64
+            and not torch.compiler.is_compiling()):
+        # The CPU's plain case (training/eval/generate on a machine without a GPU): torch's SDPA runs a
+        # blocked kernel there, where the reference materializes every (Sq, Sk) score matrix (150 MB a
+        # head group at 2048 tokens: page faults were most of a SmolLM2 evaluation's CPU time). Causal
+        # only at Sq == Sk, where SDPA's top-left alignment equals ours (bottom-right).
+        return _sdpa_cpu(q, k, v, causal=causal, softmax_scale=float(softmax_scale))
     args = (int(max_seqlen_q), int(max_seqlen_k), float(softmax_scale), int(left), int(right), float(softcap),
             float(dropout_p), bool(deterministic), impl)
     if torch.compiler.is_compiling():  # the custom op: one node in the graph, fake-traceable
