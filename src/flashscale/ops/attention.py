@@ -197,11 +197,14 @@ def attention(
     if (impl == "auto" and q.device.type == "cpu" and not varlen and not return_lse and left == -1
             and (causal or right == -1) and softcap == 0 and alibi_slopes is None and dropout_p == 0
             and (not causal or max_seqlen_q == max_seqlen_k) and q.dtype != torch.float64
+            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
             and not torch.compiler.is_compiling()):
-        # The CPU's plain case (training/eval/generate on a machine without a GPU): torch's SDPA runs a
+        # Inference on the CPU, plain case (evaluation, generation without a GPU): torch's SDPA runs a
         # blocked kernel there, where the reference materializes every (Sq, Sk) score matrix (150 MB a
         # head group at 2048 tokens: page faults were most of a SmolLM2 evaluation's CPU time). Causal
-        # only at Sq == Sk, where SDPA's top-left alignment equals ours (bottom-right).
+        # only at Sq == Sk, where SDPA's top-left alignment equals ours (bottom-right). Training keeps
+        # the reference: its sums do not depend on how heads are split, so tensor-parallel runs match
+        # one process to 1e-5 (SDPA's blocking differed by 2e-5 after a few steps).
         return _sdpa_cpu(q, k, v, causal=causal, softmax_scale=float(softmax_scale))
     args = (int(max_seqlen_q), int(max_seqlen_k), float(softmax_scale), int(left), int(right), float(softcap),
             float(dropout_p), bool(deterministic), impl)
