@@ -104,12 +104,12 @@ def _quantize(model, data, seq_len: int, device, seed: int):
     of the trained model (quantize_model works in place)."""
     import copy
 
-    from flashscale.cli.quantize import _calib_text
+    from flashscale.data.corpus import train_text
     from flashscale.quant.api import quantize_model
     from flashscale.quant.calibrate import calibration_tokens
 
-    text, _ = _calib_text(None)  # the training texts: moby_dick stays held out
-    calib = calibration_tokens(data.tokenizer, text=text, nsamples=CALIB_WINDOWS, seqlen=seq_len, seed=seed)
+    calib = calibration_tokens(data.tokenizer, text=train_text(),  # moby_dick stays held out
+                               nsamples=CALIB_WINDOWS, seqlen=seq_len, seed=seed)
     # the largest usual group size dividing every linear's inputs (demo: 32, for the MLP's 352), else rows
     ins = {model.config.hidden_size, model.config.intermediate_size, model.config.q_dim}
     group = next((gs for gs in (128, 64, 32) if all(n % gs == 0 for n in ins)), -1)

@@ -99,12 +99,12 @@ def _load(path: Path, dtype):
 
 
 def _calib_text(calib: str | None) -> tuple[str, str]:
-    from flashscale.data.corpus import EVAL_NAME, bundled_files, read_text
+    from flashscale.data.corpus import read_text, train_files, train_text
 
     if calib is not None:
         return read_text(Path(calib).expanduser()), calib
-    files = {n: p for n, p in bundled_files().items() if n != EVAL_NAME}
-    return "\n\n".join(read_text(p) for p in files.values()), "bundled corpus (" + ", ".join(files) + ")"
+    names = ", ".join(p.name.split(".")[0] for p in train_files())
+    return train_text(), f"bundled corpus ({names})"
 
 
 def _eval_ids(tok, max_tokens: int | None):

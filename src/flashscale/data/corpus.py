@@ -121,6 +121,11 @@ def read_text(path: str | os.PathLike) -> str:
     return DOCUMENT_SEP.join(read_documents(path))
 
 
+def train_text() -> str:
+    """The bundled training texts (all but the held-out one), joined with "\n\n" (calibration text)."""
+    return DOCUMENT_SEP.join(read_text(p) for p in train_files())
+
+
 def eval_text() -> str:
     """The held-out evaluation text: bundled moby_dick, paragraphs joined with "\\n\\n"."""
     return read_text(bundled_files()[EVAL_NAME])
