@@ -109,7 +109,6 @@ class Ctx:
         mesh = getattr(eng, "mesh", None)
         if mesh is not None:
             mesh.destroy()  # this layout's subgroups (NCCL communicators hold GPU memory)
-        del eng
         gc.collect()
         if self.cuda:
             torch.cuda.empty_cache()
@@ -384,8 +383,8 @@ def part_scaling(ctx: Ctx) -> list[dict]:
                    bubble_measured=None, bubble_formula=None)
         if impl != "fsdp2" and pp == 1 and tp == 1:
             row.update(zero=pc.zero if pc is not None else 1, dp=dp, params=cfg.num_params())
-            predict_memory(rows + [row])
         rows.append(row)
+        predict_memory(rows)
         mf = "-" if row["mfu"] is None else f"{100 * row['mfu']:.1f}%"
         pred = "" if row["predicted_state_gb"] is None else f" (formula {row['predicted_state_gb']:.2f})"
         ctx.log(f"scaling {name} {W} GPU {layout:28s} {tps:10,.0f} tok/s/GPU  MFU {mf:>6s}  peak "
@@ -552,21 +551,9 @@ def merge(args) -> int:
     rows, meta = [], {}
     for f in sorted(args.merge.glob("part-*.json")):
         d = json.loads(f.read_text())
-        for r in d["rows"]:
-            if r.get("part") == "bubble":  # derived fields from the raw per-rank timings
-                per = list(zip(r["per_rank_total_s"], r["per_rank_busy_s"]))
-                (r["bubble_measured"], r["bubble_formula"], r["bubble_definition"],
-                 r["stage_imbalance"]) = bubble_stats(per, r["schedule"], r["gpus"], r["virtual_stages"],
-                                                      r["micro_batches"])
-            if r.get("part") == "scaling" and r.get("impl") != "fsdp2" and "params" not in r:
-                lay = r["layout"]  # rows written before these fields existed: single / dpN-tp1-pp1-zeroZ
-                if lay == "single" or ("-tp1-pp1-" in lay):
-                    r.update(zero=1 if lay == "single" else int(lay.split("zero")[1][0]),
-                             dp=1 if lay == "single" else int(lay[2:lay.index("-")]),
-                             params=preset(r["model"]).num_params())
         rows += d["rows"]
         meta = d
-    predict_memory(rows)
+    predict_memory(rows)  # again over all files: a 1-GPU row takes the activations measured at ZeRO-0 on N
     if not rows:
         raise SystemExit(f"no part-*.json files in {args.merge}")
     kind = args.kind or meta.get("kind", "unknown")

@@ -172,10 +172,15 @@ class ZeroData:
         # C++ side, invisible to the garbage collector, so a strong reference back to the units (which
         # hold the parameter) would keep a dropped engine's buffers alive for the life of the process.
         me = weakref.ref(self)
+
+        def on_grad(p, key, i):
+            zd = me()
+            if zd is not None:
+                zd._on_grad(zd.units[key], i, p)
+
         for u in units:
             for i, e in enumerate(u.entries):
-                e.param.register_post_accumulate_grad_hook(
-                    lambda p, key=u.key, i=i: (lambda z: z is not None and z._on_grad(z.units[key], i, p))(me()))
+                e.param.register_post_accumulate_grad_hook(lambda p, key=u.key, i=i: on_grad(p, key, i))
         decay = [p for u in units for lo, hi, d, p in u.pieces if d]
         no_decay = [p for u in units for lo, hi, d, p in u.pieces if not d]
         fused = mesh.device.type == "cuda"
