@@ -20,7 +20,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.g
 "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$OUT/gpu.txt"
 start=$(date +%s)
 
-timeout "$T_TESTS" "$PY" -m pytest -q -m gpu tests/kernels/test_attention_fp8_gpu.py -n 6 -p no:cacheprovider -rfE \
+XDIST=$("$PY" -c "import xdist" 2>/dev/null && echo "-n 6")  # parallel compiles where pytest-xdist exists
+timeout "$T_TESTS" "$PY" -m pytest -q -m gpu tests/kernels/test_attention_fp8_gpu.py $XDIST -p no:cacheprovider -rfE \
   --durations=10 > "$OUT/gpu_tests.log" 2>&1
 echo "pytest exit: $? after $(( $(date +%s) - start ))s" >> "$OUT/gpu_tests.log"
 

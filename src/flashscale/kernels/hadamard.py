@@ -41,6 +41,9 @@ import triton.language as tl
 from flashscale.reference.attention_fp8 import E4M3_MAX, FLOOR, random_signs
 
 _METHODS = ("mma", "butterfly")
+# globals a kernel reads must be constexpr instances (the interpreter does not check this; the compiler does)
+_FLOOR = tl.constexpr(FLOOR)
+_E4M3_MAX = tl.constexpr(E4M3_MAX)
 
 
 @triton.jit
@@ -97,13 +100,13 @@ def _hadamard_quant_kernel(
         amax = tl.load(AMAX)
     else:
         amax = tl.max(tl.max(tl.abs(y), axis=1), axis=0)
-    amax = tl.maximum(amax, FLOOR)
+    amax = tl.maximum(amax, _FLOOR)
     # IEEE-rounded divisions, as torch does in the reference (Triton's "/" may be approximate on GPU)
-    inv = tl.math.div_rn(tl.full([], E4M3_MAX, tl.float32), amax)
-    q = tl.minimum(tl.maximum(y * inv, -E4M3_MAX), E4M3_MAX).to(Y.dtype.element_ty)  # e4m3 (fp32: tests)
+    inv = tl.math.div_rn(tl.full([], _E4M3_MAX, tl.float32), amax)
+    q = tl.minimum(tl.maximum(y * inv, -_E4M3_MAX), _E4M3_MAX).to(Y.dtype.element_ty)  # e4m3 (fp32: tests)
     tl.store(Y + b * stride_yb + h * stride_yh + rows[:, None].to(tl.int64) * stride_ys
              + offs_d[None, :].to(tl.int64) * stride_yd, q, mask=ok)
-    tl.store(DESCALE + b * stride_db + h * stride_dh + blk, tl.math.div_rn(amax, tl.full([], E4M3_MAX, tl.float32)))
+    tl.store(DESCALE + b * stride_db + h * stride_dh + blk, tl.math.div_rn(amax, tl.full([], _E4M3_MAX, tl.float32)))
 
 
 def padded_len(s: int) -> int:
