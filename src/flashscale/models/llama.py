@@ -154,12 +154,16 @@ class Llama(nn.Module):
         self.activation_checkpointing = "none"
 
     def init_weights(self, seed: int | None = None) -> "Llama":
-        """HF's initialization: normal(0, initializer_range) for linears/embeddings, ones for norms."""
-        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        """HF's initialization: normal(0, initializer_range) for linears/embeddings, ones for norms.
+        Drawn on the device the model lives on (a seed gives the same weights on every CPU, and on
+        every GPU of one kind, not across the two): a model built under `with torch.device("cuda")`
+        initializes in seconds where an 8B one on the CPU takes minutes."""
+        dev = self.embed_tokens.weight.device
+        gen = torch.Generator(device=dev).manual_seed(seed) if seed is not None else None
         std = self.config.initializer_range
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
-                w = torch.empty(m.weight.shape).normal_(0.0, std, generator=gen)
+                w = torch.empty(m.weight.shape, device=dev).normal_(0.0, std, generator=gen)
                 with torch.no_grad():
                     m.weight.copy_(w)
                 if isinstance(m, nn.Linear) and m.bias is not None:
