@@ -39,12 +39,17 @@ def _fmt(x, nd=1) -> str:
 def attention_table(res: dict, name: str) -> list[str]:
     cells: dict[tuple, dict[str, float]] = defaultdict(dict)
     impls: list[str] = []
+    fp8 = "fp8" in name
     for r in res["rows"]:
+        if "tflops" not in r or "causal" not in r:  # the FP8 file's pre-pass rows (GB/s): not a TFLOP/s cell
+            continue
         key = (r["hdim"], r["causal"], r["seqlen"], r["pass"])
         cells[key][r["impl"]] = r["tflops"]
         if r["impl"] not in impls:
             impls.append(r["impl"])
-    out = [f"Attention TFLOP/s (bf16, batch·seqlen = 16384, heads·hdim = 2048). {_provenance(res, name)}", "",
+    what = ("FP8 attention forward TFLOP/s (e4m3 per-block scales + Hadamard; _e2e includes the quantizing "
+            "pre-pass from bf16; bf16 kernels beside" if fp8 else "Attention TFLOP/s (bf16")
+    out = [f"{what}, batch·seqlen = 16384, heads·hdim = 2048). {_provenance(res, name)}", "",
            "| hdim | causal | seqlen | pass | " + " | ".join(impls) + " |",
            "|---|---|---|---|" + "---|" * len(impls)]
     for key in sorted(cells):
@@ -84,14 +89,25 @@ def multigpu_table(res: dict, name: str) -> list[str]:
     parity runs, the pipeline bubble against the formulas."""
     rows = res["rows"]
     sc = [r for r in rows if r["part"] == "scaling"]
-    base = next((r["tokens_per_s_per_gpu"] for r in sc if r["impl"] == "single"), None)
-    out = [f"Multi-GPU ({res.get('kind')}): 1B preset, seq 2048, 8 sequences per GPU (weak scaling). "
-           f"{_provenance(res, name)}", "",
-           "| GPUs | impl | layout | tokens/s/GPU | scaling eff. | MFU | peak GB | predicted peak GB | states GB | ZeRO formula GB |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def base(model: str) -> float | None:
+        """Weak scaling's reference: one GPU alone, or (a model whose states need several) ZeRO-3 on
+        the fewest GPUs measured."""
+        same = [r for r in sc if r["model"] == model]
+        single = [r for r in same if r["impl"] == "single"]
+        z3 = sorted((r for r in same if r.get("zero") == 3), key=lambda r: r["gpus"])
+        ref = single or z3
+        return ref[0]["tokens_per_s_per_gpu"] if ref else None
+
+    out = [f"Multi-GPU ({res.get('kind')}): seq 2048, weak scaling (the same sequences per GPU at every "
+           f"GPU count: 1B 8, 8B 2); scaling efficiency against one GPU (8B: ZeRO-3 on 2, its states do not "
+           f"fit one). {_provenance(res, name)}", "",
+           "| model | GPUs | impl | layout | tokens/s/GPU | scaling eff. | MFU | peak GB | predicted peak GB | states GB | ZeRO formula GB |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sc:
-        eff = f"{r['tokens_per_s_per_gpu'] / base:.1%}" if base else "–"
-        out.append(f"| {r['gpus']} | {r['impl']} | {r['layout']} | {r['tokens_per_s_per_gpu']:,.0f} | {eff} | "
+        b = base(r["model"])
+        eff = f"{r['tokens_per_s_per_gpu'] / b:.1%}" if b else "–"
+        out.append(f"| {r['model']} | {r['gpus']} | {r['impl']} | {r['layout']} | {r['tokens_per_s_per_gpu']:,.0f} | {eff} | "
                    f"{100 * r['mfu']:.1f}% | {r['peak_mem_gb']:.2f} | {_fmt(r.get('predicted_peak_gb'), 2)} | "
                    f"{r['state_mem_gb']:.2f} | {_fmt(r.get('predicted_state_gb'), 2)} |")
     par = [r for r in rows if r["part"] == "parity" and r["impl"] == "flashscale"]
@@ -103,12 +119,13 @@ def multigpu_table(res: dict, name: str) -> list[str]:
                 f"{'yes' if r['passed'] else 'NO'} |" for r in par]
     bub = [r for r in rows if r["part"] == "bubble"]
     if bub:
-        out += ["", "Pipeline bubble (busiest rank; 1B preset with a 32k vocabulary, micro-batches of 4 x 2048)"
-                + (f". Note: {res['note']}" if res.get("note") else ":"), "",
+        out += ["", "Pipeline bubble (busiest rank; 1B preset with a 32k vocabulary, micro-batches of 4 x 2048):", "",
                 "| GPUs | schedule | m | measured | formula | stage imbalance |", "|---|---|---|---|---|---|"]
         out += [f"| {r['gpus']} | {r['schedule']}{'' if r['virtual_stages'] == 1 else ' v=' + str(r['virtual_stages'])} | "
                 f"{r['micro_batches']} | {r['bubble_measured']:.3f} | {r['bubble_formula']:.3f} | {r['stage_imbalance']:.1%} |"
                 for r in bub]
+    if res.get("note"):
+        out += ["", f"Note: {res['note']}"]
     return out
 
 
@@ -124,7 +141,11 @@ SECTIONS = [
     ("generate_w4a16-h200.json", "Decode at batch 1, Llama-3-8B shape (random weights)",
      ["impl", "layers", "batch", "tokens", "ms_per_token", "tokens_per_s", "TBps"]),
     ("parallel-overhead-h200.json", "Parallel engine overhead at world size 1", None),
-    ("attention-fp8-accuracy.json", "FP8 attention accuracy (RMSE against float64)", ["method", "rmse"]),
+    ("attention-fp8-accuracy.json", "FP8 attention accuracy (RMSE against float64), CPU emulation", ["method", "engine", "rmse", "fa3_rmse"]),
+    ("attention-fp8-accuracy-h200.json", "FP8 attention accuracy on the H200, 1 x 2048 x 4 heads x 128 (FA3's outlier setting)",
+     ["method", "engine", "rmse", "fa3_rmse", "max_abs_err"]),
+    ("attention-fp8-accuracy-s8k-h200.json", "FP8 attention accuracy on the H200, 1 x 8192 x 8 heads x 128",
+     ["method", "engine", "rmse", "fa3_rmse", "max_abs_err"]),
 ]
 
 

@@ -70,11 +70,12 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tmp", type=Path, default=Path("/tmp/flashscale-multigpu"), help="folder for part files")
     p.add_argument("--parts", nargs="+", default=["parity", "scaling", "bubble"],
-                   choices=["parity", "scaling", "bubble", "profile"], help="what to run (memory rides on scaling; profile: where a pipeline step's time goes, printed)")
+                   choices=["parity", "scaling", "scaling8b", "bubble", "profile"], help="what to run (memory rides on scaling; profile: where a pipeline step's time goes, printed)")
     p.add_argument("--smoke", action="store_true", help="tiny shapes (CPU with gloo, or a quick GPU check)")
     p.add_argument("--merge", type=Path, help="collect the part files of this folder into the results JSON")
     p.add_argument("--kind", default=None, help="with --merge: the machine kind, names the results file")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="with --merge: output folder")
+    p.add_argument("--note", default=None, help="with --merge: a note stored in the results (how the runs were made)")
     return p.parse_args(argv)
 
 
@@ -168,7 +169,11 @@ def dp_slice(x: torch.Tensor, dp_rank: int, dp: int) -> torch.Tensor:
     return x[dp_rank * n:(dp_rank + 1) * n]
 
 
-def fresh(cfg: LlamaConfig, weights: dict) -> Llama:
+def fresh(cfg: LlamaConfig, weights: dict | None) -> Llama:
+    """The model with `weights`, or (None) initialized from seed 0: the same weights in every build."""
+    if weights is None:  # built and drawn on this rank's GPU: the same seed gives every rank the same weights
+        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+            return Llama(cfg).init_weights(0)
     m = Llama(cfg)
     m.load_state_dict(weights)
     return m
@@ -261,14 +266,17 @@ def predict_memory(rows: list[dict]) -> None:
     batch) + for ZeRO >= 2 with several micro-batches the full fp32 gradient (4 Psi): earlier micro-
     batches accumulate locally and the reduce-scatter runs on the last (no_sync, as FSDP's), so every
     unit's full gradient is alive in that backward before its shard is kept."""
-    act = {r["gpus"]: (r["peak_mem_gb"] - r["state_mem_gb"]) for r in rows
+    act = {(r["model"], r["gpus"]): (r["peak_mem_gb"] - r["state_mem_gb"]) for r in rows
            if r.get("part") == "scaling" and r.get("zero") == 0 and r.get("params")}
     for r in rows:
         if r.get("part") != "scaling" or not r.get("params"):
             continue
         psi, z, nd = r["params"], r["zero"], r["dp"]
         r["predicted_state_gb"] = zero_formula(psi, z, nd) / GB
-        a = act.get(r["gpus"], next(iter(act.values()), None))  # weak scaling: same per-GPU batch at every W
+        # weak scaling: the same per-GPU batch at every W; a model without a ZeRO-0 row (8B: its states
+        # do not fit) gets the formula's states only
+        a = act.get((r["model"], r["gpus"]),
+                    next((v for (mo, _), v in act.items() if mo == r["model"]), None))
         if a is not None:
             accum = 4 * psi / GB if z >= 2 and r["micro_batches"] > 1 else 0.0
             r["predicted_peak_gb"] = r["predicted_state_gb"] + a + accum
@@ -338,37 +346,63 @@ def max_over_ranks(ctx, v: float) -> float:
     return float(t)
 
 
-def part_scaling(ctx: Ctx) -> list[dict]:
+def scaling_configs(name: str, W: int) -> list[tuple[str, ParallelConfig | None, tuple[int, int, int]]]:
+    """What part_scaling compares at W GPUs. 1B: one GPU alone, then dp with ZeRO 0-3, tp with sequence
+    parallelism, pp 1F1B. 8B (llama3-8B, 18 bytes of model state a parameter = 145 GB: not on one
+    H200): ZeRO-3 and tp with sequence parallelism, from 2 GPUs. Both beside FSDP2."""
+    out: list[tuple[str, ParallelConfig | None, tuple[int, int, int]]] = []
+    if name == "llama3-8B":
+        if W > 1:
+            out += [("flashscale", ParallelConfig(zero=3), (1, W, 1)),
+                    ("flashscale", ParallelConfig(tp=W, zero=1, sequence_parallel=True), (1, 1, W)),
+                    ("fsdp2", None, (1, W, 1))]
+        return out
+    if W == 1:  # the baseline of weak scaling (ZeRO stages at dp = 1 differ only in copies)
+        out.append(("single", None, (1, 1, 1)))
+    for z in ((0, 1, 2, 3) if W > 1 else ()):
+        out.append(("flashscale", ParallelConfig(zero=z), (1, W, 1)))
+    if W > 1:
+        out.append(("flashscale", ParallelConfig(tp=W, zero=1, sequence_parallel=True), (1, 1, W)))
+        out.append(("flashscale", ParallelConfig(pp=W, zero=1), (W, 1, 1)))
+    out.append(("fsdp2", None, (1, W, 1)))
+    return out
+
+
+def part_scaling(ctx: Ctx, name: str = "1B") -> list[dict]:
     W = ctx.world
-    name = "1B" if not ctx.smoke else "tiny"
+    big = name == "llama3-8B"
+    configs = scaling_configs(name, W)
     cfg = preset(name) if not ctx.smoke else preset("tiny", num_hidden_layers=4)
-    seq, per_gpu = (2048, 8) if not ctx.smoke else (32, 4)
-    mbs = 4 if not ctx.smoke else 2  # sequences per micro-batch (dp/tp); pp uses 2 for 8 micro-batches
-    weights = Llama(cfg).init_weights(0).state_dict()
+    if ctx.smoke:
+        name = "tiny-as-8B" if big else "tiny"
+    # sequences per GPU, and per micro-batch (dp/tp; pp uses 2 for 8 micro-batches). 8B: 2 x 2048 in one
+    # micro-batch per GPU (~13 GB of activations a sequence; ZeRO-3 at 2 GPUs holds 72 GB of states)
+    seq, per_gpu, mbs = (2048, 2, 2) if big else (2048, 8, 4)
+    if ctx.smoke:
+        seq, per_gpu, mbs = 32, 4, 2
+    if not configs:
+        ctx.log(f"scaling {name}: nothing at {W} GPU (model states do not fit one GPU)")
+        return []
+    # the 8B model is built per layout from the seed (a shared fp32 state dict would hold 32 GB more
+    # host memory per rank); the same seed gives every layout the same weights
+    weights = None if big else Llama(cfg).init_weights(0).state_dict()
     g = torch.Generator().manual_seed(1)
     data = [(torch.randint(0, cfg.vocab_size, (per_gpu * W, seq), generator=g),
              torch.randint(0, cfg.vocab_size, (per_gpu * W, seq), generator=g)) for _ in range(2)]
     dtype = "bfloat16" if ctx.cuda else "float32"
     peak = peak_flops(ctx.device)
     fpt = cfg.flops_per_token(seq)
-    configs: list[tuple[str, ParallelConfig | None, tuple[int, int, int]]] = []
-    if W == 1:  # the baseline of weak scaling (ZeRO stages at dp = 1 differ only in copies)
-        configs.append(("single", None, (1, 1, 1)))
-    for z in ((0, 1, 2, 3) if W > 1 else ()):
-        configs.append(("flashscale", ParallelConfig(zero=z), (1, W, 1)))
-    if W > 1:
-        configs.append(("flashscale", ParallelConfig(tp=W, zero=1, sequence_parallel=True), (1, 1, W)))
-        configs.append(("flashscale", ParallelConfig(pp=W, zero=1), (W, 1, 1)))
-    configs.append(("fsdp2", None, (1, W, 1)))
     rows = []
     for impl, pc, (pp, dp, tp) in configs:
         ctx.free()
+        t_build = time.perf_counter()
         if impl == "fsdp2":
             eng, layout = fsdp2_engine(ctx, cfg, weights), f"fsdp2-dp{W}"
         else:
             eng = build(ctx, cfg, weights, pc, dtype)
             layout = "single" if pc is None else layout_name(pc, pp, dp, tp)
-        m = (per_gpu * W // dp) // (2 if pp > 1 else mbs)
+        t_build = time.perf_counter() - t_build
+        m = 1 if big else (per_gpu * W // dp) // (2 if pp > 1 else mbs)
         dpr = ((ctx.rank // tp) % dp, dp)
         sec, steps = timed(ctx, eng, data, m, dpr)
         tps = per_gpu * W * seq * steps / sec / W
@@ -388,7 +422,7 @@ def part_scaling(ctx: Ctx) -> list[dict]:
         mf = "-" if row["mfu"] is None else f"{100 * row['mfu']:.1f}%"
         pred = "" if row["predicted_state_gb"] is None else f" (formula {row['predicted_state_gb']:.2f})"
         ctx.log(f"scaling {name} {W} GPU {layout:28s} {tps:10,.0f} tok/s/GPU  MFU {mf:>6s}  peak "
-                f"{peak_mem / GB:6.2f} GB  states {state / GB:6.2f} GB{pred}")
+                f"{peak_mem / GB:6.2f} GB  states {state / GB:6.2f} GB{pred}  (built in {t_build:.0f} s)")
         ctx.free(eng)
         del eng
     return rows
@@ -541,7 +575,8 @@ def part_profile(ctx: Ctx) -> list[dict]:
     return []
 
 
-PARTS = {"parity": part_parity, "scaling": part_scaling, "bubble": part_bubble, "profile": part_profile}
+PARTS = {"parity": part_parity, "scaling": part_scaling, "scaling8b": lambda ctx: part_scaling(ctx, "llama3-8B"),
+         "bubble": part_bubble, "profile": part_profile}
 
 
 # -------------------------------------------------------------------------------------------- merge
@@ -560,6 +595,8 @@ def merge(args) -> int:
     result = {"benchmark": "multigpu", "kind": kind, "gpu": meta.get("gpu"), "torch": meta.get("torch"),
               "triton": meta.get("triton"), "date": meta.get("date"),
               "python": platform.python_version(), "nccl": meta.get("nccl"), "rows": rows}
+    if args.note:
+        result["note"] = args.note
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"multigpu-{kind}.json"
     tmp = path.with_suffix(".json.tmp")
@@ -581,11 +618,11 @@ def plot(rows, path, kind):
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4))
     sc = [r for r in rows if r["part"] == "scaling"]
-    labels = [f"{r['gpus']}G {r['layout']}" for r in sc]
+    labels = [f"{r['gpus']}G {r['model']} {r['layout']}" for r in sc]
     a1.barh(range(len(sc)), [r["tokens_per_s_per_gpu"] for r in sc],
             color=["#888" if r["impl"] == "single" else "#d62" if r["impl"] == "fsdp2" else "#3a7" for r in sc])
     a1.set_yticks(range(len(sc)), labels, fontsize=7)
-    a1.set_xlabel("tokens/s per GPU (1B, seq 2048, 8 seqs/GPU)")
+    a1.set_xlabel("tokens/s per GPU (seq 2048; 1B: 8 seqs/GPU, 8B: 2)")
     a1.invert_yaxis()
     bu = [r for r in rows if r["part"] == "bubble"]
     for sched, mk in (("gpipe", "o"), ("1f1b", "s"), ("interleaved", "^")):
@@ -624,7 +661,13 @@ def main(argv=None) -> int:
     rows = []
     t0 = time.time()
     for part in args.parts:
-        rows += PARTS[part](ctx)
+        try:
+            rows += PARTS[part](ctx)
+        except Exception:  # noqa: BLE001 -- a part failing on every rank: log it, keep the other parts
+            import traceback
+
+            print(f"rank {ctx.rank}: part {part} failed:\n{traceback.format_exc()}", flush=True)
+            ctx.free()
         ctx.log(f"[{part} done at {time.time() - t0:.0f} s]")
         if ctx.rank == 0:  # after every part: a run cut short keeps what it measured
             write_part(args, ctx, rows)
