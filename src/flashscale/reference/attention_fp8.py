@@ -93,9 +93,12 @@ def quantize_blocks_ref(x: torch.Tensor, block: int, *, per_tensor: bool = False
         pad = nb * block - S
         xp = torch.nn.functional.pad(xf, (0, 0, 0, 0, 0, pad)) if pad else xf  # zero rows raise no amax
         amax = xp.reshape(B, nb, block, H, D).abs().amax(dim=(2, 4)).clamp_min(FLOOR)  # (B, nb, H)
-    inv = (E4M3_MAX / amax).repeat_interleave(block, dim=1)[:, :S, :, None]  # (B, S, H, 1)
+    # Tensor / tensor on purpose: on CUDA, torch divides by a Python scalar as a multiplication by its
+    # reciprocal (1/448 is inexact: 1 ulp off IEEE division, which the kernels do with div_rn)
+    lim = torch.full_like(amax, E4M3_MAX)
+    inv = (lim / amax).repeat_interleave(block, dim=1)[:, :S, :, None]  # (B, S, H, 1)
     x8 = (xf * inv).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
-    return x8, (amax / E4M3_MAX).transpose(1, 2).contiguous()  # (B, H, nb)
+    return x8, (amax / lim).transpose(1, 2).contiguous()  # (B, H, nb)
 
 
 def dequantize_blocks_ref(x8: torch.Tensor, descale: torch.Tensor, block: int) -> torch.Tensor:
