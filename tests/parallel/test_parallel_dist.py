@@ -221,12 +221,15 @@ def test_memory_per_rank_follows_the_zero_formula(launched, world):
         for r in results:
             psi = _expected_numel(cfg, lay, r["chunks"], r["partition"], r["tp_rank"])
             assert psi % dp == 0
-            want = {"params": p_bytes * psi // (dp if z == 3 else 1),
-                    "grads": g_bytes * psi // (dp if z >= 2 else 1),
+            # between steps (parallel.data's table): ZeRO-3 keeps no compute copy (gathers cast the
+            # master shard), ZeRO-2 and 3 no gradients (their shards live from the reduce-scatter to the step)
+            want = {"params": p_bytes * psi if z < 3 else 0,
+                    "grads": g_bytes * psi if z < 2 else 0,
                     "optimizer": 12 * psi // (dp if z >= 1 else 1)}
             assert r["bytes"] == want, f"{lay}: measured {r['bytes']}, ZeRO formula {want} (Psi={psi})"
-            if g_bytes == 2:  # the paper's totals: 16, 4 + 12/N, 2 + 14/N, 16/N bytes a parameter
-                total = sum(r["bytes"].values())
+            if g_bytes == 2:  # + the gradient shard at the step: the paper's 16, 4 + 12/N, 2 + 14/N, 16/N a parameter
+                total = sum(r["bytes"].values()) + (g_bytes * psi // dp if z >= 2 else 0)
+                total += p_bytes * psi // dp if z == 3 else 0
                 assert total * dp == psi * {0: 16 * dp, 1: 4 * dp + 12, 2: 2 * dp + 14, 3: 16}[z]
 
 

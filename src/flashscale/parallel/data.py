@@ -4,13 +4,19 @@ Parameters are grouped into units (a transformer block, the embedding, the norm 
 parameters are views into one flat buffer of N elements (padded to a multiple of dp); its gradients
 into another. Per rank and unit, with s = N / dp and this rank's shard [dp_rank * s, (dp_rank + 1) * s):
 
-    stage  compute params (dtype)       grads (grad dtype)             fp32 master + Adam m, v
-    0      N, persistent                N, all-reduced                 N (every rank steps it all)
-    1      N, persistent                N, all-reduced                 s
-    2      N, persistent                s (N only during backward)     s
-    3      s (N gathered per use)       s (N only during backward)     s
+    stage  compute params (dtype)       grads (grad dtype)                  fp32 master + Adam m, v
+    0      N, persistent                N, all-reduced                      N (every rank steps it all)
+    1      N, persistent                N, all-reduced                      s
+    2      N, persistent                s from its reduce-scatter to the    s
+                                        optimizer step (N during backward)
+    3      none (N gathered per use,    as 2                                s
+           cast from the master shard)
 
-which is the ZeRO paper's 16Ψ, 4Ψ+12Ψ/N_d, 2Ψ+14Ψ/N_d, 16Ψ/N_d with 2-byte params and grads.
+At the optimizer step that is the ZeRO paper's 16Ψ, 4Ψ+12Ψ/N_d, 2Ψ+14Ψ/N_d, 16Ψ/N_d with 2-byte
+params and grads (ZeRO-3's 2-byte parameter shard is the fp32 master's cast, made per gather: as FSDP2
+keeps fp32 shards only). Between steps ZeRO-2 and 3 hold no gradients (FSDP's set_to_none): ZeRO-3
+holds 12Ψ/N_d, as FSDP2 does, and 4Ψ/N_d of gradient shards appear during the backward while its
+activations are being freed.
 
 Reduction overlaps backward: a hook on every parameter counts its unit's accumulated gradients; when a
 unit's last one lands on the step's last micro-batch, its all-reduce (0, 1) or reduce-scatter (2, 3)
@@ -126,12 +132,11 @@ class FlatUnit:
             for e, g in zip(self.entries, self.grad_views):
                 e.param.grad = g
         self.grad_shard = None
-        if zero >= 2:
-            self.grad_shard = torch.zeros(self.shard, dtype=grad_dtype, device=self.device)
+        if zero >= 2:  # allocated by the reduce-scatter that fills it, freed after the optimizer step
+            self.grad_shard = torch.empty(self.shard, dtype=grad_dtype, device=self.device)
+            _free(self.grad_shard)
             _free(self.flat_grad)
-        self.param_shard = None
-        if zero == 3:
-            self.param_shard = self.flat_param[self.shard_lo:self.shard_lo + self.shard].clone()
+        if zero == 3:  # the master shard is the only persistent copy; each gather casts from it
             _free(self.flat_param)
         cut = min(max(self.decay_end, self.opt_lo), self.opt_hi)
         self.pieces: list[tuple[int, int, bool, nn.Parameter]] = []  # (lo, hi) in unit coordinates
@@ -214,7 +219,12 @@ class ZeroData:
     def _prefetch(self, u: FlatUnit) -> None:
         if not u.gathered and u.pending_gather is None:
             _alloc(u.flat_param)
-            u.pending_gather = self.mesh.dp.all_gather_into(u.flat_param, u.param_shard, async_op=True,
+            own = u.flat_param[u.shard_lo:u.shard_lo + u.shard]
+            with torch.no_grad():
+                own.copy_(u.master)  # the cast to the compute dtype
+            # NCCL gathers in place (input = this rank's chunk of the output); gloo gets a copy
+            src = own if self.mesh.dp.size == 1 or self.mesh.backend == "nccl" else own.clone()
+            u.pending_gather = self.mesh.dp.all_gather_into(u.flat_param, src, async_op=True,
                                                             what=f"ZeRO-3 prefetch of {u.key}")
 
     def _acquire(self, u: FlatUnit) -> None:
@@ -263,6 +273,7 @@ class ZeroData:
         if self.zero < 2:
             self.in_flight.append((u, dp.all_reduce(u.flat_grad, async_op=True, what=f"all-reduce of {u.key} grads")))
             return
+        _alloc(u.grad_shard)  # every element is written
         work = dp.reduce_scatter_into(u.grad_shard, u.flat_grad, async_op=True,
                                       what=f"reduce-scatter of {u.key} grads")
         self.in_flight.append((u, work))
@@ -332,6 +343,8 @@ class ZeroData:
         for u in self.units.values():
             for *_, p in u.pieces:
                 p.grad = None
+            if u.grad_shard is not None:
+                _free(u.grad_shard)
         self.masters_to_params()
 
     def masters_to_params(self) -> None:
@@ -343,9 +356,8 @@ class ZeroData:
         with torch.no_grad():
             for u in self.units.values():
                 if self.zero == 3:
-                    u.param_shard.copy_(u.master)
-                    self._release(u)  # a gathered or prefetched copy holds the old values
-                    continue
+                    self._release(u)  # a gathered or prefetched copy holds the old values; the next
+                    continue  # gather casts the updated master
                 own = u.flat_param[u.opt_lo:u.opt_hi]
                 own.copy_(u.master)  # the cast happens in the copy
                 if self.zero > 0:
@@ -363,7 +375,7 @@ class ZeroData:
 
         params = grads = optim = 0
         for u in self.units.values():
-            params += nbytes(u.flat_param) + nbytes(u.param_shard)
+            params += nbytes(u.flat_param)
             grads += nbytes(u.flat_grad) + nbytes(u.grad_shard)
             optim += nbytes(u.master)
             for *_, p in u.pieces:
