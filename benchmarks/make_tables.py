@@ -84,6 +84,16 @@ def generic_table(res: dict, name: str, title: str, columns: list[str]) -> list[
     return out
 
 
+def _bubble_unequal(r: dict) -> float | None:
+    """The GPipe/1F1B bubble of the busiest stage with the measured (unequal) stage times."""
+    busy = r.get("per_rank_busy_s")
+    if not busy or r["schedule"] not in ("gpipe", "1f1b"):
+        return None
+    b = max(busy)
+    others = (sum(busy) - b) / r["micro_batches"]
+    return others / (b + others)
+
+
 def multigpu_table(res: dict, name: str) -> list[str]:
     """benchmarks/multigpu.py: weak scaling beside FSDP2 with memory against the prediction, the NCCL
     parity runs, the pipeline bubble against the formulas."""
@@ -120,10 +130,14 @@ def multigpu_table(res: dict, name: str) -> list[str]:
     bub = [r for r in rows if r["part"] == "bubble"]
     if bub:
         out += ["", "Pipeline bubble (busiest rank; 1B preset with a 32k vocabulary, micro-batches of 4 x 2048):", "",
-                "| GPUs | schedule | m | measured | formula | stage imbalance |", "|---|---|---|---|---|---|"]
+                "| GPUs | schedule | m | measured | formula | formula, measured stage times | stage imbalance |",
+                "|---|---|---|---|---|---|---|"]
         out += [f"| {r['gpus']} | {r['schedule']}{'' if r['virtual_stages'] == 1 else ' v=' + str(r['virtual_stages'])} | "
-                f"{r['micro_batches']} | {r['bubble_measured']:.3f} | {r['bubble_formula']:.3f} | {r['stage_imbalance']:.1%} |"
-                for r in bub]
+                f"{r['micro_batches']} | {r['bubble_measured']:.3f} | {r['bubble_formula']:.3f} | "
+                f"{_fmt(_bubble_unequal(r), 3)} | {r['stage_imbalance']:.1%} |" for r in bub]
+        out += ["", "(p-1)/(m+p-1) assumes equal stages; with the measured ones, the busiest stage b idles while "
+                "the others pass one micro-batch through: sum_{j != b} t_j / (m t_b + sum_{j != b} t_j), t_j = a "
+                "stage's busy time / m (GPipe and 1F1B)."]
     if res.get("note"):
         out += ["", f"Note: {res['note']}"]
     return out

@@ -21,10 +21,11 @@ them into benchmarks/results/multigpu-<kind>.json (+ .png), flat rows with an `i
    micro-batches): 3 warm-up steps, median of 3 rounds of 5 steps; tokens/s/GPU, MFU (PaLM FLOPs, bf16
    dense peak), peak memory (max allocated).
 3. memory  The dp rows of 2. also record the model-state bytes held between steps (memory allocated
-   after a step) against the ZeRO formula for Psi parameters over N_d = dp ranks: bf16 parameters
-   2 Psi (ZeRO-3: / N_d), fp32 gradients 4 Psi (ZeRO >= 2: / N_d), fp32 masters + AdamW moments 12 Psi
-   (ZeRO >= 1: / N_d). predicted_peak = formula states + the activation bytes measured at ZeRO-0 on the
-   same per-GPU batch (peak - states there: ZeRO does not change activations).
+   after a step) against the ZeRO formula for Psi parameters over N_d = dp ranks (zero_formula: bf16
+   parameters 2 Psi, none at ZeRO-3; fp32 gradients 4 Psi, none at ZeRO >= 2; fp32 masters + AdamW
+   moments 12 Psi, ZeRO >= 1: / N_d). predicted_peak = formula states + the activation bytes measured
+   at ZeRO-0 on the same per-GPU batch (peak - states there: ZeRO does not change activations) + the
+   gradient shards of ZeRO >= 2 (see predict_memory).
 4. bubble  (W > 1) pp = W, the 1B preset with a 32k vocabulary (16 layers, split evenly: the head
    costs ~1/4 layer), micro-batches of 4 x 2048 (at 1 x 2048 the host's kernel launches set the
    pace), m in {4, 8, 16}, GPipe / 1F1B / interleaved (v = 2). The pipeline
@@ -71,6 +72,8 @@ def parse_args(argv=None):
     p.add_argument("--tmp", type=Path, default=Path("/tmp/flashscale-multigpu"), help="folder for part files")
     p.add_argument("--parts", nargs="+", default=["parity", "scaling", "bubble"],
                    choices=["parity", "scaling", "scaling8b", "bubble", "profile"], help="what to run (memory rides on scaling; profile: where a pipeline step's time goes, printed)")
+    p.add_argument("--only", nargs="+", default=None, metavar="TEXT",
+                   help="scaling parts: only the layouts whose name contains one of these (e.g. zero3 fsdp2)")
     p.add_argument("--smoke", action="store_true", help="tiny shapes (CPU with gloo, or a quick GPU check)")
     p.add_argument("--merge", type=Path, help="collect the part files of this folder into the results JSON")
     p.add_argument("--kind", default=None, help="with --merge: the machine kind, names the results file")
@@ -90,6 +93,7 @@ class Ctx:
         if self.cuda:
             torch.cuda.set_device(self.device)
         self.smoke = smoke
+        self.only: list[str] | None = None
         if self.world > 1 and not dist.is_initialized():
             kw = {"device_id": self.device} if self.cuda else {}
             dist.init_process_group("nccl" if self.cuda else "gloo", timeout=dt.timedelta(seconds=900), **kw)
@@ -253,9 +257,18 @@ def part_parity(ctx: Ctx) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------ scaling, memory
-def zero_formula(psi: int, zero: int, nd: int, grad_bytes: int = 4) -> float:
-    p = 2 * psi / (nd if zero >= 3 else 1)
-    g = grad_bytes * psi / (nd if zero >= 2 else 1)
+def zero_formula(psi: int, zero: int, nd: int, grad_bytes: int = 4, lazy: bool = True) -> float:
+    """Model-state bytes a rank holds between steps (parallel.data's table): bf16 compute parameters
+    2 Psi (ZeRO-3: none, each gather casts the master shard), fp32 gradients 4 Psi (ZeRO >= 2: none,
+    the shards live from the reduce-scatter to the optimizer step), fp32 masters + AdamW moments 12 Psi
+    (ZeRO >= 1: / N_d). lazy=False: the layout before 2026-11-29 (the paper's accounting: ZeRO-3 kept a
+    2 Psi / N_d compute shard, ZeRO >= 2 its 4 Psi / N_d gradient shard), for rows measured then."""
+    if lazy:
+        p = 2 * psi if zero < 3 else 0.0
+        g = grad_bytes * psi if zero < 2 else 0.0
+    else:
+        p = 2 * psi / (nd if zero >= 3 else 1)
+        g = grad_bytes * psi / (nd if zero >= 2 else 1)
     o = 12 * psi / (nd if zero >= 1 else 1)
     return p + g + o
 
@@ -263,23 +276,26 @@ def zero_formula(psi: int, zero: int, nd: int, grad_bytes: int = 4) -> float:
 def predict_memory(rows: list[dict]) -> None:
     """Fills predicted_state_gb (the ZeRO formula) and predicted_peak_gb of the data-parallel scaling
     rows: formula states + the activations measured at ZeRO-0 (its peak minus its states, same per-GPU
-    batch) + for ZeRO >= 2 with several micro-batches the full fp32 gradient (4 Psi): earlier micro-
-    batches accumulate locally and the reduce-scatter runs on the last (no_sync, as FSDP's), so every
-    unit's full gradient is alive in that backward before its shard is kept."""
+    batch) + for ZeRO >= 2 the gradient shards (4 Psi / N_d, allocated during the backward) + with
+    several micro-batches the full fp32 gradient (4 Psi): earlier micro-batches accumulate locally and
+    the reduce-scatter runs on the last (no_sync, as FSDP's), so every unit's full gradient is alive in
+    that backward before its shard is kept. Rows without formula="v2" were measured with the layout
+    before 2026-11-29 and are predicted with it."""
     act = {(r["model"], r["gpus"]): (r["peak_mem_gb"] - r["state_mem_gb"]) for r in rows
            if r.get("part") == "scaling" and r.get("zero") == 0 and r.get("params")}
     for r in rows:
         if r.get("part") != "scaling" or not r.get("params"):
             continue
-        psi, z, nd = r["params"], r["zero"], r["dp"]
-        r["predicted_state_gb"] = zero_formula(psi, z, nd) / GB
+        psi, z, nd, lazy = r["params"], r["zero"], r["dp"], r.get("formula") == "v2"
+        r["predicted_state_gb"] = zero_formula(psi, z, nd, lazy=lazy) / GB
         # weak scaling: the same per-GPU batch at every W; a model without a ZeRO-0 row (8B: its states
         # do not fit) gets the formula's states only
         a = act.get((r["model"], r["gpus"]),
                     next((v for (mo, _), v in act.items() if mo == r["model"]), None))
         if a is not None:
             accum = 4 * psi / GB if z >= 2 and r["micro_batches"] > 1 else 0.0
-            r["predicted_peak_gb"] = r["predicted_state_gb"] + a + accum
+            shards = 4 * psi / nd / GB if z >= 2 and lazy else 0.0
+            r["predicted_peak_gb"] = r["predicted_state_gb"] + a + accum + shards
 
 
 def fsdp2_engine(ctx, cfg, weights):
@@ -394,13 +410,12 @@ def part_scaling(ctx: Ctx, name: str = "1B") -> list[dict]:
     fpt = cfg.flops_per_token(seq)
     rows = []
     for impl, pc, (pp, dp, tp) in configs:
+        layout = f"fsdp2-dp{W}" if impl == "fsdp2" else "single" if pc is None else layout_name(pc, pp, dp, tp)
+        if ctx.only and not any(o in layout for o in ctx.only):
+            continue
         ctx.free()
         t_build = time.perf_counter()
-        if impl == "fsdp2":
-            eng, layout = fsdp2_engine(ctx, cfg, weights), f"fsdp2-dp{W}"
-        else:
-            eng = build(ctx, cfg, weights, pc, dtype)
-            layout = "single" if pc is None else layout_name(pc, pp, dp, tp)
+        eng = fsdp2_engine(ctx, cfg, weights) if impl == "fsdp2" else build(ctx, cfg, weights, pc, dtype)
         t_build = time.perf_counter() - t_build
         m = 1 if big else (per_gpu * W // dp) // (2 if pp > 1 else mbs)
         dpr = ((ctx.rank // tp) % dp, dp)
@@ -416,7 +431,7 @@ def part_scaling(ctx: Ctx, name: str = "1B") -> list[dict]:
                    predicted_state_gb=None, predicted_peak_gb=None, max_loss_rel_diff=None,
                    bubble_measured=None, bubble_formula=None)
         if impl != "fsdp2" and pp == 1 and tp == 1:
-            row.update(zero=pc.zero if pc is not None else 1, dp=dp, params=cfg.num_params())
+            row.update(zero=pc.zero if pc is not None else 1, dp=dp, params=cfg.num_params(), formula="v2")
         rows.append(row)
         predict_memory(rows)
         mf = "-" if row["mfu"] is None else f"{100 * row['mfu']:.1f}%"
@@ -658,6 +673,7 @@ def main(argv=None) -> int:
     if args.merge:
         return merge(args)
     ctx = Ctx(args.smoke)
+    ctx.only = args.only
     rows = []
     t0 = time.time()
     for part in args.parts:
