@@ -73,7 +73,7 @@ def parse_args(argv=None):
     p.add_argument("--parts", nargs="+", default=["parity", "scaling", "bubble"],
                    choices=["parity", "scaling", "scaling8b", "bubble", "profile"], help="what to run (memory rides on scaling; profile: where a pipeline step's time goes, printed)")
     p.add_argument("--only", nargs="+", default=None, metavar="TEXT",
-                   help="scaling parts: only the layouts whose name contains one of these (e.g. zero3 fsdp2)")
+                   help="parity and scaling: only the layouts whose name contains one of these (e.g. zero3 fsdp2)")
     p.add_argument("--smoke", action="store_true", help="tiny shapes (CPU with gloo, or a quick GPU check)")
     p.add_argument("--merge", type=Path, help="collect the part files of this folder into the results JSON")
     p.add_argument("--kind", default=None, help="with --merge: the machine kind, names the results file")
@@ -234,6 +234,8 @@ def part_parity(ctx: Ctx) -> list[dict]:
     ctx.free()
     for pc, (pp, dp, tp) in layouts(ctx.world, cfg.num_hidden_layers):
         name = layout_name(pc, pp, dp, tp)
+        if ctx.only and not any(o in name for o in ctx.only):
+            continue
         m = 2 * pp if pp > 1 else 1
         dpr = (int(ctx.rank // tp) % dp, dp)
         eng = build(ctx, cfg, weights, pc, dtype)
