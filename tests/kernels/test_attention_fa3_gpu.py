@@ -1,0 +1,115 @@
+"""The FA3-style Gluon forward (kernels.attention_fa3) on an sm_90 GPU against the float64 reference.
+
+Tolerance rule of the other attention tests (attention_checks.assert_close_rule): error against the
+float64 oracle at most 2x the error of the reference computed in the input dtype, plus one rounding.
+Covers every head dim, causal and not, GQA/MQA, ragged Sq/Sk (tiles past the end read as TMA zeros and
+must be masked), Sq > Sk under causal (leading rows see no key: out 0, lse -inf), and both pipelines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+try:
+    from .attention_checks import assert_close_rule
+except ImportError:  # tests/kernels is not a package
+    from attention_checks import assert_close_rule
+
+from flashscale.reference.attention import attention_ref
+
+fa3 = pytest.importorskip("flashscale.kernels.attention_fa3")
+pytestmark = pytest.mark.gpu
+CUDA = "cuda"
+
+
+def _hopper():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9 and fa3.HAS_GLUON
+
+
+def _check(B, Sq, Sk, H, Hkv, D, dtype, causal, *, scale=None, config=None):
+    if not _hopper():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    torch.manual_seed(0)
+    q = torch.randn(B, Sq, H, D, dtype=dtype, device=CUDA)
+    k = torch.randn(B, Sk, Hkv, D, dtype=dtype, device=CUDA)
+    v = torch.randn(B, Sk, Hkv, D, dtype=dtype, device=CUDA)
+    assert fa3.supported(q, k, v)
+    out, lse = fa3.attention_fa3_fwd(q, k, v, causal=causal, softmax_scale=scale, config=config)
+    torch.cuda.synchronize()
+    res = {"ours": (out, lse)}
+    for name, cast in (("oracle", torch.float64), ("base", dtype)):
+        res[name] = attention_ref(q.to(cast), k.to(cast), v.to(cast), causal=causal, softmax_scale=scale,
+                                  return_lse=True, upcast=False)
+    assert out.shape == q.shape and lse.shape == (B, H, Sq) and lse.dtype == torch.float32
+    assert_close_rule(res, names=("out", "lse"))
+    return out, lse
+
+
+# (B, Sq, Sk, H, Hkv, D, dtype, causal)
+CASES = [
+    (2, 1024, 1024, 16, 16, 128, torch.bfloat16, False),
+    (2, 1024, 1024, 16, 4, 128, torch.bfloat16, True),
+    (1, 2048, 2048, 8, 8, 64, torch.float16, True),
+    (1, 1000, 1000, 8, 2, 64, torch.bfloat16, False),  # ragged: last tile and last key block partial
+    (1, 1000, 1000, 8, 8, 64, torch.bfloat16, True),
+    (1, 512, 512, 4, 2, 256, torch.bfloat16, False),
+    (1, 1000, 1000, 4, 4, 256, torch.bfloat16, True),
+    (2, 777, 1500, 8, 2, 128, torch.bfloat16, True),  # Sq < Sk: bottom-right diagonal
+    (2, 777, 1500, 8, 2, 128, torch.bfloat16, False),
+    (2, 1500, 777, 8, 2, 128, torch.bfloat16, True),  # Sq > Sk: leading rows see no key
+    (1, 1, 333, 4, 1, 128, torch.bfloat16, True),  # one query row (decode-like), MQA
+    (1, 100, 50, 2, 1, 64, torch.bfloat16, False),  # fewer keys than one block
+    (3, 200, 200, 2, 1, 256, torch.float16, True),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"b{c[0]}_q{c[1]}_k{c[2]}_h{c[3]}x{c[4]}_d{c[5]}_"
+                         f"{str(c[6])[6:]}_{'causal' if c[7] else 'full'}")
+def test_matches_reference(case):
+    _check(*case)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
+@pytest.mark.parametrize("head_dim", fa3.HEAD_DIMS)
+def test_pipelines(head_dim, overlap):
+    # Both consumer schedules (FA3's intra-warpgroup overlap on and off): the same math.
+    cfg = replace(fa3.DEFAULT_CONFIGS[head_dim], overlap=overlap)
+    _check(1, 1100, 1100, 4, 2, head_dim, torch.bfloat16, True, config=cfg)
+
+
+@pytest.mark.parametrize("head_dim,stages", [(64, 2), (64, 4), (128, 3)])
+def test_ring_depths(head_dim, stages):
+    # The ring wraps at another period: barrier phases must still line up (5+ wraps at 1100 keys).
+    cfg = replace(fa3.DEFAULT_CONFIGS[head_dim], stages=stages)
+    _check(1, 1100, 1100, 4, 2, head_dim, torch.bfloat16, False, config=cfg)
+
+
+def test_custom_scale_and_single_consumer():
+    _check(1, 600, 900, 4, 2, 128, torch.bfloat16, False, scale=0.05)
+    cfg = replace(fa3.DEFAULT_CONFIGS[128], consumers=1, block_m=64)
+    _check(1, 600, 900, 4, 2, 128, torch.bfloat16, True, config=cfg)
+
+
+def test_no_keys():
+    if not _hopper():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    q = torch.randn(1, 5, 2, 64, dtype=torch.bfloat16, device=CUDA)
+    k = torch.randn(1, 0, 2, 64, dtype=torch.bfloat16, device=CUDA)
+    out, lse = fa3.attention_fa3_fwd(q, k, k.clone(), causal=False)
+    assert torch.all(out == 0) and torch.all(lse == float("-inf"))
+
+
+def test_supported_rejects():
+    q = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
+    assert not fa3.supported(q, q, q)  # CPU
+    if _hopper():
+        g = q.to(CUDA)
+        assert fa3.supported(g, g, g)
+        assert not fa3.supported(g.float(), g.float(), g.float())
+        assert not fa3.supported(g[..., :48].contiguous(), g[..., :48].contiguous(), g[..., :48].contiguous())
+        assert not fa3.supported(g.transpose(1, 2), g.transpose(1, 2), g.transpose(1, 2))
+        with pytest.raises(ValueError, match="unsupported"):
+            fa3.attention_fa3_fwd(g.float(), g.float(), g.float())
