@@ -228,6 +228,48 @@ def test_kernel_formats_agree_and_split_k_is_clean():
     assert torch.allclose(y1.float(), y_one.float(), rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.parametrize("kernel,m", [("gemv", 1), ("gemm", 3), ("gemm", 17)])
+def test_split_k_slices_match_unsplit(kernel, m):
+    """Slice-reduced split-K (per-split workspace slices, one ticket a tile) and the two-step prefetch
+    ring: every split count gives the unsplit result up to fp32 reassociation, the sum is the same to
+    the bit on a repeat call (fixed split order), the tickets are left at zero, and N / K tails, bias
+    and act-order work."""
+    from flashscale.kernels.w4a16 import GemmConfig, GemvConfig, w4a16_matmul
+    from flashscale.kernels.w4a16_common import split_k_workspace
+
+    gen = torch.Generator().manual_seed(40 + m)
+    k, n, g = 448, 40, 64  # 7 groups; K not a multiple of 128, N not of 16
+    codes, zeros, scales = rand_grid(k, n, g, sym=False, gen=gen, zero_max=16)
+    p = pack_w4(codes, zeros, scales, group_size=g, g_idx=act_order_g_idx(k, g, gen))
+    x = torch.randn(m, k, generator=gen).half()
+    b = torch.randn(n, generator=gen).half()
+    oracle = w4a16_linear_ref(x.double(), p, b.double(), compute_dtype=torch.float64)
+    same_dtype = w4a16_linear_ref(x, p, b, compute_dtype=x.dtype)
+    if kernel == "gemv":
+        cfgs = [GemvConfig(bn=16, kt=1, prefetch=2, slices=True), GemvConfig(bn=32, kt=1, prefetch=1, slices=True)]
+    else:
+        cfgs = [GemmConfig(bm=16, bn=32, bk=128, slices=True)]
+    y1 = w4a16_matmul(x, p, b, kernel=kernel, config=cfgs[0], split_k=1)
+    for i, cfg in enumerate(cfgs):
+        for split in (1, 3, 7) if i == 0 else (2,):
+            y = w4a16_matmul(x, p, b, kernel=kernel, config=cfg, split_k=split)
+            assert _err(y, oracle) <= 2 * _err(same_dtype, oracle) + 1e-6, (cfg, split)
+            assert torch.allclose(y.float(), y1.float(), rtol=2e-3, atol=2e-3), (cfg, split)
+            assert torch.equal(y, w4a16_matmul(x, p, b, kernel=kernel, config=cfg, split_k=split))
+    ws, cnt = split_k_workspace(x.device, 1)
+    assert not ws.any() and not cnt.any()
+
+
+def test_split_k_slices_heuristic():
+    from flashscale.kernels.w4a16 import choose_split_k_slices
+
+    assert choose_split_k_slices(64, 64, 132) == 8  # 8192 x 8192 GEMV (BN 128): 512 programs <= 4 an SM
+    assert choose_split_k_slices(128, 64, 132, bm=16) == 4  # 8192 x 8192, M = 16 (BN 64)
+    assert choose_split_k_slices(32, 32, 132) == 8  # 4096 x 4096 GEMV: capped at 4 steps a split
+    assert choose_split_k_slices(448, 64, 132, bm=16) == 1  # enough tiles already
+    assert choose_split_k_slices(16, 64, 132, bm=64) == 1  # no split past 32 tokens
+
+
 def test_op_errors():
     gen = torch.Generator().manual_seed(7)
     codes, zeros, scales = rand_grid(64, 16, 32, sym=True, gen=gen)

@@ -23,7 +23,7 @@ import triton
 import triton.testing
 from triton.runtime.errors import OutOfResources
 
-from flashscale.kernels.w4a16_common import MAGIC_ONE, split_k_workspace
+from flashscale.kernels.w4a16_common import MAGIC_ONE, split_k_slices, split_k_workspace
 from flashscale.kernels.w4a16_gemm import w4a16_gemm_kernel
 from flashscale.kernels.w4a16_gemv import w4a16_gemv_kernel
 from flashscale.kernels.w4a16_pack import FRAG_K, PackedW4, pack_w4
@@ -37,6 +37,7 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     group: int = 8
+    slices: bool = False  # split-K by per-split workspace slices + one ticket a tile (no per-element atomics)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,15 +46,24 @@ class GemvConfig:
     kt: int  # 64-wide fragment columns per step (BK = 64 * kt)
     num_warps: int = 4
     num_stages: int = 2
+    prefetch: int = 1  # steps of packed words in flight ahead of the one computed (register ring, 1 or 2)
+    slices: bool = False  # split-K by per-split workspace slices + one ticket a program
 
 
 # Candidates per M bucket, best guess first (the one taken untimed). Few on purpose: each is a compile.
 # BK = 128 everywhere: with two fragment columns per step Triton keeps the dequantized tile in the
 # wgmma A-fragment registers (BK = 64 made it convert through shared memory, seen in the sm_90 TTGIR);
 # tiles of 128x128 tokens take 8 warps (4 spill the accumulator inside the loop).
+# Decode buckets (16, 32) lead with slice-reduced split-K (docs/w4a16_decode.md): without per-element
+# atomics the split can fill every SM with ~4 programs (the atomic budget held M=16 at split <= 2).
 _GEMM_CANDIDATES: dict[int, list[GemmConfig]] = {
-    16: [GemmConfig(bm=16, bn=128, bk=128, num_stages=4), GemmConfig(bm=16, bn=64, bk=128, num_stages=4)],
-    32: [GemmConfig(bm=32, bn=128, bk=128, num_stages=4), GemmConfig(bm=32, bn=64, bk=128, num_stages=4)],
+    16: [GemmConfig(bm=16, bn=64, bk=128, num_stages=4, slices=True),
+         GemmConfig(bm=16, bn=64, bk=128, num_stages=6, slices=True),
+         GemmConfig(bm=16, bn=128, bk=128, num_stages=4, slices=True),
+         GemmConfig(bm=16, bn=128, bk=128, num_stages=4), GemmConfig(bm=16, bn=64, bk=128, num_stages=4)],
+    32: [GemmConfig(bm=32, bn=64, bk=128, num_stages=4, slices=True),
+         GemmConfig(bm=32, bn=64, bk=128, num_stages=6, slices=True),
+         GemmConfig(bm=32, bn=128, bk=128, num_stages=4), GemmConfig(bm=32, bn=64, bk=128, num_stages=4)],
     64: [GemmConfig(bm=64, bn=128, bk=128, num_stages=3), GemmConfig(bm=64, bn=128, bk=128, num_warps=8, num_stages=4),
          GemmConfig(bm=64, bn=64, bk=128, num_stages=4)],
     # no split-K past 32 tokens (choose_split_k): 64-row tiles keep enough programs for N = 4096
@@ -65,7 +75,13 @@ _GEMM_CANDIDATES: dict[int, list[GemmConfig]] = {
               GemmConfig(bm=256, bn=128, bk=128, num_warps=8, num_stages=3),
               GemmConfig(bm=128, bn=128, bk=128, num_warps=8, num_stages=4)],
 }
-_GEMV_CANDIDATES: list[GemvConfig] = [GemvConfig(bn=256, kt=2), GemvConfig(bn=128, kt=2), GemvConfig(bn=256, kt=1)]
+# GEMV: two steps of packed words in flight + slice-reduced split-K first (docs/w4a16_decode.md), the
+# earlier one-step / atomic variants kept as candidates so the autotuner can still pick them.
+_GEMV_CANDIDATES: list[GemvConfig] = [
+    GemvConfig(bn=128, kt=2, prefetch=2, slices=True), GemvConfig(bn=256, kt=2, prefetch=2, slices=True),
+    GemvConfig(bn=128, kt=2, slices=True),
+    GemvConfig(bn=256, kt=2), GemvConfig(bn=128, kt=2), GemvConfig(bn=256, kt=1)]
+_SLICE_PROGRAMS_PER_SM = 4  # resident programs an SM the slice split aims at (registers allow 4-5)
 
 _TUNED: dict[tuple, dict] = {}  # key -> config fields + "split_k"
 _AUTOTUNE = True
@@ -121,8 +137,21 @@ def choose_split_k(tiles: int, k_steps: int, num_sms: int, *, out_elems: int = 0
     return split
 
 
-def _split_options(default: int) -> list[int]:
+def choose_split_k_slices(tiles: int, k_steps: int, num_sms: int, *, bm: int = 1, min_steps: int = 4) -> int:
+    """Splits of K for slice-reduced split-K: tiles * splits up to _SLICE_PROGRAMS_PER_SM programs an SM
+    (rounded down, so all are resident at once: one wave, no tail), each split >= min_steps steps (the
+    prologue's first HBM latency is paid once a program). The reduction costs plain stores and one
+    ticket a program, so there is no atomics budget; token tiles past 32 still take none."""
+    if tiles >= num_sms or bm > 32:
+        return 1
+    return max(1, min(_SLICE_PROGRAMS_PER_SM * num_sms // tiles, k_steps // min_steps))
+
+
+def _split_options(default: int, slices: bool = False, k_steps: int = 0) -> list[int]:
     """Split factors the autotuner times around the heuristic (a runtime argument: no recompiles)."""
+    if slices:
+        up = min(2 * default, max(1, k_steps // 2)) if k_steps else default
+        return sorted({up, default, max(1, default // 2)}, reverse=True)
     return sorted({default, max(1, default // 2), max(1, default // 4)}, reverse=True)
 
 
@@ -148,14 +177,23 @@ def _gemm_split(x2d, p: PackedW4, cfg: GemmConfig) -> int:
     m, k = x2d.shape
     tiles = triton.cdiv(p.out_features, cfg.bn) * triton.cdiv(m, cfg.bm)
     k_steps = triton.cdiv(triton.cdiv(k, FRAG_K) * FRAG_K, cfg.bk)
+    if cfg.slices:
+        return choose_split_k_slices(tiles, k_steps, _device_info(x2d.device)[1], bm=cfg.bm)
     return choose_split_k(tiles, k_steps, _device_info(x2d.device)[1], out_elems=m * p.out_features, bm=cfg.bm)
 
 
 def _gemv_split(x2d, p: PackedW4, cfg: GemvConfig) -> int:
     k = x2d.shape[1]
     k_steps = triton.cdiv(triton.cdiv(k, FRAG_K) * FRAG_K, 64 * cfg.kt)
+    if cfg.slices:
+        return choose_split_k_slices(triton.cdiv(p.out_features, cfg.bn), k_steps, _device_info(x2d.device)[1],
+                                     min_steps=2 * cfg.prefetch)
     return choose_split_k(triton.cdiv(p.out_features, cfg.bn), k_steps, _device_info(x2d.device)[1],
                           out_elems=p.out_features)
+
+
+def _k_steps(x2d, bk: int) -> int:
+    return triton.cdiv(triton.cdiv(x2d.shape[1], FRAG_K) * FRAG_K, bk)
 
 
 def _launch_gemm(x2d, p: PackedW4, bias, y, cfg: GemmConfig, split_k: int) -> None:
@@ -163,7 +201,9 @@ def _launch_gemm(x2d, p: PackedW4, bias, y, cfg: GemmConfig, split_k: int) -> No
     n = p.out_features
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
     # a workspace even without split-K (then untouched): the pointer types are part of the compiled variant
-    ws, cnt = split_k_workspace(x2d.device, m * n if split_k > 1 else 1)
+    ws, cnt = split_k_workspace(x2d.device, max(m * n, tiles) if split_k > 1 else 1)
+    if cfg.slices:
+        ws = split_k_slices(x2d.device, split_k * m * n if split_k > 1 else 1)
     perm, b = _common_args(x2d, p, bias, y)
     n_pad = p.sz.shape[1]
     w4a16_gemm_kernel[(tiles, split_k)](
@@ -171,7 +211,7 @@ def _launch_gemm(x2d, p: PackedW4, bias, y, cfg: GemmConfig, split_k: int) -> No
         m, n, k, x2d.stride(0), y.stride(0), p.qweight.stride(0), p.sz.stride(0), MAGIC_ONE, split_k,
         G=p.group_size, HAS_PERM=p.perm is not None, HAS_BIAS=bias is not None,
         BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, GROUP=cfg.group,
-        EVEN_K=k % cfg.bk == 0, EVEN_N=n_pad % cfg.bn == 0,
+        EVEN_K=k % cfg.bk == 0, EVEN_N=n_pad % cfg.bn == 0, SLICES=cfg.slices,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
@@ -181,6 +221,8 @@ def _launch_gemv(x2d, p: PackedW4, bias, y, cfg: GemvConfig, split_k: int) -> No
     n = p.out_features
     bk = 64 * cfg.kt
     ws, cnt = split_k_workspace(x2d.device, n if split_k > 1 else 1)
+    if cfg.slices:
+        ws = split_k_slices(x2d.device, split_k * n if split_k > 1 else 1)
     perm, b = _common_args(x2d, p, bias, y)
     n_pad = p.sz.shape[1]
     w4a16_gemv_kernel[(triton.cdiv(n, cfg.bn), split_k)](
@@ -188,11 +230,11 @@ def _launch_gemv(x2d, p: PackedW4, bias, y, cfg: GemvConfig, split_k: int) -> No
         n, k, p.qweight.stride(0), p.sz.stride(0), MAGIC_ONE, split_k,
         G=p.group_size, HAS_PERM=p.perm is not None, HAS_BIAS=bias is not None,
         BN=cfg.bn, KT=cfg.kt, EVEN_K=k % bk == 0, EVEN_N=n_pad % cfg.bn == 0,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PREFETCH=cfg.prefetch, SLICES=cfg.slices, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 
-def _tune(key: tuple, cands: list, split_of, launch) -> tuple[object, int]:
+def _tune(key: tuple, cands: list, split_of, launch, steps_of=lambda c: 0) -> tuple[object, int]:
     """Fastest (config, split) for `key`, timed once per process over the candidates and a few split
     factors around the heuristic; the first candidate with the heuristic split when timing is off
     or impossible (interpreter, CUDA-graph capture)."""
@@ -203,7 +245,7 @@ def _tune(key: tuple, cands: list, split_of, launch) -> tuple[object, int]:
         return (GemvConfig if "kt" in fields else GemmConfig)(**fields), split
     if not _AUTOTUNE or _interpreting() or torch.cuda.is_current_stream_capturing():
         return cands[0], split_of(cands[0])
-    trials = [(c, s) for c in cands for s in _split_options(split_of(c))]
+    trials = [(c, s) for c in cands for s in _split_options(split_of(c), c.slices, steps_of(c))]
     if len(trials) == 1:
         return trials[0]
     best, best_t = None, float("inf")
@@ -242,9 +284,11 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
             raise ValueError(f"the gemv kernel needs a group size that is a multiple of 64 or one group per "
                              f"row; this weight has group_size={p.group_size}, K={k}")
         split_of, launch, bucket = (lambda c: _gemv_split(x2d, p, c)), _launch_gemv, 1
+        steps_of = lambda c: _k_steps(x2d, 64 * c.kt)  # noqa: E731
     elif kernel == "gemm":
         cands = [config] if config is not None else gemm_candidates(m)
         split_of, launch, bucket = (lambda c: _gemm_split(x2d, p, c)), _launch_gemm, m_bucket(m)
+        steps_of = lambda c: _k_steps(x2d, c.bk)  # noqa: E731
     else:
         raise ValueError(f"kernel={kernel!r}; expected None, 'gemv' or 'gemm'")
     if config is not None:
@@ -252,7 +296,7 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
     else:
         key = (kernel, bucket, n, k, p.group_size, str(x2d.dtype).removeprefix("torch."),
                "perm" if p.perm is not None else "noperm", _device_info(x2d.device)[0])
-        cfg, split = _tune(key, cands, split_of, lambda c, s: launch(x2d, p, bias, y, c, s))
+        cfg, split = _tune(key, cands, split_of, lambda c, s: launch(x2d, p, bias, y, c, s), steps_of)
         split = split_k or split
     launch(x2d, p, bias, y, cfg, split)
     return y

@@ -1,5 +1,6 @@
 """Pieces shared by the W4A16 kernels: nibble -> float without a conversion instruction, the group
-constants, the split-K epilogue, and its workspace.
+constants, the split-K epilogues (per-element atomics, or per-split slices with one ticket per tile),
+and their workspaces.
 
 Nibble to float ("magic number"): OR-ing a nibble into the mantissa of 1.0f gives 1 + q * 2^(p-23) for
 a nibble at bits p..p+3, with no int->float conversion (I2F runs at a quarter of the FMA rate). Two
@@ -73,7 +74,55 @@ def store_or_reduce(acc, y_ptrs, ws_off, mask, bias, ws_ptr, cnt_ptr, SPLIT_K, H
         tl.store(cnt_ptr + ws_off, tl.zeros(acc.shape, tl.int32), mask=last)
 
 
+@triton.jit
+def write_partial(acc, ws_ptr, ws_off, mask, SLICE):
+    """Split-K by slices, step 1: this split's fp32 partial tile goes to its own workspace slice
+    (pid_k * SLICE + offset) with plain coalesced stores: no per-element atomics."""
+    tl.store(ws_ptr + tl.program_id(1).to(tl.int64) * SLICE + ws_off, acc, mask=mask)
+
+
+@triton.jit
+def last_split(cnt_ptr, tile, SPLIT_K):
+    """Split-K by slices, step 2: one ticket per output tile (one atomic a program, not one an element).
+    The barrier orders every thread's partial stores before the release of the one thread that takes
+    the ticket; the split that draws SPLIT_K - 1 sums the slices and puts the ticket back to 0."""
+    tl.debug_barrier()
+    ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    return ticket == SPLIT_K - 1
+
+
+@triton.jit
+def sum_partials(ws_ptr, ws_off, mask, SLICE, SPLIT_K):
+    """Split-K by slices, step 3 (last split only): the slices summed in split order (deterministic,
+    whatever order the splits finished in), read through L2 (.cg: the L1 may hold a stale line)."""
+    tot = tl.load(ws_ptr + ws_off, mask=mask, other=0.0, cache_modifier=".cg")
+    for s in range(1, SPLIT_K):
+        tot += tl.load(ws_ptr + s * SLICE + ws_off, mask=mask, other=0.0, cache_modifier=".cg")
+    return tot
+
+
+@triton.jit
+def reset_ticket(cnt_ptr, tile):
+    tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+
 _WORKSPACE: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+_SLICES: dict[torch.device, torch.Tensor] = {}
+
+
+def split_k_slices(device: torch.device, numel: int) -> torch.Tensor:
+    """fp32 buffer of >= numel for split-K by slices (splits x M x N partials). Every split overwrites
+    its slice before the last one reads it, so the contents never need clearing; tickets live in
+    split_k_workspace's int32 buffer (left at zero like the per-element ones)."""
+    device = torch.device(device)
+    buf = _SLICES.get(device)
+    if buf is None or buf.numel() < numel:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"the W4A16 split-K slice buffer must grow to {numel} elements inside CUDA-graph "
+                               "capture; run each shape once before capturing")
+        buf = torch.empty(max(numel, 1 << 16), dtype=torch.float32, device=device)
+        _SLICES[device] = buf
+    return buf
 
 
 def split_k_workspace(device: torch.device, numel: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,8 +8,9 @@ values. x^T is the B operand, loaded through shared memory by Triton's pipeliner
 pads the token dimension to BM = 16, which the MMA's n dimension allows.
 
 Split-K (grid axis 1) spreads K over programs when N/BN tiles cannot fill the machine (decode);
-store_or_reduce finishes the sum in the same launch. Tile order over (n, m) is grouped so GROUP
-n-tiles share a sweep over the m-tiles (their weights stay in L2 at prefill sizes).
+the same launch finishes the sum, by per-element atomics (store_or_reduce) or, with SLICES, by
+per-split workspace slices and one ticket a tile (w4a16_common). Tile order over (n, m) is grouped
+so GROUP n-tiles share a sweep over the m-tiles (their weights stay in L2 at prefill sizes).
 
 Shapes: x (M, K) row-major (a gather through perm under act-order), packed (N_pad/16, K_pad/64, 32, 4),
 sz (NG, N_pad), y (M, N).
@@ -20,7 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from flashscale.kernels.w4a16_common import group_consts, nibble_float, store_or_reduce, word_shifts
+from flashscale.kernels.w4a16_common import (group_consts, last_split, nibble_float, reset_ticket, store_or_reduce,
+                                             sum_partials, word_shifts, write_partial)
 
 
 @triton.jit
@@ -34,7 +36,7 @@ def w4a16_gemm_kernel(
     M, N, K, stride_xm, stride_ym, stride_pn, stride_sg, MAGIC, SPLIT_K,
     G: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
-    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SLICES: tl.constexpr = False,
 ):
     DT: tl.constexpr = y_ptr.dtype.element_ty
     NB: tl.constexpr = BN // 16  # 16-row fragments per tile
@@ -123,5 +125,21 @@ def w4a16_gemm_kernel(
     bias = 0.0
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[:, None]
-    store_or_reduce(acc, y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], offs_m[None, :] * N + offs_n[:, None],
-                    mask, bias, ws_ptr, cnt_ptr, SPLIT_K, HAS_BIAS)
+    y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
+    ws_off = offs_m[None, :] * N + offs_n[:, None]
+    if SLICES:
+        if SPLIT_K > 1:
+            # per-split slices (ws_ptr is the slice buffer here, M*N a slice), one ticket a tile
+            write_partial(acc, ws_ptr, ws_off, mask, M * N)
+            if last_split(cnt_ptr, pid, SPLIT_K):
+                tot = sum_partials(ws_ptr, ws_off, mask, M * N, SPLIT_K)
+                if HAS_BIAS:
+                    tot += bias
+                tl.store(y_ptrs, tot.to(DT), mask=mask)
+                reset_ticket(cnt_ptr, pid)
+        else:
+            if HAS_BIAS:
+                acc += bias
+            tl.store(y_ptrs, acc.to(DT), mask=mask)
+    else:
+        store_or_reduce(acc, y_ptrs, ws_off, mask, bias, ws_ptr, cnt_ptr, SPLIT_K, HAS_BIAS)

@@ -10,8 +10,10 @@ inside one group: the launcher asks G % BK == 0 or a single group).
 Layout: the same PackedW4 words as the tensor-core kernel, a step's tile (KT, NB, 32, 4) with KT
 first so warps split the rows (NB) and the K direction stays inside a thread (the sums over KT and
 the 4 words of a 16-byte load are register adds). Lanes 4g..4g+3 share rows 16nb+g and 16nb+8+g and
-sum across those 4 lanes once at the end. Split-K (grid axis 1) fills the machine; store_or_reduce
-finishes in the same launch.
+sum across those 4 lanes once at the end. Split-K (grid axis 1) fills the machine and finishes in the
+same launch: per-element atomics (store_or_reduce) or, with SLICES, plain stores of each split's
+partials to its own workspace slice and one ticket a program (the last split sums the slices in order).
+PREFETCH (1 or 2): how many steps of packed words are in flight ahead of the one being computed.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from flashscale.kernels.w4a16_common import group_consts, nibble_float, store_or_reduce, word_shifts
+from flashscale.kernels.w4a16_common import (group_consts, last_split, nibble_float, reset_ticket, store_or_reduce,
+                                             sum_partials, word_shifts, write_partial)
 
 
 @triton.jit
@@ -93,6 +96,7 @@ def w4a16_gemv_kernel(
     N, K, stride_pn, stride_sg, MAGIC, SPLIT_K,
     G: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BN: tl.constexpr, KT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+    PREFETCH: tl.constexpr = 1, SLICES: tl.constexpr = False,
 ):
     NB: tl.constexpr = BN // 16
     BK: tl.constexpr = KT * 64
@@ -122,13 +126,21 @@ def w4a16_gemv_kernel(
 
     acc_a = tl.zeros([NB, 32], dtype=tl.float32)  # rows 16nb + g, one partial per lane
     acc_b = tl.zeros([NB, 32], dtype=tl.float32)  # rows 16nb + 8 + g
-    # register double buffer: the next step's words are in flight while this step computes
-    # (Triton pipelines loads only into MMAs; without this each step would wait a full HBM latency)
+    # register ring: the next PREFETCH steps' words are in flight while this step computes (Triton
+    # pipelines loads only into MMAs; without this each step would wait a full HBM latency). One step
+    # ahead keeps 8 KB a 128-thread program in flight; two keep 16 KB (Little's law at 4.8 TB/s and
+    # ~700 ns wants ~25-40 KB an SM, so two steps reach it with 2-3 programs an SM)
     p_next = _step_words(pk_ptr, pk_off, it0 * BK, k_pad, kt_first, nb_in, it0 < it1, False)
+    if PREFETCH == 2:
+        p_next2 = _step_words(pk_ptr, pk_off, it0 * BK + BK, k_pad, kt_first, nb_in, it0 + 1 < it1, False)
     for it in range(it0, it1):
         k0 = it * BK
         p_cur = p_next
-        p_next = _step_words(pk_ptr, pk_off, k0 + BK, k_pad, kt_first, nb_in, it + 1 < it1, False)
+        if PREFETCH == 2:
+            p_next = p_next2
+            p_next2 = _step_words(pk_ptr, pk_off, k0 + 2 * BK, k_pad, kt_first, nb_in, it + 2 < it1, False)
+        else:
+            p_next = _step_words(pk_ptr, pk_off, k0 + BK, k_pad, kt_first, nb_in, it + 1 < it1, False)
         p_cur = tl.reshape(p_cur, [NB, KT, 32, 4])
         # per-element partial sums over the step (FFMA chains), reduced over the 4 words once a step.
         # Initialized by the first fragment column (not tl.zeros) so they take the tile's layout.
@@ -163,5 +175,26 @@ def w4a16_gemv_kernel(
     if HAS_BIAS:
         bias_a = tl.load(bias_ptr + offs_a, mask=offs_a < N, other=0.0).to(tl.float32)
         bias_b = tl.load(bias_ptr + offs_b, mask=offs_b < N, other=0.0).to(tl.float32)
-    store_or_reduce(ya, y_ptr + offs_a, offs_a, offs_a < N, bias_a, ws_ptr, cnt_ptr, SPLIT_K, HAS_BIAS)
-    store_or_reduce(yb, y_ptr + offs_b, offs_b, offs_b < N, bias_b, ws_ptr, cnt_ptr, SPLIT_K, HAS_BIAS)
+    if SLICES:
+        if SPLIT_K > 1:
+            # per-split slices of the workspace (ws_ptr is the slice buffer here), one ticket a program
+            write_partial(ya, ws_ptr, offs_a, offs_a < N, N)
+            write_partial(yb, ws_ptr, offs_b, offs_b < N, N)
+            if last_split(cnt_ptr, pid_n, SPLIT_K):
+                ya = sum_partials(ws_ptr, offs_a, offs_a < N, N, SPLIT_K)
+                yb = sum_partials(ws_ptr, offs_b, offs_b < N, N, SPLIT_K)
+                if HAS_BIAS:
+                    ya += bias_a
+                    yb += bias_b
+                tl.store(y_ptr + offs_a, ya.to(y_ptr.dtype.element_ty), mask=offs_a < N)
+                tl.store(y_ptr + offs_b, yb.to(y_ptr.dtype.element_ty), mask=offs_b < N)
+                reset_ticket(cnt_ptr, pid_n)
+        else:
+            if HAS_BIAS:
+                ya += bias_a
+                yb += bias_b
+            tl.store(y_ptr + offs_a, ya.to(y_ptr.dtype.element_ty), mask=offs_a < N)
+            tl.store(y_ptr + offs_b, yb.to(y_ptr.dtype.element_ty), mask=offs_b < N)
+    else:
+        store_or_reduce(ya, y_ptr + offs_a, offs_a, offs_a < N, bias_a, ws_ptr, cnt_ptr, SPLIT_K, HAS_BIAS)
+        store_or_reduce(yb, y_ptr + offs_b, offs_b, offs_b < N, bias_b, ws_ptr, cnt_ptr, SPLIT_K, HAS_BIAS)
