@@ -1,0 +1,148 @@
+"""Ahead-of-time sm_90 compiles of the W4A16 kernels, without a GPU (Triton ships ptxas and cuobjdump),
+and a census of the main loop's machine code: what docs/w4a16_decode.md counts and what
+tests/kernels/test_w4a16_compile.py asserts.
+
+    python -m flashscale.kernels.w4a16_aot            # table of every decode candidate
+
+Run it with TRITON_INTERPRET unset (the CPU test conftest sets it: the test runs this in a subprocess).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from flashscale.kernels.w4a16 import GemmConfig, GemvConfig, _GEMM_CANDIDATES, _GEMV_CANDIDATES
+from flashscale.kernels.w4a16_gemm import w4a16_gemm_kernel
+from flashscale.kernels.w4a16_gemv import w4a16_gemv_kernel
+
+_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+_PTRS = ("x_ptr", "pk_ptr", "sz_ptr", "perm_ptr", "y_ptr", "bias_ptr", "ws_ptr", "cnt_ptr")
+_ALIGNED_INTS = ("N", "K", "stride_pn", "stride_sg", "stride_xm", "stride_ym")  # 16-divisible at the shapes
+
+
+def compile_sm90(cfg: GemvConfig | GemmConfig, *, dtype: str = "bf16", group_size: int = 128):
+    """Compile one config the way the launcher specializes it for an even Llama shape (K, N multiples
+    of 128, no act-order, no bias); returns Triton's CompiledKernel (asm: ptx, cubin, ttgir)."""
+    ptr_types = {"x_ptr": f"*{dtype}", "pk_ptr": "*i32", "sz_ptr": "*i32", "perm_ptr": "*i32", "y_ptr": f"*{dtype}",
+                 "bias_ptr": f"*{dtype}", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
+    if isinstance(cfg, GemvConfig):
+        kern = w4a16_gemv_kernel
+        ints = ("N", "K", "stride_pn", "stride_sg", "MAGIC", "SPLIT_K")
+        cx = dict(G=group_size, HAS_PERM=False, HAS_BIAS=False, BN=cfg.bn, KT=cfg.kt, EVEN_K=True, EVEN_N=True,
+                  PREFETCH=cfg.prefetch, SLICES=cfg.slices)
+    else:
+        kern = w4a16_gemm_kernel
+        ints = ("M", "N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg", "MAGIC", "SPLIT_K")
+        cx = dict(G=group_size, HAS_PERM=False, HAS_BIAS=False, BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, GROUP=cfg.group,
+                  EVEN_K=True, EVEN_N=True, SLICES=cfg.slices)
+    sig = {**ptr_types, **{n: "i32" for n in ints}, **{n: "constexpr" for n in cx}}
+    names = list(sig)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in _PTRS or n in _ALIGNED_INTS}
+    src = ASTSource(fn=kern, signature=sig, constexprs={(names.index(k),): v for k, v in cx.items()}, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+
+
+def ptxas_usage(ptx: str) -> dict:
+    """registers, spill bytes and stack frame from `ptxas -arch=sm_90a -v`."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        log = subprocess.run([os.path.join(_BIN, "ptxas"), "-arch=sm_90a", "-v", path, "-o", os.devnull],
+                             capture_output=True, text=True, check=True).stderr
+    sp = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    return dict(registers=int(re.search(r"Used (\d+) registers", log).group(1)),
+                spill_stores=int(sp.group(1)), spill_loads=int(sp.group(2)),
+                stack=int(re.search(r"(\d+) bytes stack frame", log).group(1)))
+
+
+def sass(cubin: bytes) -> str:
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        return subprocess.run([os.path.join(_BIN, "cuobjdump"), "-sass", path], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def main_loop(sass_text: str) -> collections.Counter:
+    """Opcode histogram of the largest loop (the body between a backward branch and its target)."""
+    ins = [(int(m.group(1), 16), m.group(2).strip())
+           for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass_text)]
+    loops = []
+    for addr, txt in ins:
+        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)\s*$", txt)
+        if m and int(m.group(1), 16) < addr:
+            loops.append((int(m.group(1), 16), addr))
+    if not loops:
+        return collections.Counter()
+    lo, hi = max(loops, key=lambda x: x[1] - x[0])
+    return collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for a, t in ins if lo <= a <= hi)
+
+
+def weights_per_thread_step(cfg: GemvConfig | GemmConfig) -> int:
+    bk = 64 * cfg.kt if isinstance(cfg, GemvConfig) else cfg.bk
+    return cfg.bn * bk // (32 * cfg.num_warps)
+
+
+def census(cfg: GemvConfig | GemmConfig, **kw) -> dict:
+    """Compile and count: per-thread instructions of one main-loop step, per weight, by class."""
+    k = compile_sm90(cfg, **kw)
+    text = sass(k.asm["cubin"])
+    loop = main_loop(text)
+    w = weights_per_thread_step(cfg)
+
+    def n(pred):
+        return sum(c for op, c in loop.items() if pred(op))
+
+    total = sum(loop.values())
+    return dict(
+        config=asdict(cfg), kernel="gemv" if isinstance(cfg, GemvConfig) else "gemm", shared=k.metadata.shared,
+        **ptxas_usage(k.asm["ptx"]), weights_per_thread_step=w, loop_instructions=total,
+        per_weight=total / w,
+        ldg128=n(lambda o: o.startswith("LDG.") and o.endswith(".128")),
+        ldgsts128=n(lambda o: o.startswith("LDGSTS") and o.endswith(".128")),
+        ldg_narrow=n(lambda o: o.startswith("LDG.") and not o.endswith((".128", ".64"))),
+        lop3=loop["LOP3.LUT"], ffma=loop["FFMA"], fmul_fadd=loop["FMUL"] + loop["FADD"],
+        cvt=n(lambda o: o.startswith(("I2F", "F2F", "F2I")) and "PACK_AB" not in o),
+        f2fp_pack=n(lambda o: "PACK_AB" in o),
+        shifts=n(lambda o: o.startswith(("SHF", "IMAD.SHL"))),
+        hgmma=n(lambda o: o.startswith("HGMMA")), hmma=n(lambda o: o.startswith("HMMA")),
+        wgmma_waits=loop["WARPGROUP.DEPBAR.LE"],
+        smem=n(lambda o: o.startswith(("LDS", "STS", "LDSM"))), bar=n(lambda o: o.startswith("BAR")),
+        moves=n(lambda o: o.startswith(("IMAD.MOV", "MOV"))),
+        local=len(re.findall(r"\b(?:LDL|STL)\b", text)),
+        atomics_ptx=len(re.findall(r"\b(?:atom|red)\.global", k.asm["ptx"])),
+    )
+
+
+def decode_candidates() -> list[GemvConfig | GemmConfig]:
+    """Every GEMV candidate and every candidate of the decode GEMM buckets (M <= 32)."""
+    seen, out = set(), []
+    for c in [*_GEMV_CANDIDATES, *_GEMM_CANDIDATES[16], *_GEMM_CANDIDATES[32]]:
+        if c not in seen:
+            seen.add(c)
+            out.append(c)
+    return out
+
+
+if __name__ == "__main__":
+    cols = ("registers", "spill_stores", "shared", "loop_instructions", "per_weight", "ldg128", "ldgsts128",
+            "ldg_narrow", "lop3", "ffma", "fmul_fadd", "cvt", "f2fp_pack", "shifts", "hgmma", "wgmma_waits", "smem",
+            "moves")
+    print("config | " + " | ".join(cols))
+    for c in decode_candidates():
+        r = census(c)
+        cfg = {k: v for k, v in r["config"].items() if v not in (False,) and k != "group"}
+        print(f"{r['kernel']} {cfg} | " + " | ".join(f"{r[k]:.2f}" if isinstance(r[k], float) else str(r[k])
+                                                      for k in cols), flush=True)

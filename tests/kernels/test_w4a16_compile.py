@@ -1,0 +1,91 @@
+"""The W4A16 decode kernels compile for sm_90 without a GPU (Triton ships ptxas and cuobjdump) for every
+decode autotune candidate, and the main loop's machine code stays lean (docs/w4a16_decode.md):
+no register spills or local memory, the packed weights in 128-bit loads (LDG.128 for the GEMV,
+LDGSTS.128 into the pipeline's shared memory for the tensor-core kernel), no int/float conversions per
+weight (only per group), wgmma for the tensor-core kernel, a per-weight instruction count under a
+ceiling, and the slice-reduced split-K with exactly two atomics (one ticket a program) instead of
+per-element ones."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton.compiler")
+
+# Compiled in a fresh interpreter: tests/conftest.py sets TRITON_INTERPRET=1 on CPU machines.
+_COMPILE = """
+import json, sys
+from flashscale.kernels import w4a16_aot as aot
+json.dump([aot.census(c) for c in aot.decode_candidates()], open(sys.argv[1], "w"))
+"""
+
+# Thread-instructions per weight in one main-loop step, ceilings a little above what Triton 3.6 gives
+# (GEMV 3.8-4.7, GEMM 4.3-5.3): a regression in the unpacking shows up here.
+_MAX_PER_WEIGHT = {"gemv": 4.9, "gemm": 5.6}
+
+
+@pytest.fixture(scope="module")
+def census(tmp_path_factory):
+    out = tmp_path_factory.mktemp("w4a16_sm90") / "census.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", _COMPILE, str(out)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, f"sm_90 compile failed:\n{proc.stderr[-4000:]}"
+    return json.loads(out.read_text())
+
+
+def _name(r):
+    return f"{r['kernel']}-" + "-".join(f"{k}{v}" for k, v in r["config"].items())
+
+
+def test_every_decode_candidate_compiles(census):
+    from flashscale.kernels.w4a16 import _GEMM_CANDIDATES, _GEMV_CANDIDATES
+
+    assert len(census) == len(set(_GEMV_CANDIDATES) | set(_GEMM_CANDIDATES[16]) | set(_GEMM_CANDIDATES[32]))
+
+
+def test_no_spills_no_local_memory(census):
+    bad = [(_name(r), r["spill_stores"], r["spill_loads"], r["stack"], r["local"]) for r in census
+           if r["spill_stores"] or r["spill_loads"] or r["stack"] or r["local"]]
+    assert not bad, bad
+    assert all(r["registers"] <= 255 for r in census)
+
+
+def test_packed_weights_in_128_bit_loads(census):
+    for r in census:
+        words = r["weights_per_thread_step"] // 8  # one int32 word holds 8 weights
+        if r["kernel"] == "gemv":
+            assert r["ldg128"] * 4 >= words, (_name(r), r["ldg128"])  # 4 words a 128-bit load, straight to registers
+        else:
+            assert r["ldgsts128"] * 4 >= words, (_name(r), r["ldgsts128"])  # cp.async 16 B into the pipeline
+            assert r["hgmma"] > 0, _name(r)
+
+
+def test_no_per_weight_conversions(census):
+    for r in census:
+        w = r["weights_per_thread_step"]
+        assert r["cvt"] * 16 <= w, (_name(r), r["cvt"])  # I2F/F2F only for the group constants
+        assert r["lop3"] <= 1.2 * w, (_name(r), r["lop3"])  # one LOP3 a weight (magic-number unpack)
+        if r["kernel"] == "gemm":
+            assert r["f2fp_pack"] * 2 <= w, (_name(r), r["f2fp_pack"])  # two weights a 16-bit pack
+
+
+def test_instructions_per_weight_ceiling(census):
+    over = [(_name(r), round(r["per_weight"], 2)) for r in census if r["per_weight"] > _MAX_PER_WEIGHT[r["kernel"]]]
+    assert not over, over
+
+
+def test_slice_split_k_has_one_ticket_not_per_element_atomics(census):
+    for r in census:
+        if r["config"]["slices"]:
+            assert r["atomics_ptx"] == 2, (_name(r), r["atomics_ptx"])  # ticket add + reset
+        else:
+            assert r["atomics_ptx"] > 2, _name(r)  # per-element adds and tickets
