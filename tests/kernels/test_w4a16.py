@@ -267,6 +267,7 @@ def test_split_k_slices_heuristic():
     assert choose_split_k_slices(128, 64, 132, bm=16) == 4  # 8192 x 8192, M = 16 (BN 64)
     assert choose_split_k_slices(32, 32, 132) == 8  # 4096 x 4096 GEMV: capped at 4 steps a split
     assert choose_split_k_slices(448, 64, 132, bm=16) == 1  # enough tiles already
+    assert choose_split_k_slices(224, 64, 132) == 2  # 8192 x 28672 GEMV: 1.7 programs an SM -> 3.4
     assert choose_split_k_slices(16, 64, 132, bm=64) == 1  # no split past 32 tokens
 
 

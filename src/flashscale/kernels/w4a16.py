@@ -142,8 +142,8 @@ def choose_split_k_slices(tiles: int, k_steps: int, num_sms: int, *, bm: int = 1
     (rounded down, so all are resident at once: one wave, no tail), each split >= min_steps steps (the
     prologue's first HBM latency is paid once a program). The reduction costs plain stores and one
     ticket a program, so there is no atomics budget; token tiles past 32 still take none."""
-    if tiles >= num_sms or bm > 32:
-        return 1
+    if tiles * 2 > _SLICE_PROGRAMS_PER_SM * num_sms or bm > 32:
+        return 1  # e.g. 448 tiles: a split of 2 would overfill the SMs (a second wave)
     return max(1, min(_SLICE_PROGRAMS_PER_SM * num_sms // tiles, k_steps // min_steps))
 
 
