@@ -114,6 +114,37 @@ def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
         attention(*_qkv(), impl="triton")
 
 
+@pytest.mark.parametrize("kw, match", [
+    (dict(window=(4, 0), causal=True), "sliding windows"),
+    (dict(softcap=30.0), "softcap=30.0"),
+    (dict(alibi_slopes=torch.ones(2)), "alibi_slopes"),
+    (dict(dropout_p=0.1), "dropout_p=0.1"),
+    (dict(), "fa3 needs a Hopper GPU"),  # every feature fine: the device is what is missing
+])
+def test_fa3_refuses_what_it_cannot_run_naming_it(kw, match):
+    q, k, v = _qkv(S=8, D=64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="impl='fa3' cannot take this call: .*" + match):
+        attention(q, k, v, impl="fa3", **kw)
+
+
+def test_fa3_refuses_varlen_head_dims_and_fp32():
+    q, k, v = _qkv(S=8, D=64)
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        attention(q, k, v, impl="fa3")
+    q, k, v = _qkv(S=8, D=32, dtype=torch.float16)
+    with pytest.raises(ValueError, match="head_dim=32"):
+        attention(q, k, v, impl="fa3")
+    cu = _cu(8)
+    with pytest.raises(ValueError, match="varlen"):
+        attention(q[0], k[0], v[0], cu_seqlens_q=cu, cu_seqlens_k=cu, impl="fa3")
+
+
+def test_fa3_opt_in_on_cpu_keeps_the_cpu_path(monkeypatch):
+    monkeypatch.setenv("FLASHSCALE_FA3", "1")
+    q, k, v = _qkv(B=2, S=7, H=4, Hkv=2, D=64)
+    torch.testing.assert_close(attention(q, k, v, causal=True), attention_ref(q, k, v, causal=True))
+
+
 def test_cpu_default_is_the_reference():
     q, k, v = _qkv(B=2, S=7, H=4, Hkv=2, D=16)
     out, lse = attention(q, k, v, causal=True, window=(2, -1), return_lse=True)

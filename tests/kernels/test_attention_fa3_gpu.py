@@ -113,3 +113,33 @@ def test_supported_rejects():
         assert not fa3.supported(g.transpose(1, 2), g.transpose(1, 2), g.transpose(1, 2))
         with pytest.raises(ValueError, match="unsupported"):
             fa3.attention_fa3_fwd(g.float(), g.float(), g.float())
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_ops_attention_fa3_path_forward_and_fa2_backward(causal, monkeypatch):
+    """ops.attention(impl="fa3") and impl="auto" with FLASHSCALE_FA3=1: the FA3 forward, FA2's backward
+    on its out/lse; out, lse and the gradients against float64 by the same rule."""
+    if not _hopper():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    from flashscale.ops import attention
+
+    torch.manual_seed(0)
+    B, S, H, Hkv, D, dtype = 2, 1000, 8, 2, 128, torch.bfloat16
+    base = [torch.randn(B, S, h, D, device=CUDA, dtype=dtype) for h in (H, Hkv, Hkv)]
+    do = torch.randn(B, S, H, D, device=CUDA, dtype=dtype)
+
+    def run(fn, cast):
+        q, k, v = (t.to(cast).requires_grad_() for t in base)
+        out, lse = fn(q, k, v)
+        out.backward(do.to(cast))
+        return out.detach(), lse.detach(), q.grad, k.grad, v.grad
+
+    ref = lambda q, k, v: attention_ref(q, k, v, causal=causal, return_lse=True, upcast=False)  # noqa: E731
+    oracle, low = run(ref, torch.float64), run(ref, dtype)
+    for mode in ("fa3", "env"):
+        if mode == "env":
+            monkeypatch.setenv("FLASHSCALE_FA3", "1")
+            ours = run(lambda q, k, v: attention(q, k, v, causal=causal, return_lse=True), dtype)
+        else:
+            ours = run(lambda q, k, v: attention(q, k, v, causal=causal, return_lse=True, impl="fa3"), dtype)
+        assert_close_rule({"ours": ours, "oracle": oracle, "base": low})

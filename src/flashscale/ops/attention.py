@@ -20,7 +20,37 @@ import torch
 from flashscale.ops.attention_op import AttentionFunction, attention_fwd_op
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_IMPLS = ("auto", "triton", "reference")
+_IMPLS = ("auto", "triton", "fa3", "reference")
+# impl="auto" takes the Hopper fast path (kernels.attention_fa3) only when this is "1": it stays opt-in
+# until its GPU tests pass on an H200 (written and compiled for sm_90 on 2026-11-29, not yet run).
+FA3_ENV = "FLASHSCALE_FA3"
+
+
+def fa3_unsupported(q, k, v, *, varlen: bool, left: int, right: int, causal: bool, softcap: float,
+                    alibi_slopes, dropout_p: float) -> str | None:
+    """Why the FA3 forward cannot take this call (None: it can). Features first, then the device."""
+    if varlen:
+        return "the packed varlen layout (cu_seqlens_q/k) runs on the FA2 kernels"
+    if left != -1 or (right != -1 and not causal):
+        return f"window={(left, right)}: sliding windows run on the FA2 kernels (fa3 takes causal or none)"
+    if softcap:
+        return f"softcap={softcap}: runs on the FA2 kernels"
+    if alibi_slopes is not None:
+        return "alibi_slopes: runs on the FA2 kernels"
+    if dropout_p:
+        return f"dropout_p={dropout_p}: runs on the FA2 kernels"
+    if q.shape[-1] not in (64, 128, 256):
+        return f"head_dim={q.shape[-1]}: fa3 takes 64, 128 or 256"
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"dtype {q.dtype}: fa3 takes float16 or bfloat16"
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return f"fa3 needs a Hopper GPU (compute capability 9.x); q is on {q.device}"
+    from flashscale.kernels.attention_fa3 import supported
+
+    if not supported(q.contiguous(), k.contiguous(), v.contiguous()):
+        return "fa3 needs triton.experimental.gluon (Triton >= 3.6) and 16-byte aligned tensors"
+    return None
+
 
 
 def _check_tensor(name: str, t: torch.Tensor, rank: int, layout: str) -> None:
@@ -103,7 +133,9 @@ def attention(
     the backward. return_lse: also return the natural-log LSE, float32, (B, H, Sq) or (H, Tq).
     deterministic: bitwise-reproducible gradients (a separate dQ pass instead of atomics).
     impl: "auto" (Triton kernels on CUDA, reference elsewhere), "triton" (also on CPU when
-    TRITON_INTERPRET=1, for tests) or "reference".
+    TRITON_INTERPRET=1, for tests), "fa3" (the Hopper forward of kernels.attention_fa3, FA2's backward;
+    dense, causal or full, no softcap/alibi/dropout, head_dim 64/128/256, 16-bit, sm_90: anything else
+    raises) or "reference". With FLASHSCALE_FA3=1, "auto" takes "fa3" wherever it applies.
     fp8: FlashAttention-3's FP8 forward (flashscale.ops.attention_fp8 with its defaults: Hadamard, block
     quantization; bf16 backward); dense layout, causal and softmax_scale only.
     Returns out like q [, lse].
@@ -194,6 +226,13 @@ def attention(
         if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(f"impl='triton' needs a CUDA tensor (q is on {q.device}) or TRITON_INTERPRET=1")
 
+    if impl in ("fa3", "auto") and (impl == "fa3" or (os.environ.get(FA3_ENV) == "1" and q.is_cuda)):
+        why = fa3_unsupported(q, k, v, varlen=varlen, left=left, right=right, causal=causal, softcap=softcap,
+                              alibi_slopes=alibi_slopes, dropout_p=dropout_p)
+        if why is None:
+            impl = "fa3"
+        elif impl == "fa3":
+            raise ValueError(f"impl='fa3' cannot take this call: {why}; use impl='auto' or 'triton'")
     if (impl == "auto" and q.device.type == "cpu" and not varlen and not return_lse and left == -1
             and (causal or right == -1) and softcap == 0 and alibi_slopes is None and dropout_p == 0
             and (not causal or max_seqlen_q == max_seqlen_k) and q.dtype != torch.float64

@@ -11,6 +11,8 @@ Inputs arrive validated by flashscale.ops.attention.attention. Dispatch per call
   impl="triton"    -> the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1 for tests)
   impl="reference" -> plain PyTorch (flashscale.reference.attention)
   impl="auto"      -> Triton on CUDA for 16/32-bit floats, the reference otherwise (CPU, float64)
+  impl="fa3"       -> the Hopper forward (kernels.attention_fa3; checked eligible by ops.attention),
+                      the Triton FA2 backward (same out/lse conventions)
 Causal is window_right = 0 here. Outputs are always freshly allocated and contiguous (the fakes say so).
 """
 
@@ -27,7 +29,7 @@ _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 def use_triton(q: Tensor, impl: str) -> bool:
     if impl == "reference":
         return False
-    if impl == "triton":
+    if impl in ("triton", "fa3"):
         return True
     return q.is_cuda and q.dtype in _KERNEL_DTYPES
 
@@ -43,6 +45,11 @@ def _ref_kwargs(cu_q, cu_k, alibi, seed, max_q, max_k, scale, wl, wr, softcap, d
 
 def fwd_impl(q, k, v, cu_q, cu_k, alibi, seed: int, max_q, max_k, scale, wl, wr, softcap, dropout_p, impl):
     """-> out (like q, contiguous), lse (B, H, Sq) or (H, Tq) float32."""
+    if impl == "fa3":
+        from flashscale.kernels.attention_fa3 import attention_fa3_fwd
+
+        return attention_fa3_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal=wr == 0,
+                                 softmax_scale=scale)
     if use_triton(q, impl):
         from flashscale.kernels.attention_fwd import attention_fwd  # kernels load on first use, not at import
 
