@@ -216,15 +216,18 @@ class ZeroData:
         return out
 
     # ------------------------------------------------------------------------------ ZeRO-3 gathers
+    def _gather_source(self, own: torch.Tensor) -> torch.Tensor:
+        """The all-gather input for this rank's chunk `own` of the output: NCCL gathers in place, gloo
+        needs a separate tensor."""
+        return own if self.mesh.dp.size == 1 or self.mesh.backend == "nccl" else own.clone()
+
     def _prefetch(self, u: FlatUnit) -> None:
         if not u.gathered and u.pending_gather is None:
             _alloc(u.flat_param)
             own = u.flat_param[u.shard_lo:u.shard_lo + u.shard]
             with torch.no_grad():
                 own.copy_(u.master)  # the cast to the compute dtype
-            # NCCL gathers in place (input = this rank's chunk of the output); gloo gets a copy
-            src = own if self.mesh.dp.size == 1 or self.mesh.backend == "nccl" else own.clone()
-            u.pending_gather = self.mesh.dp.all_gather_into(u.flat_param, src, async_op=True,
+            u.pending_gather = self.mesh.dp.all_gather_into(u.flat_param, self._gather_source(own), async_op=True,
                                                             what=f"ZeRO-3 prefetch of {u.key}")
 
     def _acquire(self, u: FlatUnit) -> None:
@@ -351,8 +354,6 @@ class ZeroData:
         """Rounds the fp32 masters into the compute parameters (all-gathering the shards for 1, 2)."""
         pending = []
         dp = self.mesh.dp
-        # NCCL all-gathers in place (input = this rank's chunk of the output); gloo gets a copy.
-        in_place = dp.size == 1 or self.mesh.backend == "nccl"
         with torch.no_grad():
             for u in self.units.values():
                 if self.zero == 3:
@@ -361,7 +362,7 @@ class ZeroData:
                 own = u.flat_param[u.opt_lo:u.opt_hi]
                 own.copy_(u.master)  # the cast happens in the copy
                 if self.zero > 0:
-                    pending.append(dp.all_gather_into(u.flat_param, own if in_place else own.clone(),
+                    pending.append(dp.all_gather_into(u.flat_param, self._gather_source(own),
                                                       async_op=True, what=f"all-gather of {u.key} params"))
         for w in pending:
             w.wait()
