@@ -270,29 +270,42 @@ def tile_layout(block_rows: int, head_dim: int, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for([1, block_rows, head_dim], _gl_dtype(dtype))
 
 
-def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether attention_fa3_fwd can run these inputs (dense, contiguous, 16-bit, Hopper, D in 64/128/256)."""
-    if not HAS_GLUON or not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
-        return False
+def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, need_contiguous: bool = True) -> str | None:
+    """Why attention_fa3_fwd cannot run these inputs, or None (dense, 16-bit, Hopper, D in 64/128/256,
+    16-byte aligned as TMA reads them, and with need_contiguous: contiguous)."""
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        return "q, k, v must be tensors"
     if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
-        return False
+        return "fa3 takes the dense layout q (B, Sq, H, D), k and v (B, Sk, Hkv, D)"
     B, Sq, H, D = q.shape
-    if k.shape[0] != B or k.shape[3] != D or D not in HEAD_DIMS or k.shape[2] == 0 or H % k.shape[2]:
-        return False
+    if D not in HEAD_DIMS:
+        return f"head_dim={D}: fa3 takes 64, 128 or 256"
+    if k.shape[0] != B or k.shape[3] != D or k.shape[2] == 0 or H % k.shape[2]:
+        return f"k/v {tuple(k.shape)} do not fit q {tuple(q.shape)} (same batch and head_dim, H % Hkv == 0)"
     if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
-        return False
+        return f"dtype {q.dtype}: fa3 takes float16 or bfloat16"
     if not (q.is_cuda and k.is_cuda and v.is_cuda) or torch.cuda.get_device_capability(q.device)[0] != 9:
-        return False
-    return all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))
+        return f"fa3 needs a Hopper GPU (compute capability 9.x); q is on {q.device}"
+    if not HAS_GLUON:
+        return "fa3 needs triton.experimental.gluon with warp_specialize (Triton >= 3.6)"
+    if need_contiguous and not all(t.is_contiguous() for t in (q, k, v)):
+        return "fa3 needs contiguous q, k, v"
+    if any(t.is_contiguous() and t.data_ptr() % 16 for t in (q, k, v)):  # a contiguous one is used as it is
+        return "fa3 needs 16-byte aligned q, k, v"
+    return None
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether attention_fa3_fwd can run these inputs (see unsupported)."""
+    return unsupported(q, k, v) is None
 
 
 def attention_fa3_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                       softmax_scale: float | None = None, config: FA3Config | None = None):
     """out (B, Sq, H, D), lse (B, H, Sq) fp32 of softmax(scale * q k^T) v; see the module docstring."""
-    if not supported(q, k, v):
-        raise ValueError(f"attention_fa3_fwd: unsupported inputs q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)}, "
-                         f"v {tuple(v.shape)} (needs contiguous bf16/fp16 CUDA tensors on sm_90, D in {HEAD_DIMS}, "
-                         "H % Hkv == 0)")
+    why = unsupported(q, k, v)
+    if why is not None:
+        raise ValueError(f"attention_fa3_fwd: {why}")
     B, Sq, H, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     scale = softmax_scale if softmax_scale is not None else D ** -0.5

@@ -28,7 +28,7 @@ FA3_ENV = "FLASHSCALE_FA3"
 
 def fa3_unsupported(q, k, v, *, varlen: bool, left: int, right: int, causal: bool, softcap: float,
                     alibi_slopes, dropout_p: float) -> str | None:
-    """Why the FA3 forward cannot take this call (None: it can). Features first, then the device."""
+    """Why the FA3 forward cannot take this call (None: it can). Features first, then the tensors."""
     if varlen:
         return "the packed varlen layout (cu_seqlens_q/k) runs on the FA2 kernels"
     if left != -1 or (right != -1 and not causal):
@@ -39,17 +39,9 @@ def fa3_unsupported(q, k, v, *, varlen: bool, left: int, right: int, causal: boo
         return "alibi_slopes: runs on the FA2 kernels"
     if dropout_p:
         return f"dropout_p={dropout_p}: runs on the FA2 kernels"
-    if q.shape[-1] not in (64, 128, 256):
-        return f"head_dim={q.shape[-1]}: fa3 takes 64, 128 or 256"
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        return f"dtype {q.dtype}: fa3 takes float16 or bfloat16"
-    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
-        return f"fa3 needs a Hopper GPU (compute capability 9.x); q is on {q.device}"
-    from flashscale.kernels.attention_fa3 import supported
+    from flashscale.kernels.attention_fa3 import unsupported
 
-    if not supported(q.contiguous(), k.contiguous(), v.contiguous()):
-        return "fa3 needs triton.experimental.gluon (Triton >= 3.6) and 16-byte aligned tensors"
-    return None
+    return unsupported(q, k, v, need_contiguous=False)  # the op copies non-contiguous ones (copies are aligned)
 
 
 
