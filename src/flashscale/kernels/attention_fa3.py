@@ -108,6 +108,17 @@ if HAS_GLUON:
         return warpgroup_mma(q, kt, zero_s, use_acc=False, is_async=True)
 
     @gluon.jit
+    def _pv(acc, p, alpha, v_smem, v_ready, j, row_o: gl.constexpr, p_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+            HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+        """Issue O = alpha O + P_j V_j (async, P from registers) once V_j has landed; returns the token."""
+        s = j % STAGES
+        mbarrier.wait(v_ready.index(s), (j // STAGES) & 1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+        p16 = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+        v = v_smem.index(s).reshape([BLOCK_N, HEAD_DIM])
+        return warpgroup_mma(p16, v, acc, is_async=True)
+
+    @gluon.jit
     def _softmax(s, j, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale, CAUSAL: gl.constexpr,
                  BLOCK_N: gl.constexpr):
         """Online-softmax step on raw scores s (BM, BN) fp32 -> p (unnormalised), alpha, new m, new l."""
@@ -163,26 +174,16 @@ if HAS_GLUON:
                     # tensor cores: S_j = Q K_j^T, then O += P_{j-1} V_{j-1}; CUDA cores meanwhile wait
                     # only for S_j and run its softmax while the PV product is still in flight
                     tok_s = _qk(q, k_smem, k_ready, j, zero_s, BLOCK_N, HEAD_DIM, STAGES)
-                    sp = (j - 1) % STAGES
-                    mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
-                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-                    p16 = gl.convert_layout(p.to(dtype), p_layout)
-                    v = v_smem.index(sp).reshape([BLOCK_N, HEAD_DIM])
-                    tok_o = warpgroup_mma(p16, v, acc, is_async=True)
+                    tok_o = _pv(acc, p, alpha, v_smem, v_ready, j - 1, row_o, p_layout, BLOCK_N, HEAD_DIM, STAGES)
                     s = warpgroup_mma_wait(1, deps=(tok_s, ))  # wgmma groups retire in order: S_j done
                     mbarrier.arrive(k_empty.index(j % STAGES), count=1)
                     p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale,
                                                   CAUSAL, BLOCK_N)
                     acc = warpgroup_mma_wait(0, deps=(tok_o, ))
-                    mbarrier.arrive(v_empty.index(sp), count=1)
-                sp = (n_blocks - 1) % STAGES
-                mbarrier.wait(v_ready.index(sp), ((n_blocks - 1) // STAGES) & 1)
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-                p16 = gl.convert_layout(p.to(dtype), p_layout)
-                v = v_smem.index(sp).reshape([BLOCK_N, HEAD_DIM])
-                tok_o = warpgroup_mma(p16, v, acc, is_async=True)
+                    mbarrier.arrive(v_empty.index((j - 1) % STAGES), count=1)
+                tok_o = _pv(acc, p, alpha, v_smem, v_ready, n_blocks - 1, row_o, p_layout, BLOCK_N, HEAD_DIM, STAGES)
                 acc = warpgroup_mma_wait(0, deps=(tok_o, ))
-                mbarrier.arrive(v_empty.index(sp), count=1)
+                mbarrier.arrive(v_empty.index((n_blocks - 1) % STAGES), count=1)
         else:
             for j in range(n_blocks):
                 st = j % STAGES
@@ -191,11 +192,7 @@ if HAS_GLUON:
                 mbarrier.arrive(k_empty.index(st), count=1)
                 p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale,
                                               CAUSAL, BLOCK_N)
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-                p16 = gl.convert_layout(p.to(dtype), p_layout)
-                mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
-                v = v_smem.index(st).reshape([BLOCK_N, HEAD_DIM])
-                tok_o = warpgroup_mma(p16, v, acc, is_async=True)
+                tok_o = _pv(acc, p, alpha, v_smem, v_ready, j, row_o, p_layout, BLOCK_N, HEAD_DIM, STAGES)
                 acc = warpgroup_mma_wait(0, deps=(tok_o, ))
                 mbarrier.arrive(v_empty.index(st), count=1)
 
