@@ -84,7 +84,7 @@ def parse_args(argv=None):
 
 # ------------------------------------------------------------------------------------------ helpers
 class Ctx:
-    def __init__(self, smoke: bool):
+    def __init__(self, smoke: bool, only: list[str] | None = None):
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         self.local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -93,10 +93,14 @@ class Ctx:
         if self.cuda:
             torch.cuda.set_device(self.device)
         self.smoke = smoke
-        self.only: list[str] | None = None
+        self.only = only  # layout-name filters (--only)
         if self.world > 1 and not dist.is_initialized():
             kw = {"device_id": self.device} if self.cuda else {}
             dist.init_process_group("nccl" if self.cuda else "gloo", timeout=dt.timedelta(seconds=900), **kw)
+
+    def wants(self, layout: str) -> bool:
+        """Whether --only lets this layout run."""
+        return not self.only or any(o in layout for o in self.only)
 
     def log(self, *a):
         if self.rank == 0:
@@ -234,7 +238,7 @@ def part_parity(ctx: Ctx) -> list[dict]:
     ctx.free()
     for pc, (pp, dp, tp) in layouts(ctx.world, cfg.num_hidden_layers):
         name = layout_name(pc, pp, dp, tp)
-        if ctx.only and not any(o in name for o in ctx.only):
+        if not ctx.wants(name):
             continue
         m = 2 * pp if pp > 1 else 1
         dpr = (int(ctx.rank // tp) % dp, dp)
@@ -413,7 +417,7 @@ def part_scaling(ctx: Ctx, name: str = "1B") -> list[dict]:
     rows = []
     for impl, pc, (pp, dp, tp) in configs:
         layout = f"fsdp2-dp{W}" if impl == "fsdp2" else "single" if pc is None else layout_name(pc, pp, dp, tp)
-        if ctx.only and not any(o in layout for o in ctx.only):
+        if not ctx.wants(layout):
             continue
         ctx.free()
         t_build = time.perf_counter()
@@ -674,8 +678,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.merge:
         return merge(args)
-    ctx = Ctx(args.smoke)
-    ctx.only = args.only
+    ctx = Ctx(args.smoke, args.only)
     rows = []
     t0 = time.time()
     for part in args.parts:
