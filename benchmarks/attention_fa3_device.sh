@@ -98,24 +98,19 @@ PYEOF
 echo "benchmark exit: $? after $(( $(date +%s) - start ))s" >> "$OUT/bench.log"
 # -- 3. machine code (last: the timings matter more if time runs out) ---------------------------------
 timeout "$T_SASS" "$PY" - > "$OUT/sass.txt" 2>&1 <<'PYEOF'
-import re, subprocess, tempfile, os
+import re
 from dataclasses import replace
 import torch
-from triton.backends.nvidia.compiler import get_ptxas
 from flashscale.kernels import attention_fa3 as fa3
-
-tools = os.path.join(os.path.dirname(get_ptxas(90).path))
-cuobjdump = os.path.join(tools, "cuobjdump")
+from flashscale.kernels.aot import ptxas_stats, sass as sass_of
 for d in fa3.HEAD_DIMS:
     for causal in (False, True):
         for overlap in (True, False):
             cfg = replace(fa3.DEFAULT_CONFIGS[d], overlap=overlap)
             k = fa3.compile_sm90(d, causal, config=cfg)
             k._init_handles()  # load on the GPU: the driver's register and spill counts
-            st = fa3.ptxas_stats(k.asm["ptx"])
-            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                f.write(k.asm["cubin"]); f.flush()
-                sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True).stdout
+            st = ptxas_stats(k.asm["ptx"])
+            sass = sass_of(k.asm["cubin"])
             pats = {"HGMMA": r"HGMMA", "UTMALDG": r"UTMALDG", "UTMASTG": r"UTMASTG", "LDL": r"\bLDL",
                     "STL": r"\bSTL", "SETMAXREG": r"SETMAXREG|USETMAXREG", "MUFU.EX2": r"MUFU\.EX2"}
             counts = " ".join(f"{name}={len(re.findall(pat, sass))}" for name, pat in pats.items())

@@ -25,6 +25,7 @@ SMEM_PER_BLOCK = 227 * 1024  # H100/H200: 228 KB an SM, 227 KB the most one bloc
 _COMPILE = """
 import json, sys
 from flashscale.kernels import attention_fa3 as fa3
+from flashscale.kernels.aot import ptxas_stats
 out, res = sys.argv[1], {}
 for d in fa3.HEAD_DIMS:
     for causal in (False, True):
@@ -32,7 +33,7 @@ for d in fa3.HEAD_DIMS:
         name = f"d{d}_{'causal' if causal else 'full'}"
         open(f"{out}/{name}.ptx", "w").write(k.asm["ptx"])
         res[name] = dict(shared=k.metadata.shared, cubin_bytes=len(k.asm["cubin"]),
-                         stats={x: y for x, y in fa3.ptxas_stats(k.asm["ptx"]).items()})
+                         stats=ptxas_stats(k.asm["ptx"]))
 json.dump(res, open(f"{out}/compiled.json", "w"))
 """
 
@@ -87,6 +88,8 @@ def test_ptxas_stats_reads_spills():
     ptx = (".version 8.0\n.target sm_90a\n.address_size 64\n"
            ".visible .entry spill(.param .u64 p) .maxnreg 24 {\n  .reg .b64 %rd<2>;\n  .reg .f32 %f<65>;\n"
            "  ld.param.u64 %rd0, [p];\n" + body + "  ret;\n}\n")
-    stats = fa3.ptxas_stats(ptx)
+    from flashscale.kernels.aot import ptxas_stats
+
+    stats = ptxas_stats(ptx)
     assert stats["registers"] <= 24
     assert stats["spill_stores"] > 0, stats["log"]

@@ -350,27 +350,3 @@ def compile_sm90(head_dim: int, causal: bool, *, dtype: torch.dtype = torch.bflo
     signature.update({name: "constexpr" for name in constexprs})
     src = GluonASTSource(fn=_fa3_fwd_kernel, signature=signature, constexprs=constexprs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4 * cfg.consumers})
-
-
-def ptxas_stats(ptx: str, arch: str = "sm_90a") -> dict:
-    """Registers and spill bytes as `ptxas -v` reports them for this PTX (Triton's bundled ptxas; Triton
-    runs it with -v too but drops the log). {'registers', 'spill_stores', 'spill_loads', 'log'}."""
-    import re
-    import subprocess
-    import tempfile
-
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    with tempfile.TemporaryDirectory() as tmp:
-        src = f"{tmp}/k.ptx"
-        with open(src, "w") as f:
-            f.write(ptx)
-        res = subprocess.run([get_ptxas(90).path, "-v", f"--gpu-name={arch}", src, "-o", f"{tmp}/k.cubin"],
-                             capture_output=True, text=True, check=True)
-    log = res.stdout + res.stderr
-    regs = re.search(r"Used (\d+) registers", log)
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    if regs is None or spill is None:
-        raise RuntimeError(f"unexpected ptxas -v output:\n{log}")
-    return {"registers": int(regs.group(1)), "spill_stores": int(spill.group(1)), "spill_loads": int(spill.group(2)),
-            "log": log}

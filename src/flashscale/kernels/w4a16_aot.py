@@ -10,21 +10,18 @@ Run it with TRITON_INTERPRET unset (the CPU test conftest sets it: the test runs
 from __future__ import annotations
 
 import collections
-import os
 import re
-import subprocess
-import tempfile
 from dataclasses import asdict, dataclass
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from flashscale.kernels.aot import ptxas_stats, sass
 from flashscale.kernels.w4a16 import GemmConfig, GemvConfig, _GEMM_CANDIDATES, _GEMV_CANDIDATES
 from flashscale.kernels.w4a16_gemm import w4a16_gemm_kernel
 from flashscale.kernels.w4a16_gemv import w4a16_gemv_kernel
 
-_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 _PTRS = ("x_ptr", "pk_ptr", "sz_ptr", "perm_ptr", "y_ptr", "bias_ptr", "ws_ptr", "cnt_ptr")
 _ALIGNED_INTS = ("N", "K", "stride_pn", "stride_sg", "stride_xm", "stride_ym")  # 16-divisible at the shapes
 
@@ -50,29 +47,6 @@ def compile_sm90(cfg: GemvConfig | GemmConfig, *, dtype: str = "bf16", group_siz
     src = ASTSource(fn=kern, signature=sig, constexprs={(names.index(k),): v for k, v in cx.items()}, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
-
-
-def ptxas_usage(ptx: str) -> dict:
-    """registers, spill bytes and stack frame from `ptxas -arch=sm_90a -v`."""
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.ptx")
-        with open(path, "w") as f:
-            f.write(ptx)
-        log = subprocess.run([os.path.join(_BIN, "ptxas"), "-arch=sm_90a", "-v", path, "-o", os.devnull],
-                             capture_output=True, text=True, check=True).stderr
-    sp = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    return dict(registers=int(re.search(r"Used (\d+) registers", log).group(1)),
-                spill_stores=int(sp.group(1)), spill_loads=int(sp.group(2)),
-                stack=int(re.search(r"(\d+) bytes stack frame", log).group(1)))
-
-
-def sass(cubin: bytes) -> str:
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(cubin)
-        return subprocess.run([os.path.join(_BIN, "cuobjdump"), "-sass", path], capture_output=True, text=True,
-                              check=True).stdout
 
 
 def main_loop(sass_text: str) -> collections.Counter:
@@ -108,7 +82,8 @@ def census(cfg: GemvConfig | GemmConfig, **kw) -> dict:
     total = sum(loop.values())
     return dict(
         config=asdict(cfg), kernel="gemv" if isinstance(cfg, GemvConfig) else "gemm", shared=k.metadata.shared,
-        **ptxas_usage(k.asm["ptx"]), weights_per_thread_step=w, loop_instructions=total,
+        **{n: v for n, v in ptxas_stats(k.asm["ptx"]).items() if n != "log"},
+        weights_per_thread_step=w, loop_instructions=total,
         per_weight=total / w,
         ldg128=n(lambda o: o.startswith("LDG.") and o.endswith(".128")),
         ldgsts128=n(lambda o: o.startswith("LDGSTS") and o.endswith(".128")),
