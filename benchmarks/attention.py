@@ -49,9 +49,9 @@ def _inputs(batch, seqlen, heads, hdim, *, layout="bshd", grad=True, seed=0):
             for _ in range(4)]  # q, k, v, dout
 
 
-def _ours(q, k, v, causal, deterministic=False):
+def _ours(q, k, v, causal, deterministic=False, impl="auto"):
     from flashscale.ops import attention
-    return attention(q, k, v, causal=causal, deterministic=deterministic)
+    return attention(q, k, v, causal=causal, deterministic=deterministic, impl=impl)
 
 
 def _sdpa(backend):
@@ -71,7 +71,7 @@ def time_cell(impl, batch, seqlen, heads, hdim, causal, *, rep, warmup):
     q, k, v, do = _inputs(batch, seqlen, heads, hdim, layout=layout)
     if impl.startswith("flashscale"):
         det = impl == "flashscale_det"
-        fwd = lambda: _ours(q, k, v, causal, det)  # noqa: E731
+        fwd = lambda: _ours(q, k, v, causal, det, "fa3" if impl == "flashscale_fa3" else "auto")  # noqa: E731
     else:
         sd = _sdpa(impl.split("_")[1])
         fwd = lambda: sd(q, k, v, causal)  # noqa: E731
@@ -80,8 +80,9 @@ def time_cell(impl, batch, seqlen, heads, hdim, causal, *, rep, warmup):
     bwd()
     t_f = None if impl == "flashscale_det" else triton.testing.do_bench(fwd, warmup=warmup, rep=rep,
                                                                        return_mode="median")
-    t_b = triton.testing.do_bench(bwd, warmup=warmup, rep=rep, return_mode="median")
-    return t_f, t_b  # the deterministic variant differs only in the backward
+    t_b = None if impl == "flashscale_fa3" else triton.testing.do_bench(bwd, warmup=warmup, rep=rep,
+                                                                       return_mode="median")
+    return t_f, t_b  # the deterministic variant differs only in the backward, the fa3 one only in the forward
 
 
 def check_group(hdim, causal, seqlen=1024, batch=2):
@@ -162,7 +163,7 @@ def plot(rows, path, gpu):
     except ImportError:
         print("matplotlib missing: no plot")
         return
-    impls = [i for i in ("flashscale", "sdpa_flash", "sdpa_cudnn") if any(r["impl"] == i for r in rows)]
+    impls = [i for i in ("flashscale", "flashscale_fa3", "sdpa_flash", "sdpa_cudnn") if any(r["impl"] == i for r in rows)]
     hdims = sorted({r["hdim"] for r in rows})
     panels = [(m, c) for m in ("fwd", "bwd") for c in (False, True)]
     fig, axes = plt.subplots(len(panels), len(hdims), figsize=(5 * len(hdims), 3.2 * len(panels)), squeeze=False)
@@ -200,7 +201,8 @@ def table(rows, checks):
                                                            for n, v in c["result"].items()) + ")")
     key = lambda r: (r["pass"], r["hdim"], r["causal"], r["seqlen"])  # noqa: E731
     cells = sorted({key(r) for r in rows})
-    impls = [i for i in ("flashscale", "flashscale_det", "sdpa_flash", "sdpa_cudnn") if any(r["impl"] == i for r in rows)]
+    impls = [i for i in ("flashscale", "flashscale_det", "flashscale_fa3", "sdpa_flash", "sdpa_cudnn")
+             if any(r["impl"] == i for r in rows)]
     lines.append(f"{'pass':4} {'d':>4} {'causal':6} {'seqlen':>6} " + " ".join(f"{i:>14}" for i in impls)
                  + f" {'vs flash':>8} {'target':>6}")
     misses = 0
@@ -222,6 +224,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seqlens", type=int, nargs="+", default=None)
     ap.add_argument("--tune", action="store_true", help="time every candidate config (cached to JSON)")
     ap.add_argument("--deterministic", action="store_true", help="also time the deterministic backward")
+    ap.add_argument("--fa3", action="store_true", help="also time the Hopper forward (ops.attention impl='fa3')")
     ap.add_argument("--no-anchors", action="store_true", help="skip SDPA flash/cuDNN")
     ap.add_argument("--jobs", type=int, default=0, help="compile kernels in N processes first")
     ap.add_argument("--precompile-only", action="store_true")
@@ -241,6 +244,7 @@ def main(argv=None) -> int:
     rep, warmup = (30, 10) if args.quick else (100, 25)
     gpu = torch.cuda.get_device_name()
     impls = ["flashscale"] + (["flashscale_det"] if args.deterministic else []) + \
+        (["flashscale_fa3"] if args.fa3 else []) + \
         ([] if args.no_anchors else ["sdpa_flash", "sdpa_cudnn"])
     rows, checks, errors = [], [], []
     t0 = time.time()
