@@ -139,6 +139,28 @@ def test_fa3_refuses_varlen_head_dims_and_fp32():
         attention(q[0], k[0], v[0], cu_seqlens_q=cu, cu_seqlens_k=cu, impl="fa3")
 
 
+def test_fa3_auto_rule(monkeypatch):
+    """impl="auto" takes the fa3 forward on a GPU where it measured faster (head_dim 128 from 1024 query
+    rows, 256 from 2048); FLASHSCALE_FA3=1 everywhere it applies, =0 never; other values are an error."""
+    from types import SimpleNamespace
+
+    from flashscale.ops.attention import _auto_wants_fa3
+
+    gpu = lambda d: SimpleNamespace(is_cuda=True, shape=(1, 1, 1, d))  # noqa: E731
+    monkeypatch.delenv("FLASHSCALE_FA3", raising=False)
+    assert [_auto_wants_fa3(gpu(128), s) for s in (1, 1023, 1024, 16384)] == [False, False, True, True]
+    assert [_auto_wants_fa3(gpu(256), s) for s in (1024, 2047, 2048)] == [False, False, True]
+    assert not _auto_wants_fa3(gpu(64), 16384)
+    assert not _auto_wants_fa3(SimpleNamespace(is_cuda=False, shape=(1, 1, 1, 128)), 4096)
+    monkeypatch.setenv("FLASHSCALE_FA3", "1")
+    assert _auto_wants_fa3(gpu(64), 1)
+    monkeypatch.setenv("FLASHSCALE_FA3", "0")
+    assert not _auto_wants_fa3(gpu(128), 16384)
+    monkeypatch.setenv("FLASHSCALE_FA3", "yes")
+    with pytest.raises(ValueError, match="FLASHSCALE_FA3='yes': takes 1"):
+        attention(*_qkv(), impl="auto")
+
+
 def test_fa3_opt_in_on_cpu_keeps_the_cpu_path(monkeypatch):
     monkeypatch.setenv("FLASHSCALE_FA3", "1")
     q, k, v = _qkv(B=2, S=7, H=4, Hkv=2, D=64)

@@ -21,9 +21,24 @@ from flashscale.ops.attention_op import AttentionFunction, attention_fwd_op
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _IMPLS = ("auto", "triton", "fa3", "reference")
-# impl="auto" takes the Hopper fast path (kernels.attention_fa3) only when this is "1": it stays opt-in
-# until its GPU tests pass on an H200 (written and compiled for sm_90 on 2026-11-29, not yet run).
+# impl="auto" on an sm_90 GPU takes the Hopper forward (kernels.attention_fa3, FA2's backward) where it
+# measured faster than the tuned FA2 forward on the H200 (benchmarks/results/attention-fa3-h200.json against
+# attention-h200.json, 2026-11-29): head_dim 128 from 1024 query rows (1.2x at 1k, 1.0x at 16k), head_dim 256
+# from 2048 (1.1-1.2x); at head_dim 64 FA2 is faster everywhere, and short sequences are FA2's too.
+# FLASHSCALE_FA3=1 takes it wherever it applies, =0 never.
 FA3_ENV = "FLASHSCALE_FA3"
+FA3_AUTO_MIN_SEQLEN_Q = {128: 1024, 256: 2048}
+
+
+def _auto_wants_fa3(q: torch.Tensor, seqlen_q: int) -> bool:
+    mode = os.environ.get(FA3_ENV, "")
+    if mode not in ("", "0", "1"):
+        raise ValueError(f"{FA3_ENV}={mode!r}: takes 1 (the fa3 forward wherever it applies), 0 (never) or unset "
+                         f"(where it is faster: head_dim 128 from 1024 query rows, 256 from 2048)")
+    if mode == "0" or not q.is_cuda:
+        return False
+    need = FA3_AUTO_MIN_SEQLEN_Q.get(q.shape[-1])
+    return mode == "1" or (need is not None and seqlen_q >= need)
 
 
 def fa3_unsupported(q, k, v, *, varlen: bool, left: int, right: int, causal: bool, softcap: float,
@@ -127,7 +142,8 @@ def attention(
     impl: "auto" (Triton kernels on CUDA, reference elsewhere), "triton" (also on CPU when
     TRITON_INTERPRET=1, for tests), "fa3" (the Hopper forward of kernels.attention_fa3, FA2's backward;
     dense, causal or full, no softcap/alibi/dropout, head_dim 64/128/256, 16-bit, sm_90: anything else
-    raises) or "reference". With FLASHSCALE_FA3=1, "auto" takes "fa3" wherever it applies.
+    raises) or "reference". On an sm_90 GPU "auto" takes "fa3" where it is the faster forward
+    (FA3_AUTO_MIN_SEQLEN_Q); FLASHSCALE_FA3=1: wherever it applies, =0: never.
     fp8: FlashAttention-3's FP8 forward (flashscale.ops.attention_fp8 with its defaults: Hadamard, block
     quantization; bf16 backward); dense layout, causal and softmax_scale only.
     Returns out like q [, lse].
@@ -218,7 +234,7 @@ def attention(
         if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(f"impl='triton' needs a CUDA tensor (q is on {q.device}) or TRITON_INTERPRET=1")
 
-    if impl in ("fa3", "auto") and (impl == "fa3" or (os.environ.get(FA3_ENV) == "1" and q.is_cuda)):
+    if impl == "fa3" or (impl == "auto" and _auto_wants_fa3(q, max_seqlen_q)):
         why = fa3_unsupported(q, k, v, varlen=varlen, left=left, right=right, causal=causal, softcap=softcap,
                               alibi_slopes=alibi_slopes, dropout_p=dropout_p)
         if why is None:
