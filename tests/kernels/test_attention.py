@@ -122,13 +122,17 @@ def test_varlen_features():
     assert_close_rule(run_all(q, k, v, **cu, **kw))
 
 
-@pytest.mark.parametrize("fwd_cfg,bwd_cfg", [
-    (FwdConfig(block_m=32, block_n=16), BwdConfig(block_m=16, block_n=32)),
-    (FwdConfig(block_m=16, block_n=32, tma=True), BwdConfig(block_m=32, block_n=16)),
-], ids=["bm32_bn16", "bm16_bn32_tma"])
-def test_block_configs(fwd_cfg, bwd_cfg):
-    """Unequal block sizes (band edges that cut blocks differently), and the TMA path (descriptors are
-    emulated by the interpreter) with a padded head dim and rows past the end of the sequence."""
+@pytest.mark.parametrize("fwd_cfg,bwd_cfg,deterministic", [
+    (FwdConfig(block_m=32, block_n=16), BwdConfig(block_m=16, block_n=32), True),
+    (FwdConfig(block_m=16, block_n=32, tma=True), BwdConfig(block_m=32, block_n=16), True),
+    (FwdConfig(block_m=16, block_n=16), BwdConfig(block_m=16, block_n=32, d_split=2), False),
+    (FwdConfig(block_m=16, block_n=16), BwdConfig(block_m=32, block_n=16, d_split=2), True),
+], ids=["bm32_bn16", "bm16_bn32_tma", "dsplit2_atomic_dq", "dsplit2_deterministic"])
+def test_block_configs(fwd_cfg, bwd_cfg, deterministic):
+    """Unequal block sizes (band edges that cut blocks differently), the TMA path (descriptors are
+    emulated by the interpreter) with a padded head dim and rows past the end of the sequence, and the
+    dK/dV kernel split over the head dim (d_split=2: slices 0-31 and 32-63 of the padded 64, the second
+    one ragged at D = 40), with dQ from its atomics or from the deterministic kernel."""
     B, Sq, Sk, H, Hkv, D = 1, 37, 50, 2, 1, 40
     dtype = torch.float32
     q, k, v = (torch.randn(B, S, h, D, dtype=dtype) for S, h in ((Sq, H), (Sk, Hkv), (Sk, Hkv)))
@@ -137,7 +141,8 @@ def test_block_configs(fwd_cfg, bwd_cfg):
     attention_fwd(q, k, v, out, lse, config=fwd_cfg, **kw)
     do = torch.randn_like(q)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    attention_bwd(do, q, k, v, out, lse, dq, dk, dv, config=bwd_cfg, dq_config=fwd_cfg, deterministic=True, **kw)
+    attention_bwd(do, q, k, v, out, lse, dq, dk, dv, config=bwd_cfg, dq_config=fwd_cfg, deterministic=deterministic,
+                  **kw)
     qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
     ref = attention_ref(qd, kd, vd, causal=True, window=(11, -1), softmax_scale=D ** -0.5)
     grads = torch.autograd.grad(ref, (qd, kd, vd), do.double())

@@ -73,17 +73,26 @@ def _row_stats(LSE, DELTA, rows, len_q, CHECK_ROWS: tl.constexpr):
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qs, stride_dos, stride_dqs,
-                start, end, n0, cols, offs_m, offs_d, len_q, len_k, off, sm_scale, qk_scale, softcap2, slope2,
+def _dkdv_inner(dk, dv, k, v, k_s, q_base, do_base, lse_base, delta_base, dq_base, stride_qs, stride_dos, stride_dqs,
+                start, end, n0, cols, offs_m, offs_d, offs_ds, len_q, len_k, off, sm_scale, qk_scale, softcap2, slope2,
                 window_left, window_right, seed, rng_base, pitch4, dropout_p, HEAD_DIM: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                 HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, PAD_D: tl.constexpr,
-                ATOMIC_DQ: tl.constexpr, PRECISION: tl.constexpr):
+                ATOMIC_DQ: tl.constexpr, PRECISION: tl.constexpr, D_SPLIT: tl.constexpr):
+    """One stretch of query blocks for the key block of dk/dv. With D_SPLIT > 1 this program owns the head-dim
+    slice offs_ds of dK, dV (and of its dQ atomics): S and dP still take the whole head dim (q, do, k, v), the
+    three products into the slice take q_s, do_s, k_s."""
     for start_m in range(start, end, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         rows = start_m + offs_m
         q = _load_rows(q_base, rows, offs_d, stride_qs, len_q, HEAD_DIM, MASKED, PAD_D)
         do = _load_rows(do_base, rows, offs_d, stride_dos, len_q, HEAD_DIM, MASKED, PAD_D)
+        if D_SPLIT > 1:  # this program's slice of the head dim (the same rows again: L1/L2 hits)
+            q_s = _load_rows(q_base, rows, offs_ds, stride_qs, len_q, HEAD_DIM, MASKED, True)
+            do_s = _load_rows(do_base, rows, offs_ds, stride_dos, len_q, HEAD_DIM, MASKED, True)
+        else:
+            q_s = q
+            do_s = do
         lse2, delta = _row_stats(lse_base, delta_base, rows, len_q, MASKED)
         qkT = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (BN, BM): keys along rows
         sT, tT = scores_log2(qkT, rows[None, :], cols[:, None], off, qk_scale, softcap2, slope2, HAS_SOFTCAP,
@@ -101,16 +110,16 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, st
             dpT = tl.where(keep, dpT * inv_keep, 0.0)
         else:
             pdT = pT
-        dv = tl.dot(pdT.to(do.dtype), do, dv, input_precision=PRECISION)
+        dv = tl.dot(pdT.to(do.dtype), do_s, dv, input_precision=PRECISION)
         dsT = pT * (dpT - delta[None, :])
         if HAS_SOFTCAP:
             dsT = dsT * (1.0 - tT * tT)
         dsT_lp = dsT.to(q.dtype)
-        dk = tl.dot(dsT_lp, q, dk, input_precision=PRECISION)
+        dk = tl.dot(dsT_lp, q_s, dk, input_precision=PRECISION)
         if ATOMIC_DQ:
-            dq = tl.dot(tl.trans(dsT_lp), k, input_precision=PRECISION) * sm_scale  # (BM, BD)
-            tl.atomic_add(dq_base + rows[:, None] * stride_dqs + offs_d[None, :], dq,
-                          mask=(rows[:, None] < len_q) & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
+            dq = tl.dot(tl.trans(dsT_lp), k_s, input_precision=PRECISION) * sm_scale  # (BM, BD / D_SPLIT)
+            tl.atomic_add(dq_base + rows[:, None] * stride_dqs + offs_ds[None, :], dq,
+                          mask=(rows[:, None] < len_q) & (offs_ds[None, :] < HEAD_DIM), sem="relaxed")
     return dk, dv
 
 
@@ -124,8 +133,10 @@ def _attn_bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr, PRECISION: tl.constexpr,
+    D_SPLIT: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
+    pid_n = tl.program_id(0) // D_SPLIT
+    d_slice = tl.program_id(0) % D_SPLIT
     bhk = tl.program_id(1)
     HKV = H // GROUP
     b = bhk // HKV
@@ -140,13 +151,21 @@ def _attn_bwd_dkdv_kernel(
     cols = n0 + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
+    BLOCK_DS: tl.constexpr = BLOCK_D // D_SPLIT  # the head-dim slice of dK/dV this program owns
+    offs_ds = d_slice * BLOCK_DS + tl.arange(0, BLOCK_DS)
     kv_mask = (cols[:, None] < len_k) & (offs_d[None, :] < HEAD_DIM)
     k_ptrs = K + b64 * stride_kb + (start_k + cols)[:, None] * stride_ks + hk * stride_kh + offs_d[None, :]
     v_ptrs = V + b64 * stride_vb + (start_k + cols)[:, None] * stride_vs + hk * stride_vh + offs_d[None, :]
     k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
     v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    ds_mask = (cols[:, None] < len_k) & (offs_ds[None, :] < HEAD_DIM)
+    if D_SPLIT > 1:
+        k_s = tl.load(K + b64 * stride_kb + (start_k + cols)[:, None] * stride_ks + hk * stride_kh + offs_ds[None, :],
+                      mask=ds_mask, other=0.0)
+    else:
+        k_s = k
+    dk = tl.zeros([BLOCK_N, BLOCK_DS], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DS], dtype=tl.float32)
     if HAS_SOFTCAP:
         qk_scale = sm_scale / softcap
         softcap2 = softcap * LOG2E
@@ -170,26 +189,26 @@ def _attn_bwd_dkdv_kernel(
         rng_base = 0
         if HAS_DROPOUT:
             rng_base = (b64 * H + h) * seqlen_q * pitch4
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qs, stride_dos,
-                             stride_dqs, full_lo, full_hi, n0, cols, offs_m, offs_d, len_q, len_k, off, sm_scale,
+        dk, dv = _dkdv_inner(dk, dv, k, v, k_s, q_base, do_base, lse_base, delta_base, dq_base, stride_qs, stride_dos,
+                             stride_dqs, full_lo, full_hi, n0, cols, offs_m, offs_d, offs_ds, len_q, len_k, off, sm_scale,
                              qk_scale, softcap2, slope2, window_left, window_right, seed, rng_base, pitch4,
                              dropout_p, HEAD_DIM, BLOCK_M, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI,
-                             HAS_DROPOUT, PAD_D, ATOMIC_DQ, PRECISION)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qs, stride_dos,
-                             stride_dqs, lo, full_lo, n0, cols, offs_m, offs_d, len_q, len_k, off, sm_scale, qk_scale,
+                             HAS_DROPOUT, PAD_D, ATOMIC_DQ, PRECISION, D_SPLIT)
+        dk, dv = _dkdv_inner(dk, dv, k, v, k_s, q_base, do_base, lse_base, delta_base, dq_base, stride_qs, stride_dos,
+                             stride_dqs, lo, full_lo, n0, cols, offs_m, offs_d, offs_ds, len_q, len_k, off, sm_scale, qk_scale,
                              softcap2, slope2, window_left, window_right, seed, rng_base, pitch4, dropout_p,
                              HEAD_DIM, BLOCK_M, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
-                             PAD_D, ATOMIC_DQ, PRECISION)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qs, stride_dos,
-                             stride_dqs, full_hi, hi, n0, cols, offs_m, offs_d, len_q, len_k, off, sm_scale, qk_scale,
+                             PAD_D, ATOMIC_DQ, PRECISION, D_SPLIT)
+        dk, dv = _dkdv_inner(dk, dv, k, v, k_s, q_base, do_base, lse_base, delta_base, dq_base, stride_qs, stride_dos,
+                             stride_dqs, full_hi, hi, n0, cols, offs_m, offs_d, offs_ds, len_q, len_k, off, sm_scale, qk_scale,
                              softcap2, slope2, window_left, window_right, seed, rng_base, pitch4, dropout_p,
                              HEAD_DIM, BLOCK_M, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
-                             PAD_D, ATOMIC_DQ, PRECISION)
+                             PAD_D, ATOMIC_DQ, PRECISION, D_SPLIT)
     dk = dk * sm_scale
-    tl.store(DK + b64 * stride_dkb + (start_k + cols)[:, None] * stride_dks + hk * stride_dkh + offs_d[None, :],
-             dk.to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + b64 * stride_dvb + (start_k + cols)[:, None] * stride_dvs + hk * stride_dvh + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=kv_mask)
+    tl.store(DK + b64 * stride_dkb + (start_k + cols)[:, None] * stride_dks + hk * stride_dkh + offs_ds[None, :],
+             dk.to(DK.dtype.element_ty), mask=ds_mask)
+    tl.store(DV + b64 * stride_dvb + (start_k + cols)[:, None] * stride_dvs + hk * stride_dvh + offs_ds[None, :],
+             dv.to(DV.dtype.element_ty), mask=ds_mask)
 
 
 @triton.jit
@@ -327,12 +346,12 @@ def attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, *, dlse=None, cu_seqlens_
     def launch_dkdv(cfg: BwdConfig):
         if atomic:
             dq_acc.zero_()
-        _attn_bwd_dkdv_kernel[(cdiv(sk, cfg.block_n), B * Hkv)](
+        _attn_bwd_dkdv_kernel[(cdiv(sk, cfg.block_n) * cfg.d_split, B * Hkv)](
             q, k, v, dout, lse, delta, dk, dv, dq_acc, cu_q, cu_k, alibi,
             *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen), *_strides3(dout, varlen),
             *_strides3(dk, varlen), *_strides3(dv, varlen), *_strides3(dq_acc, varlen), slb, slh, sab, sah,
             *scalars, HEAD_DIM=D, BLOCK_D=BD, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ATOMIC_DQ=atomic, **flags,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            D_SPLIT=cfg.d_split, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     if config is None:
         config, candidates = plan("bwd", q, head_dim=D, seqlen_q=sq, seqlen_k=sk, causal=right == 0,

@@ -43,12 +43,16 @@ class FwdConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class BwdConfig:
-    """dK/dV kernel: BLOCK_N key rows held on chip, stepping over BLOCK_M query rows."""
+    """dK/dV kernel: BLOCK_N key rows held on chip, stepping over BLOCK_M query rows. d_split > 1: that many
+    programs per key block, each accumulating one slice of the head dim of dK/dV (and its dQ atomics) while
+    recomputing S and dP over the whole head dim: 1.4x the FLOPs at d_split 2, for accumulators that fit
+    the register file at head_dim 256 with wgmma-sized tiles."""
 
     block_m: int
     block_n: int
     num_warps: int = 4
     num_stages: int = 2
+    d_split: int = 1
 
 
 _lock = threading.Lock()
@@ -198,9 +202,13 @@ def bwd_candidates(head_dim: int, dtype: torch.dtype, *, gpu: bool, hopper: bool
         return [BwdConfig(block_m=32, block_n=128, num_warps=8, num_stages=2),   # 226 regs
                 BwdConfig(block_m=64, block_n=128, num_warps=8, num_stages=2),   # 88 B spill
                 BwdConfig(block_m=64, block_n=64, num_warps=8, num_stages=2)]
+    # head_dim 256 (sm_90a ptxas, bf16, 2026-11-29): whole-width accumulators spill or fall back to mma.sync;
+    # the d_split=2 configs hold half of dK/dV each (1.4x the FLOPs) without spills, with wgmma
     return [BwdConfig(block_m=16, block_n=64, num_warps=8, num_stages=2),        # 48 B spill, wgmma
             BwdConfig(block_m=32, block_n=32, num_warps=8, num_stages=2),        # no spill, mma.sync only
-            BwdConfig(block_m=32, block_n=64, num_warps=8, num_stages=2)]        # 132 B spill
+            BwdConfig(block_m=32, block_n=64, num_warps=8, num_stages=2),        # 132 B spill
+            BwdConfig(block_m=32, block_n=64, num_warps=8, num_stages=2, d_split=2),   # 220 regs, 184 KB smem
+            BwdConfig(block_m=16, block_n=128, num_warps=8, num_stages=2, d_split=2)]  # 248 regs, 216 KB smem
 
 
 def dq_candidates(head_dim: int, dtype: torch.dtype, *, gpu: bool, hopper: bool) -> list[FwdConfig]:
