@@ -43,10 +43,12 @@ def attention_table(res: dict, name: str) -> list[str]:
     for r in res["rows"]:
         if "tflops" not in r or "causal" not in r:  # the FP8 file's pre-pass rows (GB/s): not a TFLOP/s cell
             continue
-        key = (r["hdim"], r["causal"], r["seqlen"], r["pass"])
-        cells[key][r["impl"]] = r["tflops"]
-        if r["impl"] not in impls:
-            impls.append(r["impl"])
+        # the FA3 sweep's rows are forward-only and name their config in "variant" (fa3 pp, fa3 coop, ...)
+        impl = r["impl"] if r.get("variant") in (None, r["impl"]) else f"{r['impl']} {r['variant']}"
+        key = (r["hdim"], r["causal"], r["seqlen"], r.get("pass", "fwd"))
+        cells[key][impl] = r["tflops"]
+        if impl not in impls:
+            impls.append(impl)
     what = ("FP8 attention forward TFLOP/s (e4m3 per-block scales + Hadamard; _e2e includes the quantizing "
             "pre-pass from bf16; bf16 kernels beside" if fp8 else "Attention TFLOP/s (bf16")
     out = [f"{what}, batch·seqlen = 16384, heads·hdim = 2048). {_provenance(res, name)}", "",

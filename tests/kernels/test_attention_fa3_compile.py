@@ -1,6 +1,7 @@
 """The FA3-style Gluon forward compiles for sm_90 without a GPU (Triton ships ptxas), and the machine code
 has what the design promises: wgmma (warpgroup MMA), TMA bulk tensor copies, register reallocation between
-the producer and consumer warpgroups, no register spills, and shared memory within an H100/H200 SM."""
+the producer and consumer warpgroups, no register spills, and shared memory within an H100/H200 SM; with
+ping-pong (the default) the consumer warpgroups are separate partitions (no barrier spans two of them)."""
 
 from __future__ import annotations
 
@@ -26,16 +27,22 @@ _COMPILE = """
 import json, sys
 from flashscale.kernels import attention_fa3 as fa3
 from flashscale.kernels.aot import ptxas_stats
-out, res = sys.argv[1], {}
-for d in fa3.HEAD_DIMS:
-    for causal in (False, True):
-        k = fa3.compile_sm90(d, causal)
-        name = f"d{d}_{'causal' if causal else 'full'}"
-        open(f"{out}/{name}.ptx", "w").write(k.asm["ptx"])
-        res[name] = dict(shared=k.metadata.shared, cubin_bytes=len(k.asm["cubin"]),
-                         stats=ptxas_stats(k.asm["ptx"]))
+out, extra, res = sys.argv[1], json.loads(sys.argv[2]), {}
+jobs = [(f"d{d}_{'causal' if c else 'full'}", d, c, None) for d in fa3.HEAD_DIMS for c in (False, True)]
+jobs += [(name, d, c, fa3.FA3Config(**kw)) for name, (d, c, kw) in extra.items()]
+for name, d, causal, cfg in jobs:
+    k = fa3.compile_sm90(d, causal, config=cfg)
+    open(f"{out}/{name}.ptx", "w").write(k.asm["ptx"])
+    res[name] = dict(shared=k.metadata.shared, cubin_bytes=len(k.asm["cubin"]), stats=ptxas_stats(k.asm["ptx"]))
 json.dump(res, open(f"{out}/compiled.json", "w"))
 """
+
+# Beyond the defaults (one compile each, to keep this CPU test fast): the cooperative fallback (one 8-warp
+# consumer partition) and the 3-consumer ping-pong tile for D = 64.
+EXTRA = {
+    "coop_d128_causal": (128, True, dict(pingpong=False)),
+    "pp3_d64_full": (64, False, dict(block_m=192, block_n=128, stages=3, consumers=3)),
+}
 
 
 @pytest.fixture(scope="module")
@@ -44,22 +51,18 @@ def compiled(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     src = str(Path(fa3.__file__).resolve().parents[2])
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _COMPILE, str(out)], env=env, capture_output=True, text=True,
-                          timeout=240)
+    proc = subprocess.run([sys.executable, "-c", _COMPILE, str(out), json.dumps(EXTRA)], env=env,
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"sm_90 compile failed:\n{proc.stderr[-4000:]}"
     meta = json.loads((out / "compiled.json").read_text())
 
-    def get(head_dim, causal):
-        name = f"d{head_dim}_{'causal' if causal else 'full'}"
+    def get(name):
         return (out / f"{name}.ptx").read_text(), meta[name]
 
     return get
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", fa3.HEAD_DIMS)
-def test_compiles_to_wgmma_and_tma_without_spills(compiled, head_dim, causal):
-    ptx, meta = compiled(head_dim, causal)
+def _check_machine_code(ptx, meta, head_dim, cfg):
     stats = meta["stats"]
     assert meta["cubin_bytes"] > 0, "no cubin"
     n_wgmma = len(re.findall(r"wgmma\.mma_async", ptx))
@@ -71,11 +74,50 @@ def test_compiles_to_wgmma_and_tma_without_spills(compiled, head_dim, causal):
     assert "mbarrier.try_wait.parity" in ptx, "no mbarrier waits: the K/V ring is not mbarrier-synchronised"
     # producer gives registers back, consumers take them (FA3's register reallocation)
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx), "producer keeps its registers"
-    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx), "consumers get no extra registers"
+    consumer_regs = 240 if cfg.consumers <= 2 else 160
+    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{consumer_regs};", ptx), "consumers get no registers"
     assert stats["spill_stores"] == 0 and stats["spill_loads"] == 0, stats["log"]
-    cfg = fa3.DEFAULT_CONFIGS[head_dim]
     assert meta["shared"] <= SMEM_PER_BLOCK, f"{meta['shared']} B of shared memory"
     assert meta["shared"] >= fa3.smem_bytes(head_dim, cfg), "Q tile + K/V ring not all in shared memory"
+    # Partition-local named barriers (Triton lowers each consumer partition's mbarrier.arrive to a bar.sync of
+    # its own threads + one elected arrive): 128 threads per barrier with ping-pong, so no warpgroup ever
+    # waits for another one outside the turn mbarriers; 256 (both warpgroups in lock-step) without.
+    widths = {int(n) for n in re.findall(r"\bbar\.sync\s+\d+,\s*(\d+);", ptx)}
+    assert widths == ({128} if cfg.is_pingpong else {128 * cfg.consumers}), widths
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", fa3.HEAD_DIMS)
+def test_compiles_to_wgmma_and_tma_without_spills(compiled, head_dim, causal):
+    cfg = fa3.DEFAULT_CONFIGS[head_dim]
+    assert cfg.is_pingpong, "the defaults are the ping-pong schedule"
+    ptx, meta = compiled(f"d{head_dim}_{'causal' if causal else 'full'}")
+    _check_machine_code(ptx, meta, head_dim, cfg)
+
+
+@pytest.mark.parametrize("name", sorted(EXTRA))
+def test_alternative_configs_compile_without_spills(compiled, name):
+    head_dim, _, kw = EXTRA[name]
+    ptx, meta = compiled(name)
+    _check_machine_code(ptx, meta, head_dim, fa3.FA3Config(**kw))
+
+
+def test_config_errors():
+    # What the launcher refuses before compiling (Gluon tensor shapes are powers of two, wgmma needs 64-row
+    # warpgroup slices, shared memory is 227 KB a block), and that every default is accepted.
+    for d, cfg in fa3.DEFAULT_CONFIGS.items():
+        assert fa3.config_error(d, cfg) is None, (d, cfg)
+    C = fa3.FA3Config
+    assert "power of two" in fa3.config_error(128, C(block_n=176))
+    assert "shared memory" in fa3.config_error(128, C(block_n=256))  # 2 stages of 256-key K and V
+    assert "shared memory" in fa3.config_error(256, C(block_n=64, stages=3))
+    assert "persistent" in fa3.config_error(128, C(pingpong=False, persistent=True))
+    assert "2 or 3" in fa3.config_error(64, C(block_m=256, consumers=4))
+    assert fa3.config_error(128, C(block_m=192, consumers=2)) is not None  # 96-row slices
+    assert fa3.config_error(64, C(block_m=192, consumers=3, stages=3)) is None
+    assert fa3.config_error(128, C(stages=3)) is None  # 229.8 KB: fits, barely
+    assert C(consumers=1, block_m=64).num_warps == 4 and not C(consumers=1, block_m=64).is_pingpong
+    assert C(block_m=192, consumers=3).q_rows == 64 and C(pingpong=False).q_rows == 128
 
 
 def test_ptxas_stats_reads_spills():

@@ -93,6 +93,42 @@ def test_custom_scale_and_single_consumer():
     _check(1, 600, 900, 4, 2, 128, torch.bfloat16, True, config=cfg)
 
 
+# Ping-pong is the default, so test_matches_reference runs it; the same matrix through the cooperative
+# fallback (one 8-warp consumer partition) and the persistent grid (tiles strided over the SMs).
+VARIANTS = {"coop": dict(pingpong=False), "persistent": dict(persistent=True)}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"b{c[0]}_q{c[1]}_k{c[2]}_h{c[3]}x{c[4]}_d{c[5]}_"
+                         f"{str(c[6])[6:]}_{'causal' if c[7] else 'full'}")
+def test_matches_reference_variants(case, variant):
+    _check(*case, config=replace(fa3.DEFAULT_CONFIGS[case[5]], **VARIANTS[variant]))
+
+
+@pytest.mark.parametrize("name,head_dim", [(n, d) for d, cfgs in fa3.TUNING_CONFIGS.items() for n in cfgs
+                                            if n not in ("pp", "coop", "pp_persist")])  # those: tests above
+def test_tuning_configs(name, head_dim):
+    # Every other config the sweep times (benchmarks/attention_fa3_sweep.py): ragged, GQA, causal with
+    # Sq < Sk and Sq > Sk (leading tiles see no key), and non-causal.
+    cfg = fa3.TUNING_CONFIGS[head_dim][name]
+    _check(1, 1100, 1300, 4, 2, head_dim, torch.bfloat16, True, config=cfg)
+    _check(2, 700, 333, 4, 2, head_dim, torch.bfloat16, True, config=cfg)
+    _check(1, 1000, 1000, 4, 1, head_dim, torch.bfloat16, False, config=cfg)
+
+
+@pytest.mark.parametrize("head_dim,stages,consumers", [(128, 2, 2), (128, 3, 2), (64, 3, 3), (256, 2, 2)])
+def test_persistent_many_tiles(head_dim, stages, consumers):
+    # 4 x 16 heads x 8..12 query tiles: several tiles a program on 132 SMs, so the ring, Q and turn barrier
+    # phases run on across tiles (including stage counts that do not divide the blocks of a tile).
+    block_m = 64 * consumers
+    cfg = replace(fa3.DEFAULT_CONFIGS[head_dim], block_m=block_m, consumers=consumers, stages=stages,
+                  persistent=True)
+    _check(4, 1500, 1500, 16, 4, head_dim, torch.bfloat16, True, config=cfg)
+    _check(4, 1500, 1500, 16, 4, head_dim, torch.bfloat16, False, config=cfg)
+    # Sq > Sk under causal: tiles with no visible key block (no ring use, no turns) between tiles with some
+    _check(4, 1500, 700, 16, 4, head_dim, torch.bfloat16, True, config=cfg)
+
+
 def test_no_keys():
     if not _hopper():
         pytest.skip("needs an sm_90 GPU and Gluon")

@@ -4,14 +4,21 @@ Same semantics as flashscale.reference.attention (dense layout, no extras): q (B
 k/v (B, Sk, Hkv, D) with H % Hkv == 0, out like q, lse (B, H, Sq) float32 in natural log; causal aligned
 bottom-right (query i sees key j iff j <= i + Sk - Sq); rows that see no key give out = 0, lse = -inf.
 
-One program = one (BLOCK_M, D) query tile of one (batch, head). Partitions (gl.warp_specialize):
-  * producer, 1 warp, few registers: TMA-loads the Q tile once, then K and V tiles into a STAGES-deep
-    ring in shared memory. Each slot has four mbarriers: k_ready/v_ready (TMA transaction bytes landed)
-    and k_empty/v_empty (the consumers finished reading it). K and V have their own barriers so the
-    next K can land while the current V is still being multiplied.
-  * consumers, the default partition, num_warps = 4 * CONSUMERS warps: S = Q K^T and O += P V on
-    warpgroup MMA (wgmma, operands from shared memory; P from registers, FA3's RS-GEMM), online softmax
-    in exp2 with the scale folded in, the division by the row sum l once at the end (FA2).
+One program = one (BLOCK_M, D) query tile of one (batch, head) (or, persistent, a strided list of tiles).
+Two consumer layouts (FA3Config.pingpong):
+  * ping-pong (default): CONSUMERS (2 or 3) separate 4-warp partitions, consumer c owning rows
+    [c * SUB_M, (c + 1) * SUB_M) of the tile (SUB_M = BLOCK_M / CONSUMERS, its own Q box and output box),
+    all reading the same K/V ring, and taking turns on the tensor cores (FA3 section 3.1): while one
+    warpgroup's wgmmas run, the other does its softmax. Consumer 0 is the default partition.
+  * cooperative (pingpong=False, the first version): one 4 * CONSUMERS-warp partition whose warpgroups
+    work in lock-step (every barrier release is a bar.sync of all of them).
+  * producer, 1 warp, few registers: TMA-loads Q, then K and V tiles into a STAGES-deep ring in shared
+    memory. Each slot has four mbarriers: k_ready/v_ready (TMA transaction bytes landed) and
+    k_empty/v_empty (the consumers finished reading it). K and V have their own barriers so the next K can
+    land while the current V is still being multiplied.
+  * consumers: S = Q K^T and O += P V on warpgroup MMA (wgmma, operands from shared memory; P from
+    registers, FA3's RS-GEMM), online softmax in exp2 with the scale folded in, the division by the row
+    sum l once at the end (FA2).
   * OVERLAP (FA3's intra-warpgroup pipelining): S_{j+1} = Q K_{j+1}^T is issued (async) before the
     softmax of block j runs, so the tensor cores work while the exp2/max/sum of the previous block run.
 
@@ -20,13 +27,36 @@ past Sq/Sk read as zeros and out-of-range output rows are clipped by the TMA sto
 (and past the causal diagonal) are set to -inf only in the blocks that need it (j >= n_full).
 
 Shapes: B batch, S sequence, H query heads, G = H // Hkv, D head dim (64, 128 or 256).
-Phase convention: the j-th use of ring slot s = j % STAGES completes barrier phase (j // STAGES) & 1.
-A waiter for "slot free" waits on the opposite parity, which a freshly initialised barrier passes.
+
+Barrier protocol. An mbarrier's m-th phase completion (m = 0, 1, ...) is waited with parity m & 1; a
+fresh barrier passes a wait on parity 1 at once. No waiter below can fall two completions behind.
+  * Ring: K/V block number idx (counted across all tiles of the program) uses slot idx % STAGES and is the
+    (idx // STAGES)-th completion of k_ready/v_ready[slot] (count 1: the producer's expect-tx arrive +
+    the TMA bytes). k_empty/v_empty[slot] have count N = the number of consumer partitions (CONSUMERS
+    with ping-pong, 1 for the cooperative partition): every consumer arrives once per block after its
+    wgmma reading the slot retired. The producer waits "slot free" for block idx on parity
+    ((idx // STAGES) & 1) ^ 1, i.e. the completion made by block idx - STAGES.
+  * Q (ping-pong): q_ready[c] (count 1, expect-tx) completes once per tile; consumer c waits parity
+    t & 1 for its t-th tile. q_empty[c] (count 1) is arrived by consumer c after the TMA store of its
+    output (staged in its Q slice) has read shared memory; the producer waits parity (t & 1) ^ 1 before
+    loading tile t's Q slice c (tile 0 passes on the fresh barrier). The producer loads the first K of a
+    tile before waiting on q_empty, so it lands during the previous tile's epilogue.
+  * Tensor-core turns (ping-pong): turn[c] (count 1). Consumer c's turn number t (counted across tiles)
+    waits on turn[c], issues its wgmmas, and arrives on turn[(c + 1) % CONSUMERS] right after issuing
+    them (before they finish). Consumer 0's turn t needs consumer CONSUMERS - 1's turn t - 1 (the
+    (t-1)-th completion of turn[0]; t = 0 passes on the fresh barrier), consumer c > 0's turn t needs
+    consumer c - 1's turn t (the t-th completion of turn[c]): parity (t & 1) ^ FIRST with FIRST = 1 for
+    c = 0, else 0. With OVERLAP a turn is {S_j = Q K_j^T, O += P_{j-1} V_{j-1}} (one a block, so turn
+    t = block idx; the last PV of a tile runs outside the turns, as in FA3); without, {S_j} and
+    {O += P_j V_j} are two turns, 2 idx and 2 idx + 1. Every consumer takes the same turns for every
+    tile (all see the same key blocks; a slice wholly past Sq computes on rows loaded from Sq - 1 and
+    stores nothing), so the rotation never skews, and a tile with no visible key block takes none.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -51,25 +81,105 @@ class FA3Config:
     """Tile shape and pipeline of one launch. Chosen per head dim from the H100/H200 budgets
     (228 KB shared memory and 64K registers an SM); see docs/attention_fa3.md for the arithmetic."""
 
-    block_m: int = 128
-    block_n: int = 128
-    stages: int = 2
-    consumers: int = 2  # consumer warpgroups (64 query rows each at block_m = 128)
-    overlap: bool = True  # issue QK^T of block j+1 before the softmax of block j
+    block_m: int = 128  # query rows of one program (block_m // consumers a warpgroup)
+    block_n: int = 128  # keys a K/V block (Gluon tensors are powers of two: 64, 128 or 256)
+    stages: int = 2  # K/V ring depth
+    consumers: int = 2  # consumer warpgroups
+    overlap: bool = True  # issue QK^T of block j+1 before the softmax of block j (intra-warpgroup)
+    pingpong: bool = True  # one 4-warp partition a consumer, tensor-core turns between them (inter-warpgroup)
     producer_regs: int = 24  # setmaxnreg budget of the TMA warp
+    consumer_regs: int = 0  # setmaxnreg of the worker consumer partitions (ping-pong); 0: 240 / 160 for 2 / 3
+    persistent: bool = False  # ping-pong only: one program an SM looping over the tiles, heaviest first
+
+    @property
+    def is_pingpong(self) -> bool:
+        return self.pingpong and self.consumers > 1
+
+    @property
+    def num_warps(self) -> int:
+        """Warps of the default partition (the launch's num_warps)."""
+        return 4 if self.is_pingpong else 4 * self.consumers
+
+    @property
+    def q_rows(self) -> int:
+        """Rows of one Q / output TMA box: a consumer's slice with ping-pong, the whole tile without."""
+        return self.block_m // self.consumers if self.is_pingpong else self.block_m
+
+    @property
+    def worker_consumer_regs(self) -> int:
+        return self.consumer_regs or (240 if self.consumers <= 2 else 160)
 
 
-DEFAULT_CONFIGS = {
-    64: FA3Config(block_m=128, block_n=128, stages=3),
-    128: FA3Config(block_m=128, block_n=128, stages=2),
-    256: FA3Config(block_m=128, block_n=64, stages=2),
+# Variants worth timing (benchmarks/attention_fa3_sweep.py; the GPU tests run each one).
+# Block sizes are powers of two (Gluon tensor shapes), so FA3's 128 x 176 tile for D = 128 has no equivalent.
+# All compile without spills except the persistent ones under causal at D 128/256 (a few registers stored
+# once a tile, outside the key loop). See docs/attention_fa3.md.
+_PP = {64: FA3Config(block_m=128, block_n=128, stages=3), 128: FA3Config(block_m=128, block_n=128, stages=2),
+       256: FA3Config(block_m=128, block_n=64, stages=2)}
+TUNING_CONFIGS = {
+    64: {
+        "pp": _PP[64],
+        "coop": replace(_PP[64], pingpong=False),
+        "pp_serial": replace(_PP[64], overlap=False),
+        "pp_persist": replace(_PP[64], persistent=True),
+        "pp_s4": replace(_PP[64], stages=4),
+        "pp3_m192": FA3Config(block_m=192, block_n=128, stages=3, consumers=3),
+        "pp3_m192_s2": FA3Config(block_m=192, block_n=128, stages=2, consumers=3),
+        "pp_m256_n64": FA3Config(block_m=256, block_n=64, stages=4),
+        "pp_n256_serial": FA3Config(block_m=128, block_n=256, stages=2, overlap=False),
+    },
+    128: {
+        "pp": _PP[128],
+        "coop": replace(_PP[128], pingpong=False),
+        "pp_serial": replace(_PP[128], overlap=False),
+        "pp_persist": replace(_PP[128], persistent=True),
+        "pp_s3": replace(_PP[128], stages=3),
+        "pp_s3_persist": replace(_PP[128], stages=3, persistent=True),
+        "pp_n64_s4": FA3Config(block_m=128, block_n=64, stages=4),
+    },
+    256: {
+        "pp": _PP[256],
+        "coop": replace(_PP[256], pingpong=False),
+        "pp_serial": replace(_PP[256], overlap=False),
+        "pp_persist": replace(_PP[256], persistent=True),
+    },
 }
+# Picked from the H200 sweep (benchmarks/results/attention-fa3-sweep-h200.json, 2026-11-29): D 64 three
+# ping-pong consumers of 64 rows (466 TFLOP/s at 16k against 402 with two), D 128/256 two (581 / 634 at 16k;
+# 3 stages and the persistent grid within 2% either way, so the simpler config).
+DEFAULT_CONFIGS = {64: TUNING_CONFIGS[64]["pp3_m192"], 128: TUNING_CONFIGS[128]["pp"], 256: TUNING_CONFIGS[256]["pp"]}
+
+SMEM_LIMIT = 232_448  # H100/H200: 227 KB the most one block may take
 
 
 def smem_bytes(head_dim: int, cfg: FA3Config, elem: int = 2) -> int:
     """Shared memory of one program, about (Triton aligns and adds a few hundred bytes): the Q tile (reused
     for the output tile) + the K/V ring + barriers."""
-    return elem * head_dim * (cfg.block_m + 2 * cfg.stages * cfg.block_n) + 8 * (1 + 4 * cfg.stages)
+    n_bars = 4 * cfg.stages + (3 * cfg.consumers if cfg.is_pingpong else 1)
+    return elem * head_dim * (cfg.block_m + 2 * cfg.stages * cfg.block_n) + 8 * n_bars
+
+
+def config_error(head_dim: int, cfg: FA3Config) -> str | None:
+    """Why this config cannot compile (or cannot fit an SM) at this head dim, or None."""
+    pow2 = lambda x: x > 0 and x & (x - 1) == 0  # noqa: E731
+    if head_dim not in HEAD_DIMS:
+        return f"head_dim {head_dim} not in {HEAD_DIMS}"
+    if not (pow2(cfg.block_n) and 16 <= cfg.block_n <= 256):
+        return f"block_n {cfg.block_n}: a power of two in 16..256 (Gluon tensor shapes are powers of two)"
+    if cfg.stages < 2:
+        return "stages >= 2"
+    if cfg.is_pingpong:
+        if cfg.consumers not in (2, 3):
+            return f"ping-pong takes 2 or 3 consumer warpgroups, not {cfg.consumers}"
+        if cfg.block_m % cfg.consumers or cfg.q_rows not in (64, 128):
+            return f"block_m {cfg.block_m}: {cfg.consumers} slices of 64 or 128 rows"
+    elif not (pow2(cfg.block_m) and cfg.block_m % (64 * cfg.consumers) == 0):
+        return f"block_m {cfg.block_m}: a power of two, >= 64 rows a consumer warpgroup"
+    if cfg.persistent and not cfg.is_pingpong:
+        return "persistent needs the ping-pong path (pingpong=True, consumers >= 2)"
+    if smem_bytes(head_dim, cfg) > SMEM_LIMIT:
+        return f"{smem_bytes(head_dim, cfg)} B of shared memory > {SMEM_LIMIT}"
+    return None
 
 
 if HAS_GLUON:
@@ -209,53 +319,322 @@ if HAS_GLUON:
         tma.async_copy_shared_to_global(o_desc, [b, m0, q_col], q_smem)
         tma.store_wait(pendings=0)
 
+    # ---- ping-pong path: one 4-warp partition per consumer warpgroup, optionally persistent -----------------
+
     @gluon.jit
-    def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, H, GROUP, seqlen_q, seqlen_k,
-                        qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                        PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
-        # Heaviest query tiles first: under a causal mask the last tiles see the most keys.
-        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
-        bh = gl.program_id(1)
-        b = bh // H
+    def _tile_info(tile, n_m, BH, H, GROUP, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   CAUSAL: gl.constexpr):
+        """Tile t -> (b, h, K/V head, first query row, key blocks to visit). Tiles run heaviest first: the
+        last query tiles (the most keys under a causal mask) of every (batch, head), then the next ones."""
+        bh = tile % BH
+        m0 = (n_m - 1 - tile // BH) * BLOCK_M
         h = bh % H
-        hk = h // GROUP  # GQA: the K/V head by index, never a copy
-        m0 = pid_m * BLOCK_M
-        off = seqlen_k - seqlen_q
-        if CAUSAL:  # keys [0, hi) are visible to some row of the tile; [0, n_full * BN) to every row
-            hi = gl.maximum(gl.minimum(seqlen_k, m0 + BLOCK_M + off), 0)
-            n_full = gl.maximum(gl.minimum(seqlen_k, m0 + off + 1), 0) // BLOCK_N
+        if CAUSAL:  # keys [0, hi) are visible to some row of the tile
+            hi = gl.maximum(gl.minimum(seqlen_k, m0 + BLOCK_M + seqlen_k - seqlen_q), 0)
         else:
             hi = seqlen_k
+        return bh // H, h, h // GROUP, m0, (hi + BLOCK_N - 1) // BLOCK_N
+
+    @gluon.jit
+    def _producer_pp(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+                     v_empty, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                     CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr):
+        """TMA warp of the ping-pong path. Per tile: K of its first block (prefetched while the consumers
+        still run the previous tile's epilogue), then each consumer's Q slice once that consumer has released
+        it (q_empty), then the K/V blocks. Counters run on across tiles: `it` counts K/V blocks, `t_i` tiles."""
+        SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
+        it = 0
+        t_i = 0
+        for tile in range(tile0, n_tiles, tile_step):
+            b, h, hk, m0, n_blocks = _tile_info(tile, n_m, BH, H, GROUP, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N,
+                                                CAUSAL)
+            k_col = hk * HEAD_DIM
+            if n_blocks > 0:
+                s = it % STAGES
+                mbarrier.wait(k_empty.index(s), ((it // STAGES) & 1) ^ 1)  # a fresh slot passes at once
+                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(k_desc, [b, 0, k_col], k_ready.index(s), k_smem.index(s))
+            for c in gl.static_range(CONSUMERS):
+                # completion t of q_empty[c]: consumer c stored tile t's output from its Q slice
+                mbarrier.wait(q_empty.index(c), (t_i & 1) ^ 1)
+                mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
+                # a slice wholly past Sq (last tile) loads rows from Sq - 1 instead: its rows are never stored,
+                # and no box starts outside the tensor (partly outside is the usual ragged case)
+                q_row = gl.minimum(m0 + c * SUB_M, seqlen_q - 1)
+                tma.async_copy_global_to_shared(q_desc, [b, q_row, h * HEAD_DIM], q_ready.index(c), q_smem.index(c))
+            for j in range(n_blocks):
+                s = (it + j) % STAGES
+                free = (((it + j) // STAGES) & 1) ^ 1
+                if j > 0:
+                    mbarrier.wait(k_empty.index(s), free)
+                    mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(k_desc, [b, j * BLOCK_N, k_col], k_ready.index(s),
+                                                    k_smem.index(s))
+                mbarrier.wait(v_empty.index(s), free)
+                mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(v_desc, [b, j * BLOCK_N, k_col], v_ready.index(s), v_smem.index(s))
+            it += n_blocks
+            t_i += 1
+
+    @gluon.jit
+    def _consumer_pp_tile(q_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, my_turn,
+                          next_turn, o_desc, LSE, stride_lb, stride_lh, tile, it, t_i, n_m, BH, H, GROUP,
+                          seqlen_q, seqlen_k, qk_scale, C: gl.constexpr, FIRST: gl.constexpr,
+                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, SUB_M: gl.constexpr,
+                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
+        """One tile of ping-pong consumer C. `it` / `t_i`: K/V blocks and tiles before this one (phases run on
+        across the tiles of a persistent program). Turns: one a block with OVERLAP, so the turn number of
+        block j is it + j; two without (2 (it + j) and 2 (it + j) + 1, parities FIRST and FIRST ^ 1).
+        Returns the updated it."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        dtype: gl.constexpr = q_tile.dtype
+        q = q_tile.reshape([SUB_M, HEAD_DIM])
+        zero_s = gl.zeros([SUB_M, BLOCK_N], gl.float32, layout=s_layout)
+        cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        off = seqlen_k - seqlen_q
+
+        b, h, hk, m0, n_blocks = _tile_info(tile, n_m, BH, H, GROUP, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+        r0 = m0 + C * SUB_M
+        if CAUSAL:  # blocks [0, n_full) are visible to every row of this slice: no mask there
+            n_full = gl.maximum(gl.minimum(seqlen_k, r0 + off + 1), 0) // BLOCK_N
+        else:
             n_full = seqlen_k // BLOCK_N
-        n_blocks = (hi + BLOCK_N - 1) // BLOCK_N
+        rows = r0 + gl.arange(0, SUB_M, layout=row_s)
+        m_i = gl.full([SUB_M], float("-inf"), gl.float32, layout=row_s)
+        l_i = gl.zeros([SUB_M], gl.float32, layout=row_s)
+        acc = gl.zeros([SUB_M, HEAD_DIM], gl.float32, layout=o_layout)
+        mbarrier.wait(q_ready.index(C), t_i & 1)
+        if OVERLAP:
+            # turn (per block j) = {S_j = Q K_j^T, O += P_{j-1} V_{j-1}}; rescaling O and converting P
+            # happen outside the turn, after the PV product retired
+            if n_blocks > 0:
+                st = it % STAGES
+                mbarrier.wait(k_ready.index(st), (it // STAGES) & 1)
+                mbarrier.wait(my_turn, (it & 1) ^ FIRST)
+                kt = k_smem.index(st).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+                tok = warpgroup_mma(q, kt, zero_s, use_acc=False, is_async=True)
+                mbarrier.arrive(next_turn)
+                s = warpgroup_mma_wait(0, deps=(tok, ))
+                mbarrier.arrive(k_empty.index(st))
+                p, alpha, m_i, l_i = _softmax(s, 0, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale,
+                                              CAUSAL, BLOCK_N)
+                p16 = gl.convert_layout(p.to(dtype), p_layout)  # O is still 0: nothing to rescale
+                for j in range(1, n_blocks):
+                    st = (it + j) % STAGES
+                    sv = (it + j - 1) % STAGES
+                    mbarrier.wait(k_ready.index(st), ((it + j) // STAGES) & 1)
+                    mbarrier.wait(my_turn, ((it + j) & 1) ^ FIRST)
+                    kt = k_smem.index(st).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+                    tok_s = warpgroup_mma(q, kt, zero_s, use_acc=False, is_async=True)
+                    mbarrier.wait(v_ready.index(sv), ((it + j - 1) // STAGES) & 1)
+                    tok_o = warpgroup_mma(p16, v_smem.index(sv).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+                    mbarrier.arrive(next_turn)
+                    s = warpgroup_mma_wait(1, deps=(tok_s, ))  # groups retire in order: S_j done, PV not
+                    mbarrier.arrive(k_empty.index(st))
+                    p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale,
+                                                  CAUSAL, BLOCK_N)
+                    acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+                    mbarrier.arrive(v_empty.index(sv))
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                    p16 = gl.convert_layout(p.to(dtype), p_layout)
+                # the last PV outside the turns (as FA3): every consumer takes n_blocks turns a tile
+                sv = (it + n_blocks - 1) % STAGES
+                mbarrier.wait(v_ready.index(sv), ((it + n_blocks - 1) // STAGES) & 1)
+                tok_o = warpgroup_mma(p16, v_smem.index(sv).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+                acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+                mbarrier.arrive(v_empty.index(sv))
+        else:
+            # two turns a block, {S_j} then {O += P_j V_j}: turn numbers tn + 2j and tn + 2j + 1
+            for j in range(n_blocks):
+                st = (it + j) % STAGES
+                ph = ((it + j) // STAGES) & 1
+                mbarrier.wait(k_ready.index(st), ph)
+                mbarrier.wait(my_turn, FIRST)  # turn 2 (it + j): even
+                kt = k_smem.index(st).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+                tok = warpgroup_mma(q, kt, zero_s, use_acc=False, is_async=True)
+                mbarrier.arrive(next_turn)
+                s = warpgroup_mma_wait(0, deps=(tok, ))
+                mbarrier.arrive(k_empty.index(st))
+                p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale,
+                                              CAUSAL, BLOCK_N)
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                p16 = gl.convert_layout(p.to(dtype), p_layout)
+                mbarrier.wait(v_ready.index(st), ph)
+                mbarrier.wait(my_turn, FIRST ^ 1)  # turn 2 (it + j) + 1: odd
+                tok_o = warpgroup_mma(p16, v_smem.index(st).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+                mbarrier.arrive(next_turn)
+                acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+                mbarrier.arrive(v_empty.index(st))
+        it += n_blocks
 
-        dtype: gl.constexpr = q_desc.dtype
-        q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=1)
-            mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(v_empty.index(i), count=1)
-
-        q_col = h * HEAD_DIM
-        k_col = hk * HEAD_DIM
+        # Epilogue: one division by l per row; empty rows (l = 0) give 0 and lse = -inf.
+        empty = l_i == 0.0
+        l_safe = gl.where(empty, 1.0, l_i)
+        lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
         lse_ptr = LSE + b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
-        gl.warp_specialize([
-            (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, o_desc, lse_ptr, b, m0,
-                         q_col, n_blocks, n_full, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                         CAUSAL, OVERLAP, num_warps)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-                         b, m0, q_col, k_col, n_blocks, BLOCK_N, STAGES)),
-        ], [1], [PRODUCER_REGS])
+        gl.store(lse_ptr + rows, lse, mask=rows < seqlen_q)
+        out = acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)
+        if r0 < seqlen_q:  # a slice wholly past Sq (last tile, its Q loaded from row Sq - 1) stores nothing
+            q.store(out.to(dtype))  # this slice's Q is dead (its wgmmas retired): it stages the output
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [b, r0, h * HEAD_DIM], q_tile)  # clips rows >= Sq
+            tma.store_wait(pendings=0)
+        mbarrier.arrive(q_empty.index(C))  # the producer may load the next tile's Q slice into it
+        return it
+
+    @gluon.jit
+    def _consumer_pp(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn, o_desc,
+                     LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                     qk_scale, C: gl.constexpr, CONSUMERS: gl.constexpr, HEAD_DIM: gl.constexpr,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                     OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr):
+        """Ping-pong consumer C: one warpgroup, rows [m0 + C * SUB_M, m0 + (C + 1) * SUB_M) of each tile
+        against all its key blocks. K/V block `idx` (counted across tiles) sits in slot idx % STAGES and
+        completes phase (idx // STAGES) & 1 of k/v_ready; consumer c's tensor-core turn number t (counted
+        across tiles) waits on turn[c] with parity (t & 1) ^ FIRST and hands over by arriving on
+        turn[(c + 1) % CONSUMERS] right after issuing its wgmmas (protocol: the module docstring)."""
+        SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
+        FIRST: gl.constexpr = 1 if C == 0 else 0
+        my_turn = turn.index(C)
+        next_turn = turn.index((C + 1) % CONSUMERS)
+        q_tile = q_smem.index(C)
+        if PERSISTENT:
+            it = 0  # K/V blocks consumed so far (and, with OVERLAP, turns taken)
+            t_i = 0  # tiles done
+            for tile in range(tile0, n_tiles, tile_step):
+                it = _consumer_pp_tile(q_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+                                       v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, tile, it,
+                                       t_i, n_m, BH, H, GROUP, seqlen_q, seqlen_k, qk_scale, C, FIRST,
+                                       HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)
+                t_i += 1
+        else:  # one tile a program: no loop, so the counters are constants (fewer live registers)
+            _consumer_pp_tile(q_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, my_turn,
+                              next_turn, o_desc, LSE, stride_lb, stride_lh, tile0, 0, 0, n_m, BH, H, GROUP,
+                              seqlen_q, seqlen_k, qk_scale, C, FIRST, HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES,
+                              CAUSAL, OVERLAP)
+
+    # No value specialisation of the integer arguments (Triton would otherwise compile one kernel per
+    # divisibility-by-16 / == 1 class of each): one binary per (config, head dim, causal), the same one that
+    # compile_sm90 builds ahead of time and the compile test checks.
+    @gluon.jit(do_not_specialize=["stride_lb", "stride_lh", "H", "GROUP", "BH", "seqlen_q", "seqlen_k"])
+    def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, H, GROUP, BH, seqlen_q,
+                        seqlen_k, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+                        CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                        CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        dtype: gl.constexpr = q_desc.dtype
+        if PINGPONG:
+            # 1-D grid of tiles (heaviest first, see _tile_info); persistent: one program an SM strides over them
+            n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
+            n_tiles = n_m * BH
+            tile0 = gl.program_id(0)
+            if PERSISTENT:
+                tile_step = gl.num_programs(0)
+            else:
+                tile_step = n_tiles  # one tile a program
+            q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+            k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+            v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+            q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+            q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+            turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+            k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(CONSUMERS):
+                mbarrier.init(q_ready.index(i), count=1)  # the producer's expect-tx arrive
+                mbarrier.init(q_empty.index(i), count=1)  # consumer i's arrive after its output store
+                mbarrier.init(turn.index(i), count=1)  # the previous consumer's hand-over
+            for i in gl.static_range(STAGES):
+                mbarrier.init(k_ready.index(i), count=1)
+                mbarrier.init(k_empty.index(i), count=CONSUMERS)  # every consumer reads every K/V block
+                mbarrier.init(v_ready.index(i), count=1)
+                mbarrier.init(v_empty.index(i), count=CONSUMERS)
+            # consumer 0 is the default partition (num_warps = 4), the others 4-warp workers; Triton packs the
+            # producer warp with padding warps into the last warpgroup, which gives registers back
+            if CONSUMERS == 2:
+                gl.warp_specialize([
+                    (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                                    turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
+                                    GROUP, seqlen_q, seqlen_k, qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                    STAGES, CAUSAL, OVERLAP, PERSISTENT)),
+                    (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                                    turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
+                                    GROUP, seqlen_q, seqlen_k, qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                    STAGES, CAUSAL, OVERLAP, PERSISTENT)),
+                    (_producer_pp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                    k_empty, v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q,
+                                    seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL)),
+                ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+            else:
+                gl.static_assert(CONSUMERS == 3, "ping-pong takes 2 or 3 consumer warpgroups")
+                gl.warp_specialize([
+                    (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                                    turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
+                                    GROUP, seqlen_q, seqlen_k, qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                    STAGES, CAUSAL, OVERLAP, PERSISTENT)),
+                    (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                                    turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
+                                    GROUP, seqlen_q, seqlen_k, qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                    STAGES, CAUSAL, OVERLAP, PERSISTENT)),
+                    (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                                    turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
+                                    GROUP, seqlen_q, seqlen_k, qk_scale, 2, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                    STAGES, CAUSAL, OVERLAP, PERSISTENT)),
+                    (_producer_pp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                    k_empty, v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q,
+                                    seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL)),
+                ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+        else:
+            # Heaviest query tiles first: under a causal mask the last tiles see the most keys.
+            pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+            bh = gl.program_id(1)
+            b = bh // H
+            h = bh % H
+            hk = h // GROUP  # GQA: the K/V head by index, never a copy
+            m0 = pid_m * BLOCK_M
+            off = seqlen_k - seqlen_q
+            if CAUSAL:  # keys [0, hi) are visible to some row of the tile; [0, n_full * BN) to every row
+                hi = gl.maximum(gl.minimum(seqlen_k, m0 + BLOCK_M + off), 0)
+                n_full = gl.maximum(gl.minimum(seqlen_k, m0 + off + 1), 0) // BLOCK_N
+            else:
+                hi = seqlen_k
+                n_full = seqlen_k // BLOCK_N
+            n_blocks = (hi + BLOCK_N - 1) // BLOCK_N
+
+            q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+            k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+            v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+            q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            mbarrier.init(q_bar, count=1)
+            for i in gl.static_range(STAGES):
+                mbarrier.init(k_ready.index(i), count=1)
+                mbarrier.init(k_empty.index(i), count=1)
+                mbarrier.init(v_ready.index(i), count=1)
+                mbarrier.init(v_empty.index(i), count=1)
+
+            q_col = h * HEAD_DIM
+            k_col = hk * HEAD_DIM
+            lse_ptr = LSE + b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
+            gl.warp_specialize([
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, o_desc, lse_ptr, b,
+                             m0, q_col, n_blocks, n_full, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
+                             STAGES, CAUSAL, OVERLAP, num_warps)),
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
+                             v_empty, b, m0, q_col, k_col, n_blocks, BLOCK_N, STAGES)),
+            ], [1], [PRODUCER_REGS])
 
 
 def _gl_dtype(dtype: torch.dtype):
@@ -292,6 +671,15 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, need_conti
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _num_sms(device: torch.device) -> int:
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether attention_fa3_fwd can run these inputs (see unsupported)."""
     return unsupported(q, k, v) is None
@@ -304,28 +692,56 @@ def attention_fa3_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
     if why is not None:
         raise ValueError(f"attention_fa3_fwd: {why}")
     B, Sq, H, D = q.shape
-    Sk, Hkv = k.shape[1], k.shape[2]
-    scale = softmax_scale if softmax_scale is not None else D ** -0.5
     out = torch.empty_like(q)
     lse = torch.empty((B, H, Sq), device=q.device, dtype=torch.float32)
     if B == 0 or Sq == 0 or H == 0:
         return out, lse
-    if Sk == 0:  # no keys: every row is empty (and a TMA box needs a non-empty tensor)
+    if k.shape[1] == 0:  # no keys: every row is empty (and a TMA box needs a non-empty tensor)
         return out.zero_(), lse.fill_(float("-inf"))
+    grid, args, constexprs = _launch(q, k, v, out, lse, causal, softmax_scale, config)
+    _fa3_fwd_kernel[grid](*args, **constexprs)
+    return out, lse
+
+
+def precompile(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+               config: FA3Config | None = None) -> None:
+    """Compile (into Triton's cache, without launching) the kernel attention_fa3_fwd would run on inputs
+    like these; only dtype, head dim, causal and the config matter (no integer is specialised)."""
+    why = unsupported(q, k, v)
+    if why is not None:
+        raise ValueError(f"precompile: {why}")
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32)
+    grid, args, constexprs = _launch(q, k, v, out, lse, causal, None, config)
+    _fa3_fwd_kernel.warmup(*args, grid=grid, **constexprs)
+
+
+def _launch(q, k, v, out, lse, causal, softmax_scale, config):
+    """(grid, arguments, constexprs) of the kernel for non-empty inputs."""
+    B, Sq, H, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    scale = softmax_scale if softmax_scale is not None else D ** -0.5
     cfg = config or DEFAULT_CONFIGS[D]
-    q_lay, kv_lay = tile_layout(cfg.block_m, D, q.dtype), tile_layout(cfg.block_n, D, q.dtype)
+    bad = config_error(D, cfg)
+    if bad is not None:
+        raise ValueError(f"attention_fa3_fwd: {cfg}: {bad}")
+    q_lay, kv_lay = tile_layout(cfg.q_rows, D, q.dtype), tile_layout(cfg.block_n, D, q.dtype)
     # (B, S, heads * D) views: the box (1, rows, D) at [b, row, head * D] stays inside batch b, so TMA
     # zero-fills rows past this sequence's end and clips stores there.
-    q_desc = TensorDescriptor(q, [B, Sq, H * D], [Sq * H * D, H * D, 1], [1, cfg.block_m, D], q_lay)
-    o_desc = TensorDescriptor(out, [B, Sq, H * D], [Sq * H * D, H * D, 1], [1, cfg.block_m, D], q_lay)
+    q_desc = TensorDescriptor(q, [B, Sq, H * D], [Sq * H * D, H * D, 1], [1, cfg.q_rows, D], q_lay)
+    o_desc = TensorDescriptor(out, [B, Sq, H * D], [Sq * H * D, H * D, 1], [1, cfg.q_rows, D], q_lay)
     k_desc = TensorDescriptor(k, [B, Sk, Hkv * D], [Sk * Hkv * D, Hkv * D, 1], [1, cfg.block_n, D], kv_lay)
     v_desc = TensorDescriptor(v, [B, Sk, Hkv * D], [Sk * Hkv * D, Hkv * D, 1], [1, cfg.block_n, D], kv_lay)
-    grid = (triton.cdiv(Sq, cfg.block_m), B * H)
-    _fa3_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, lse.stride(0), lse.stride(1), H, H // Hkv, Sq, Sk,
-                          float(scale) * LOG2E, HEAD_DIM=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                          STAGES=cfg.stages, CAUSAL=bool(causal), OVERLAP=cfg.overlap,
-                          PRODUCER_REGS=cfg.producer_regs, num_warps=4 * cfg.consumers)
-    return out, lse
+    n_m = triton.cdiv(Sq, cfg.block_m)
+    if not cfg.is_pingpong:
+        grid = (n_m, B * H)
+    elif cfg.persistent:
+        grid = (min(n_m * B * H, _num_sms(q.device)), )
+    else:
+        grid = (n_m * B * H, )
+    args = (q_desc, k_desc, v_desc, o_desc, lse, lse.stride(0), lse.stride(1), H, H // Hkv, B * H, Sq, Sk,
+            float(scale) * LOG2E)
+    return grid, args, _constexprs(D, bool(causal), cfg)
 
 
 def compile_sm90(head_dim: int, causal: bool, *, dtype: torch.dtype = torch.bfloat16,
@@ -336,17 +752,25 @@ def compile_sm90(head_dim: int, causal: bool, *, dtype: torch.dtype = torch.bflo
     from triton.experimental.gluon._runtime import GluonASTSource
 
     cfg = config or DEFAULT_CONFIGS[head_dim]
+    bad = config_error(head_dim, cfg)
+    if bad is not None:
+        raise ValueError(f"compile_sm90: {cfg}: {bad}")
     ty = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 
     def desc(rows):
         return f"tensordesc<{ty}[1,{rows},{head_dim}],{tile_layout(rows, head_dim, dtype)!r}>"
 
-    signature = {"q_desc": desc(cfg.block_m), "k_desc": desc(cfg.block_n), "v_desc": desc(cfg.block_n),
-                 "o_desc": desc(cfg.block_m), "LSE": "*fp32", "stride_lb": "i32", "stride_lh": "i32", "H": "i32",
-                 "GROUP": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "qk_scale": "fp32"}
-    constexprs = {"HEAD_DIM": head_dim, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
-                  "CAUSAL": bool(causal), "OVERLAP": cfg.overlap, "PRODUCER_REGS": cfg.producer_regs,
-                  "num_warps": 4 * cfg.consumers}
+    signature = {"q_desc": desc(cfg.q_rows), "k_desc": desc(cfg.block_n), "v_desc": desc(cfg.block_n),
+                 "o_desc": desc(cfg.q_rows), "LSE": "*fp32", "stride_lb": "i32", "stride_lh": "i32", "H": "i32",
+                 "GROUP": "i32", "BH": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "qk_scale": "fp32"}
+    constexprs = _constexprs(head_dim, bool(causal), cfg)
     signature.update({name: "constexpr" for name in constexprs})
     src = GluonASTSource(fn=_fa3_fwd_kernel, signature=signature, constexprs=constexprs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4 * cfg.consumers})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
+
+
+def _constexprs(head_dim: int, causal: bool, cfg: FA3Config) -> dict:
+    return {"HEAD_DIM": head_dim, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
+            "CAUSAL": causal, "OVERLAP": cfg.overlap, "PINGPONG": cfg.is_pingpong, "CONSUMERS": cfg.consumers,
+            "PERSISTENT": cfg.persistent, "PRODUCER_REGS": cfg.producer_regs, "CONSUMER_REGS": cfg.worker_consumer_regs,
+            "num_warps": cfg.num_warps}

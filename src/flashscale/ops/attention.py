@@ -21,20 +21,21 @@ from flashscale.ops.attention_op import AttentionFunction, attention_fwd_op
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _IMPLS = ("auto", "triton", "fa3", "reference")
-# impl="auto" on an sm_90 GPU takes the Hopper forward (kernels.attention_fa3, FA2's backward) where it
-# measured faster than the tuned FA2 forward on the H200 (benchmarks/results/attention-fa3-h200.json against
-# attention-h200.json, 2026-11-29): head_dim 128 from 1024 query rows (1.2x at 1k, 1.0x at 16k), head_dim 256
-# from 2048 (1.1-1.2x); at head_dim 64 FA2 is faster everywhere, and short sequences are FA2's too.
+# impl="auto" on an sm_90 GPU takes the Hopper forward (kernels.attention_fa3, FA2's backward) where the H200
+# measured it faster than the tuned FA2 forward (benchmarks/results/attention-fa3-sweep-h200.json, ping-pong
+# consumers, against attention-h200.json; 2026-11-29): head_dim 128 from 1024 query rows (1.1-1.2x), 256 from
+# 2048 (1.2-1.3x), 64 from 2048 (1.0x causal, 1.1x full at 2k; 1.15-1.2x at 16k); short sequences stay FA2's.
 # FLASHSCALE_FA3=1 takes it wherever it applies, =0 never.
 FA3_ENV = "FLASHSCALE_FA3"
-FA3_AUTO_MIN_SEQLEN_Q = {128: 1024, 256: 2048}
+FA3_AUTO_MIN_SEQLEN_Q = {64: 2048, 128: 1024, 256: 2048}
 
 
 def _auto_wants_fa3(q: torch.Tensor, seqlen_q: int) -> bool:
     mode = os.environ.get(FA3_ENV, "")
     if mode not in ("", "0", "1"):
         raise ValueError(f"{FA3_ENV}={mode!r}: takes 1 (the fa3 forward wherever it applies), 0 (never) or unset "
-                         f"(where it is faster: head_dim 128 from 1024 query rows, 256 from 2048)")
+                         "(where it measured faster: " + ", ".join(f"head_dim {d} from {n} query rows"
+                                                         for d, n in FA3_AUTO_MIN_SEQLEN_Q.items()) + ")")
     if mode == "0" or not q.is_cuda:
         return False
     need = FA3_AUTO_MIN_SEQLEN_Q.get(q.shape[-1])
