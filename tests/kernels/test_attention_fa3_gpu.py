@@ -94,15 +94,17 @@ def test_custom_scale_and_single_consumer():
 
 
 # Ping-pong is the default, so test_matches_reference runs it; the same matrix through the cooperative
-# fallback (one 8-warp consumer partition) and the persistent grid (tiles strided over the SMs).
-VARIANTS = {"coop": dict(pingpong=False), "persistent": dict(persistent=True)}
+# fallback (one 8-warp consumer partition over two warpgroups: TUNING_CONFIGS' "coop", since the D = 64
+# default's three consumers have no cooperative form) and the default on the persistent grid.
+VARIANTS = {"coop": lambda d: fa3.TUNING_CONFIGS[d]["coop"],
+            "persistent": lambda d: replace(fa3.DEFAULT_CONFIGS[d], persistent=True)}
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"b{c[0]}_q{c[1]}_k{c[2]}_h{c[3]}x{c[4]}_d{c[5]}_"
                          f"{str(c[6])[6:]}_{'causal' if c[7] else 'full'}")
 def test_matches_reference_variants(case, variant):
-    _check(*case, config=replace(fa3.DEFAULT_CONFIGS[case[5]], **VARIANTS[variant]))
+    _check(*case, config=VARIANTS[variant](case[5]))
 
 
 @pytest.mark.parametrize("name,head_dim", [(n, d) for d, cfgs in fa3.TUNING_CONFIGS.items() for n in cfgs
