@@ -271,6 +271,115 @@ def test_split_k_slices_heuristic():
     assert choose_split_k_slices(16, 64, 132, bm=64) == 1  # no split past 32 tokens
 
 
+DECODE_CASES = [  # M, K, N, G, sym, act_order, bias, bn, kt, prefetch, programs per SM (x4 interpreter SMs), repeat
+    (1, 256, 96, 128, False, False, True, 32, 2, 1, 3, True),
+    (1, 192, 40, 64, True, True, False, 16, 1, 2, 4, True),
+    (1, 320, 48, -1, False, False, False, 32, 1, 1, 2, False),
+    (3, 192, 72, 64, False, True, True, 64, 1, 1, 3, False),
+    (3, 256, 32, 128, True, False, False, 16, 2, 2, 2, False),
+    (12, 192, 40, 64, False, True, True, 32, 1, 2, 4, False),
+    (16, 192, 24, -1, True, False, True, 16, 1, 1, 2, False),
+]
+
+
+@pytest.mark.parametrize("m,k,n,g,sym,act_order,bias,bn,kt,prefetch,per_sm,repeat", DECODE_CASES)
+def test_decode_kernel_interpreter(m, k, n, g, sym, act_order, bias, bn, kt, prefetch, per_sm, repeat):
+    """The stream-K tensor-core decode kernel (M <= 16) under the interpreter: its inline PTX is replaced
+    by a lane-by-lane emulation of the same registers and mma.sync's fragment layout, so the nibble
+    pairing, the K relabelling of x, the offset/zero-point correction, the stream-K partial tiles
+    (several contributors a tile at these program counts) and the tails are what is checked."""
+    from flashscale.kernels.w4a16 import DecodeConfig, decode_grid, w4a16_matmul
+    from flashscale.kernels.w4a16_common import split_k_workspace
+
+    gen = torch.Generator().manual_seed(m * 1000 + k + n + 7)
+    gg = k if g == -1 else g
+    codes, zeros, scales = rand_grid(k, n, gg, sym=sym, gen=gen, zero_max=16)
+    g_idx = act_order_g_idx(k, gg, gen) if act_order else None
+    p = pack_w4(codes, zeros, scales, group_size=g, g_idx=g_idx)
+    x = torch.randn(m, k, generator=gen).half()
+    b = torch.randn(n, generator=gen).half() if bias else None
+    cfg = DecodeConfig(bn=bn, kt=kt, prefetch=prefetch)
+    progs, items, steps, _ = decode_grid(x, p, cfg, per_sm)
+    assert progs > -(-n // bn)  # more programs than tiles: tiles are shared
+    y = w4a16_matmul(x, p, b, config=cfg, split_k=per_sm)
+    oracle = w4a16_linear_ref(x.double(), p, None if b is None else b.double(), compute_dtype=torch.float64)
+    same_dtype = w4a16_linear_ref(x, p, b, compute_dtype=x.dtype)
+    assert y.shape == (m, n) and torch.isfinite(y).all()
+    assert _err(y, oracle) <= 2 * _err(same_dtype, oracle) + 1e-6, (_err(y, oracle), _err(same_dtype, oracle))
+    if repeat:
+        assert torch.equal(y, w4a16_matmul(x, p, b, config=cfg, split_k=per_sm))  # contributor order is fixed
+        y1 = w4a16_matmul(x, p, b, config=cfg, split_k=1)  # another stream-K split of the same items
+        assert torch.allclose(y.float(), y1.float(), rtol=2e-3, atol=2e-3)
+    _, cnt = split_k_workspace(x.device, 1)
+    assert not cnt.any()  # every tile's ticket put back to zero
+
+
+@pytest.mark.parametrize("m", [1, 11])
+def test_decode_kernel_bf16_interpreter(m):
+    """The bf16 path (its own magic and nibble positions) under the interpreter, whose fp32 -> bf16
+    conversion truncates (the GPU rounds to nearest): the output must be the exact product truncated."""
+    from flashscale.kernels.w4a16 import DecodeConfig, w4a16_matmul
+
+    gen = torch.Generator().manual_seed(20 + m)
+    codes, zeros, scales = rand_grid(256, 48, 128, sym=False, gen=gen, zero_max=16)
+    p = pack_w4(codes, zeros, scales, group_size=128)
+    x = torch.randn(m, 256, generator=gen).bfloat16()
+    b = torch.randn(48, generator=gen).bfloat16()
+    y = w4a16_matmul(x, p, b, config=DecodeConfig(bn=16, kt=2), split_k=2)
+    oracle = w4a16_linear_ref(x.double(), p, b.double(), compute_dtype=torch.float64)
+    truncated = (oracle.float().view(torch.int32) & -65536).view(torch.float32)  # what a perfect kernel gives here
+    assert y.dtype == torch.bfloat16
+    assert _err(y, oracle) <= 1.2 * _err(truncated, oracle) + 1e-6, (_err(y, oracle), _err(truncated, oracle))
+
+
+def test_decode_dispatch():
+    """The decode kernel's configs are autotune candidates of the M <= 16 buckets only, need groups of
+    64 * kt (or one group), and the launcher names what it takes."""
+    from flashscale.kernels.w4a16 import DecodeConfig, decode_candidates, w4a16_matmul
+
+    gen = torch.Generator().manual_seed(9)
+    codes, zeros, scales = rand_grid(128, 32, 32, sym=True, gen=gen)
+    p32 = pack_w4(codes, zeros, scales, group_size=32)
+    assert decode_candidates(p32) == []
+    with pytest.raises(ValueError, match="decode kernel needs a group size"):
+        w4a16_matmul(torch.randn(1, 128).half(), p32, kernel="decode")
+    codes, zeros, scales = rand_grid(128, 32, 64, sym=True, gen=gen)
+    p64 = pack_w4(codes, zeros, scales, group_size=64)
+    assert decode_candidates(p64) and all(c.kt == 1 for c in decode_candidates(p64))
+    with pytest.raises(ValueError, match="up to 16 tokens"):
+        w4a16_matmul(torch.randn(17, 128).half(), p64, kernel="decode")
+    y = w4a16_matmul(torch.randn(2, 128, generator=gen).half(), p64, kernel="decode")  # first candidate, untimed
+    assert y.shape == (2, 32) and torch.isfinite(y).all()
+    assert DecodeConfig().asm  # the interpreter runs the emulation whatever the config says
+
+
+def test_probe_modes_interpreter():
+    """benchmarks/w4a16_probe.py's kernel modes and their host-side checks: PROBE=1 reads every packed
+    word once (checksum), PROBE=2 leaves partials that sum to the product (GEMV slices, decode slots)."""
+    import importlib.util
+    from pathlib import Path
+
+    from flashscale.kernels.w4a16 import DecodeConfig, GemvConfig
+
+    spec = importlib.util.spec_from_file_location(
+        "w4a16_probe", Path(__file__).resolve().parents[2] / "benchmarks" / "w4a16_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    gen = torch.Generator().manual_seed(12)
+    k, n = 128, 32
+    codes, zeros, scales = rand_grid(k, n, 64, sym=False, gen=gen)
+    p = pack_w4(codes, zeros, scales, group_size=64)
+    for m, kname, cfg, split in [(1, "gemv", GemvConfig(bn=16, kt=1, slices=True), 2),
+                                 (9, "decode", DecodeConfig(bn=16, kt=1), 2)]:
+        x = torch.randn(m, k, generator=gen).half()
+        ref = w4a16_linear_ref(x.double(), p, compute_dtype=torch.float64)
+        tol = 2 * _err(w4a16_linear_ref(x, p, compute_dtype=x.dtype), ref) + 1e-6
+        y = torch.empty(m, n, dtype=x.dtype)
+        for pr in (0, 1, 2):
+            ok, err = probe.check(kname, x, p, y, cfg, split, pr, ref, tol, m)
+            assert ok, (kname, m, pr, err)
+
+
 def test_op_errors():
     gen = torch.Generator().manual_seed(7)
     codes, zeros, scales = rand_grid(64, 16, 32, sym=True, gen=gen)

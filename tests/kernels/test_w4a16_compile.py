@@ -4,7 +4,9 @@ no register spills or local memory, the packed weights in 128-bit loads (LDG.128
 LDGSTS.128 into the pipeline's shared memory for the tensor-core kernel), no int/float conversions per
 weight (only per group), wgmma for the tensor-core kernel, a per-weight instruction count under a
 ceiling, and the slice-reduced split-K with exactly two atomics (one ticket a program) instead of
-per-element ones."""
+per-element ones. The stream-K decode kernel (mma.sync on packed-half dequantization) is counted on
+its hot path (the once-a-tile flush inside its loop left out): 1 HMMA a packed word, no shared memory
+or barrier per item."""
 
 from __future__ import annotations
 
@@ -22,12 +24,12 @@ pytest.importorskip("triton.compiler")
 _COMPILE = """
 import json, sys
 from flashscale.kernels import w4a16_aot as aot
-json.dump([aot.census(c) for c in aot.decode_candidates()], open(sys.argv[1], "w"))
+json.dump([aot.census(c, **kw) for c, kw in aot.decode_candidates()], open(sys.argv[1], "w"))
 """
 
 # Thread-instructions per weight in one main-loop step, ceilings a little above what Triton 3.6 gives
-# (GEMV 3.8-4.7, GEMM 4.3-5.3): a regression in the unpacking shows up here.
-_MAX_PER_WEIGHT = {"gemv": 4.9, "gemm": 5.6}
+# (GEMV 3.8-4.7, GEMM 4.3-5.3, decode 2.1-2.9): a regression in the unpacking shows up here.
+_MAX_PER_WEIGHT = {"gemv": 4.9, "gemm": 5.6, "decode": 3.1}
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +45,14 @@ def census(tmp_path_factory):
 
 
 def _name(r):
-    return f"{r['kernel']}-" + "-".join(f"{k}{v}" for k, v in r["config"].items())
+    return f"{r['kernel']}{r['bm'] or ''}-" + "-".join(f"{k}{v}" for k, v in r["config"].items())
 
 
 def test_every_decode_candidate_compiles(census):
-    from flashscale.kernels.w4a16 import _GEMM_CANDIDATES, _GEMV_CANDIDATES
+    from flashscale.kernels.w4a16 import _DECODE_CANDIDATES, _GEMM_CANDIDATES, _GEMV_CANDIDATES
 
-    assert len(census) == len(set(_GEMV_CANDIDATES) | set(_GEMM_CANDIDATES[16]) | set(_GEMM_CANDIDATES[32]))
+    old = set(_GEMV_CANDIDATES) | set(_GEMM_CANDIDATES[16]) | set(_GEMM_CANDIDATES[32])
+    assert len(census) == len(old) + len(_DECODE_CANDIDATES) + 1  # + the first decode config at 16 tokens
 
 
 def test_no_spills_no_local_memory(census):
@@ -62,7 +65,7 @@ def test_no_spills_no_local_memory(census):
 def test_packed_weights_in_128_bit_loads(census):
     for r in census:
         words = r["weights_per_thread_step"] // 8  # one int32 word holds 8 weights
-        if r["kernel"] == "gemv":
+        if r["kernel"] in ("gemv", "decode"):
             assert r["ldg128"] * 4 >= words, (_name(r), r["ldg128"])  # 4 words a 128-bit load, straight to registers
         else:
             assert r["ldgsts128"] * 4 >= words, (_name(r), r["ldgsts128"])  # cp.async 16 B into the pipeline
@@ -83,9 +86,22 @@ def test_instructions_per_weight_ceiling(census):
     assert not over, over
 
 
+def test_decode_kernel_hot_path(census):
+    """One mma.sync a packed word (plus one per chunk for the x sums), nothing through shared memory
+    and no barrier per item (the flush, once a tile, is outside the hot path)."""
+    dec = [r for r in census if r["kernel"] == "decode"]
+    assert dec
+    for r in dec:
+        words = r["weights_per_thread_step"] // 8
+        tb = r["bm"] // 8
+        assert r["hmma"] == tb * (words + 4 * r["config"]["kt"]), (_name(r), r["hmma"])
+        assert r["smem"] == 0 and r["bar"] == 0, (_name(r), r["smem"], r["bar"])
+        assert r["cvt"] == 0, (_name(r), r["cvt"])
+
+
 def test_slice_split_k_has_one_ticket_not_per_element_atomics(census):
     for r in census:
-        if r["config"]["slices"]:
+        if r["kernel"] == "decode" or r["config"]["slices"]:
             assert r["atomics_ptx"] == 2, (_name(r), r["atomics_ptx"])  # ticket add + reset
         else:
             assert r["atomics_ptx"] > 2, _name(r)  # per-element adds and tickets

@@ -3,6 +3,9 @@
     M == 1      w4a16_gemv.py   CUDA-core matrix-vector, split-K over the 132 SMs
     M >= 2      w4a16_gemm.py   tensor cores (swap AB, weights as the register operand); split-K
                                 while the tiles cannot fill the machine (decode), tiles grow with M
+    M <= 16     w4a16_gemv.py   w4a16_decode_kernel: mma.sync on packed-half dequantization, stream-K
+                                over one persistent wave; extra autotune candidates of the M = 1 and
+                                M <= 16 buckets (docs/w4a16_decode.md)
 
 Autotuning: the first call of a (kernel, M bucket, N, K, G, dtype, act-order) key on a GPU times the
 candidate configs of its bucket (a handful, so few compiles) with triton.testing.do_bench and keeps
@@ -25,7 +28,7 @@ from triton.runtime.errors import OutOfResources
 
 from flashscale.kernels.w4a16_common import MAGIC_ONE, split_k_slices, split_k_workspace
 from flashscale.kernels.w4a16_gemm import w4a16_gemm_kernel
-from flashscale.kernels.w4a16_gemv import w4a16_gemv_kernel
+from flashscale.kernels.w4a16_gemv import w4a16_decode_kernel, w4a16_gemv_kernel
 from flashscale.kernels.w4a16_pack import FRAG_K, PackedW4, pack_w4
 
 
@@ -48,6 +51,17 @@ class GemvConfig:
     num_stages: int = 2
     prefetch: int = 1  # steps of packed words in flight ahead of the one computed (register ring, 1 or 2)
     slices: bool = False  # split-K by per-split workspace slices + one ticket a program
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeConfig:
+    """w4a16_decode_kernel (M <= 16). Its runtime knob, programs per SM of the persistent grid, takes
+    the place of the split factor in the tuner (split_k= of w4a16_matmul, "split_k" in the table)."""
+    bn: int = 128  # output features per work item (16 a fragment, warps split them)
+    kt: int = 2  # 64-wide columns per work item (inside one group)
+    num_warps: int = 4
+    prefetch: int = 1  # items of packed and scale words in flight ahead of the one computed (1 or 2)
+    asm: bool = True  # inline PTX (mma.sync, packed-half dequant); off: the interpreter's emulation
 
 
 # Candidates per M bucket, best guess first (the one taken untimed). Few on purpose: each is a compile.
@@ -81,6 +95,15 @@ _GEMV_CANDIDATES: list[GemvConfig] = [
     GemvConfig(bn=128, kt=2, prefetch=2, slices=True), GemvConfig(bn=256, kt=2, prefetch=2, slices=True),
     GemvConfig(bn=128, kt=2, slices=True),
     GemvConfig(bn=256, kt=2), GemvConfig(bn=128, kt=2), GemvConfig(bn=256, kt=1)]
+# Decode-kernel candidates, after the proven ones (so an untimed call, e.g. under CUDA-graph capture or
+# with autotuning off, keeps the old kernel until a GPU run has timed and checked these). sm_90 census
+# (bf16, M <= 8; docs/w4a16_decode.md): bn256/4 warps 2.1 instructions a weight at 128 registers (4
+# programs an SM, 64 KB in flight), bn128/2 warps the same per thread in half the tile, two items in
+# flight at 255 registers (2 programs an SM), kt=1 for group size 64.
+_DECODE_CANDIDATES: list[DecodeConfig] = [
+    DecodeConfig(bn=256, kt=2), DecodeConfig(bn=128, kt=2, num_warps=2), DecodeConfig(bn=256, kt=2, prefetch=2),
+    DecodeConfig(bn=256, kt=1, prefetch=2)]
+_DECODE_WARPS_PER_SM = 16  # the persistent grid's default: 4 programs of 4 warps (128 registers allow 4)
 _SLICE_PROGRAMS_PER_SM = 4  # resident programs an SM the slice split aims at (registers allow 4-5)
 
 _TUNED: dict[tuple, dict] = {}  # key -> config fields + "split_k"
@@ -124,6 +147,12 @@ def gemv_candidates(p: PackedW4) -> list[GemvConfig]:
     return wide or ok
 
 
+def decode_candidates(p: PackedW4) -> list[DecodeConfig]:
+    """Work items must stay inside one group: G a multiple of 64 * kt, or one group per row."""
+    g, k = p.group_size, p.in_features
+    return [c for c in _DECODE_CANDIDATES if g == k or g % (64 * c.kt) == 0]
+
+
 def choose_split_k(tiles: int, k_steps: int, num_sms: int, *, out_elems: int = 0, bm: int = 1) -> int:
     """Splits of K so tiles * splits is about two programs per SM, each split >= 2 steps; none for
     token tiles past 32 (prefill-sized tiles have enough programs, and their per-element atomics
@@ -147,8 +176,11 @@ def choose_split_k_slices(tiles: int, k_steps: int, num_sms: int, *, bm: int = 1
     return max(1, min(_SLICE_PROGRAMS_PER_SM * num_sms // tiles, k_steps // min_steps))
 
 
-def _split_options(default: int, slices: bool = False, k_steps: int = 0) -> list[int]:
-    """Split factors the autotuner times around the heuristic (a runtime argument: no recompiles)."""
+def _split_options(default: int, slices: bool = False, k_steps: int = 0, decode: bool = False) -> list[int]:
+    """Split factors the autotuner times around the heuristic (a runtime argument: no recompiles);
+    for the decode kernel, programs per SM: the default (16 warps an SM) and 8, 12, 24 warps' worth."""
+    if decode:
+        return sorted({max(1, default * w // 16) for w in (8, 12, 16, 24)})
     if slices:
         up = min(2 * default, max(1, k_steps // 2)) if k_steps else default
         return sorted({up, default, max(1, default // 2)}, reverse=True)
@@ -165,6 +197,10 @@ def load_tuned_configs(table: dict[str, dict]) -> None:
     for k, v in table.items():
         kind, bucket, n, kk, g, dtype, act, dev = k.split("|")
         _TUNED[(kind, int(bucket), int(n), int(kk), int(g), dtype, act, dev)] = dict(v)
+
+
+def _config_class(fields: dict):
+    return DecodeConfig if "asm" in fields else GemvConfig if "kt" in fields else GemmConfig
 
 
 def _common_args(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Tensor):
@@ -216,7 +252,7 @@ def _launch_gemm(x2d, p: PackedW4, bias, y, cfg: GemmConfig, split_k: int) -> No
     )
 
 
-def _launch_gemv(x2d, p: PackedW4, bias, y, cfg: GemvConfig, split_k: int) -> None:
+def _launch_gemv(x2d, p: PackedW4, bias, y, cfg: GemvConfig, split_k: int, probe: int = 0) -> None:
     k = x2d.shape[1]
     n = p.out_features
     bk = 64 * cfg.kt
@@ -230,8 +266,49 @@ def _launch_gemv(x2d, p: PackedW4, bias, y, cfg: GemvConfig, split_k: int) -> No
         n, k, p.qweight.stride(0), p.sz.stride(0), MAGIC_ONE, split_k,
         G=p.group_size, HAS_PERM=p.perm is not None, HAS_BIAS=bias is not None,
         BN=cfg.bn, KT=cfg.kt, EVEN_K=k % bk == 0, EVEN_N=n_pad % cfg.bn == 0,
-        PREFETCH=cfg.prefetch, SLICES=cfg.slices, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PREFETCH=cfg.prefetch, SLICES=cfg.slices, PROBE=probe, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+
+
+def decode_grid(x2d, p: PackedW4, cfg: DecodeConfig, per_sm: int) -> tuple[int, int, int, int]:
+    """(programs, items, steps per tile, workspace slots per tile) of the stream-K launch."""
+    tiles = triton.cdiv(p.out_features, cfg.bn)
+    steps = _k_steps(x2d, 64 * cfg.kt)
+    items = tiles * steps
+    progs = max(1, min(per_sm * _device_info(x2d.device)[1], items))
+    return progs, items, steps, triton.cdiv(steps, items // progs) + 1
+
+
+def _launch_decode(x2d, p: PackedW4, bias, y, cfg: DecodeConfig, per_sm: int, probe: int = 0) -> None:
+    m, k = x2d.shape
+    n = p.out_features
+    if p.perm is not None:
+        x2d = x2d[:, p.perm.long()]  # act-order: gather x once (pairs of inputs are loaded as one word)
+    if x2d.stride(1) != 1 or x2d.stride(0) % 2 or x2d.data_ptr() % 4:
+        x2d = x2d.clone(memory_format=torch.contiguous_format)
+    xw = x2d.view(torch.int32)  # (M, K / 2) words of two 16-bit inputs
+    progs, items, steps, cmax = decode_grid(x2d, p, cfg, per_sm)
+    bm = 8 if m <= 8 else 16
+    tiles = triton.cdiv(n, cfg.bn)
+    ws = split_k_slices(x2d.device, max(tiles * cmax * cfg.bn * bm, progs))
+    _, cnt = split_k_workspace(x2d.device, tiles)
+    b = bias if bias is not None else y
+    w4a16_decode_kernel[(progs,)](
+        xw, p.qweight, p.sz, y, b, ws, cnt,
+        m, n, k, xw.stride(0), y.stride(0), p.qweight.stride(0), p.sz.stride(0), steps, items, cmax,
+        G=p.group_size, HAS_BIAS=bias is not None, BF16=x2d.dtype == torch.bfloat16, BN=cfg.bn, KT=cfg.kt, BM=bm,
+        EVEN_K=k % (64 * cfg.kt) == 0, EVEN_N=p.sz.shape[1] % cfg.bn == 0, PREFETCH=cfg.prefetch,
+        ASM=cfg.asm and not _interpreting(), PROBE=probe, num_warps=cfg.num_warps, num_stages=1,
+    )
+
+
+def _launch(x2d, p: PackedW4, bias, y, cfg, split: int) -> None:
+    if isinstance(cfg, DecodeConfig):
+        _launch_decode(x2d, p, bias, y, cfg, split)
+    elif isinstance(cfg, GemvConfig):
+        _launch_gemv(x2d, p, bias, y, cfg, split)
+    else:
+        _launch_gemm(x2d, p, bias, y, cfg, split)
 
 
 def _tune(key: tuple, cands: list, split_of, launch, steps_of=lambda c: 0) -> tuple[object, int]:
@@ -242,10 +319,11 @@ def _tune(key: tuple, cands: list, split_of, launch, steps_of=lambda c: 0) -> tu
     if hit is not None:
         fields = dict(hit)
         split = fields.pop("split_k")
-        return (GemvConfig if "kt" in fields else GemmConfig)(**fields), split
+        return _config_class(fields)(**fields), split
     if not _AUTOTUNE or _interpreting() or torch.cuda.is_current_stream_capturing():
         return cands[0], split_of(cands[0])
-    trials = [(c, s) for c in cands for s in _split_options(split_of(c), c.slices, steps_of(c))]
+    trials = [(c, s) for c in cands for s in _split_options(split_of(c), getattr(c, "slices", False), steps_of(c),
+                                                               isinstance(c, DecodeConfig))]
     if len(trials) == 1:
         return trials[0]
     best, best_t = None, float("inf")
@@ -274,31 +352,47 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
     y = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
     if m == 0:
         return y
+    auto = kernel is None and config is None  # the decode kernel joins the candidates of automatic dispatch only
     if kernel is None:
         kernel = "gemv" if m == 1 and gemv_candidates(p) else "gemm"
+    if config is not None:
+        kernel = {DecodeConfig: "decode", GemvConfig: "gemv", GemmConfig: "gemm"}[type(config)]
+    dec = decode_candidates(p) if m <= 16 else []
     if kernel == "gemv":
         if m != 1:
             raise ValueError(f"the gemv kernel takes one token (M = 1), got M={m}")
-        cands = [config] if config is not None else gemv_candidates(p)
-        if not cands:
+        cands, bucket = gemv_candidates(p) + (dec if auto else []), 1
+        if not gemv_candidates(p):
             raise ValueError(f"the gemv kernel needs a group size that is a multiple of 64 or one group per "
                              f"row; this weight has group_size={p.group_size}, K={k}")
-        split_of, launch, bucket = (lambda c: _gemv_split(x2d, p, c)), _launch_gemv, 1
-        steps_of = lambda c: _k_steps(x2d, 64 * c.kt)  # noqa: E731
     elif kernel == "gemm":
-        cands = [config] if config is not None else gemm_candidates(m)
-        split_of, launch, bucket = (lambda c: _gemm_split(x2d, p, c)), _launch_gemm, m_bucket(m)
-        steps_of = lambda c: _k_steps(x2d, c.bk)  # noqa: E731
+        cands, bucket = gemm_candidates(m) + (dec if auto else []), m_bucket(m)
+    elif kernel == "decode":
+        if m > 16:
+            raise ValueError(f"the decode kernel takes up to 16 tokens, got M={m}")
+        cands, bucket = dec, 16
+        if not dec:
+            raise ValueError(f"the decode kernel needs a group size that is a multiple of 64 or one group per "
+                             f"row; this weight has group_size={p.group_size}, K={k}")
     else:
-        raise ValueError(f"kernel={kernel!r}; expected None, 'gemv' or 'gemm'")
+        raise ValueError(f"kernel={kernel!r}; expected None, 'gemv', 'gemm' or 'decode'")
+
+    def split_of(c):
+        if isinstance(c, DecodeConfig):
+            return max(1, _DECODE_WARPS_PER_SM // c.num_warps)
+        return _gemv_split(x2d, p, c) if isinstance(c, GemvConfig) else _gemm_split(x2d, p, c)
+
+    def steps_of(c):
+        return _k_steps(x2d, 64 * c.kt if isinstance(c, GemvConfig) else getattr(c, "bk", 64))
+
     if config is not None:
         cfg, split = config, split_k or split_of(config)
     else:
         key = (kernel, bucket, n, k, p.group_size, str(x2d.dtype).removeprefix("torch."),
                "perm" if p.perm is not None else "noperm", _device_info(x2d.device)[0])
-        cfg, split = _tune(key, cands, split_of, lambda c, s: launch(x2d, p, bias, y, c, s), steps_of)
+        cfg, split = _tune(key, cands, split_of, lambda c, s: _launch(x2d, p, bias, y, c, s), steps_of)
         split = split_k or split
-    launch(x2d, p, bias, y, cfg, split)
+    _launch(x2d, p, bias, y, cfg, split)
     return y
 
 
@@ -324,7 +418,7 @@ def _compile_one(job: dict) -> str:
     dtype = getattr(torch, job["dtype"])
     x = torch.randn(job["m"], k, device="cuda", dtype=dtype)
     bias = torch.randn(n, device="cuda", dtype=dtype) if job["bias"] else None
-    cls = GemvConfig if job["kernel"] == "gemv" else GemmConfig
+    cls = {"gemv": GemvConfig, "gemm": GemmConfig, "decode": DecodeConfig}[job["kernel"]]
     try:
         w4a16_matmul(x, p, bias, kernel=job["kernel"], config=cls(**job["config"]), split_k=1)
         torch.cuda.synchronize()
@@ -348,9 +442,12 @@ def precompile(problems: list[dict], *, processes: int | None = None, all_candid
                          out_features=pr["n"], group_size=pr["k"] if pr["group_size"] == -1 else pr["group_size"])
         kernel = "gemv" if pr["m"] == 1 and gemv_candidates(probe) else "gemm"
         cands = gemv_candidates(probe) if kernel == "gemv" else gemm_candidates(pr["m"])
-        for c in cands if all_candidates else cands[:1]:
+        dec = decode_candidates(probe) if pr["m"] <= 16 else []
+        cands = [(kernel, c) for c in cands] + [("decode", c) for c in dec]
+        for kernel, c in cands if all_candidates else cands[:1]:
             job = dict(pr, kernel=kernel, config=asdict(c))
-            key = repr(sorted((k, v) for k, v in job.items() if k != "m"))  # M is not specialized on
+            key = repr(sorted((k, v) for k, v in job.items() if k != "m"))  # M is not specialized on ...
+            key += f"|bm{8 if pr['m'] <= 8 else 16}" if kernel == "decode" else ""  # ... but for the decode tile
             if key not in seen:
                 seen.add(key)
                 jobs.append(job)

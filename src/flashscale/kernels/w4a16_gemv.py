@@ -21,8 +21,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from flashscale.kernels.w4a16_common import (group_consts, last_split, nibble_float, reset_ticket, store_or_reduce,
-                                             sum_partials, word_shifts, write_partial)
+from flashscale.kernels.w4a16_common import (D_UNIT_F16, OFF_BF16, OFF_F16, b_pairs, group_consts, last_split,
+                                             mma_column, nibble_float, reset_ticket, store_or_reduce, sum_partials,
+                                             word_shifts, write_partial, x_sums)
 
 
 @triton.jit
@@ -46,6 +47,17 @@ def _x_words(x_ptr, perm_ptr, base, K, HAS_PERM: tl.constexpr, EVEN_K: tl.conste
     a2 = _x_at(x_ptr, perm_ptr, base + 32, K, HAS_PERM, EVEN_K)
     a3 = _x_at(x_ptr, perm_ptr, base + 48, K, HAS_PERM, EVEN_K)
     return tl.reshape(tl.join(tl.join(a0, a2), tl.join(a1, a3)), [1, 32, 4]), (a0 + a1) + (a2 + a3)
+
+
+@triton.jit
+def _xor(a, b):
+    return a ^ b
+
+
+@triton.jit
+def _xor_all(v, NUMEL: tl.constexpr):
+    """XOR of every element (PROBE=1 checksums: no overflow anywhere, the interpreter included)."""
+    return tl.reduce(tl.reshape(v, [NUMEL]), 0, _xor)
 
 
 @triton.jit
@@ -96,8 +108,10 @@ def w4a16_gemv_kernel(
     N, K, stride_pn, stride_sg, MAGIC, SPLIT_K,
     G: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BN: tl.constexpr, KT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-    PREFETCH: tl.constexpr = 1, SLICES: tl.constexpr = False,
+    PREFETCH: tl.constexpr = 1, SLICES: tl.constexpr = False, PROBE: tl.constexpr = 0,
 ):
+    """PROBE (benchmarks/w4a16_probe.py): 1 the same loads with no dequantization (a checksum of the
+    words per program, in ws), 2 no split-K reduction (each split writes its slice and stops)."""
     NB: tl.constexpr = BN // 16
     BK: tl.constexpr = KT * 64
     pid_n = tl.program_id(0)
@@ -126,6 +140,7 @@ def w4a16_gemv_kernel(
 
     acc_a = tl.zeros([NB, 32], dtype=tl.float32)  # rows 16nb + g, one partial per lane
     acc_b = tl.zeros([NB, 32], dtype=tl.float32)  # rows 16nb + 8 + g
+    chk = tl.zeros([NB, KT, 128], dtype=tl.int32)
     # register ring: the next PREFETCH steps' words are in flight while this step computes (Triton
     # pipelines loads only into MMAs; without this each step would wait a full HBM latency). One step
     # ahead keeps 8 KB a 128-thread program in flight; two keep 16 KB (Little's law at 4.8 TB/s and
@@ -141,60 +156,333 @@ def w4a16_gemv_kernel(
             p_next2 = _step_words(pk_ptr, pk_off, k0 + 2 * BK, k_pad, kt_first, nb_in, it + 2 < it1, False)
         else:
             p_next = _step_words(pk_ptr, pk_off, k0 + BK, k_pad, kt_first, nb_in, it + 1 < it1, False)
-        p_cur = tl.reshape(p_cur, [NB, KT, 32, 4])
-        # per-element partial sums over the step (FFMA chains), reduced over the 4 words once a step.
-        # Initialized by the first fragment column (not tl.zeros) so they take the tile's layout.
-        if KT == 1:
-            q16a, q12a, q16b, q12b, xs16, xs12 = _frag_column(
-                x_ptr, perm_ptr, tl.reshape(p_cur, [NB, 32, 4]), x_lane, k0, K, MAGIC,
-                None, None, None, None, None, None, HAS_PERM, EVEN_K, False)
+        if PROBE == 1:
+            szp = tl.load(sz_ptr + tl.minimum(k0 // G, K // G - 1) * stride_sg + sz_off, mask=sz_in, other=0)
+            chk ^= p_cur ^ tl.max(tl.max(tl.max(szp, 2), 1), 0) * (N < 0)  # sz kept alive by a runtime zero
         else:
-            p0, p1 = tl.split(tl.permute(p_cur, [0, 2, 3, 1]))  # KT == 2
-            q16a, q12a, q16b, q12b, xs16, xs12 = _frag_column(
-                x_ptr, perm_ptr, p0, x_lane, k0, K, MAGIC, None, None, None, None, None, None, HAS_PERM, EVEN_K, False)
-            q16a, q12a, q16b, q12b, xs16, xs12 = _frag_column(
-                x_ptr, perm_ptr, p1, x_lane, k0 + 64, K, MAGIC, q16a, q12a, q16b, q12b, xs16, xs12, HAS_PERM, EVEN_K, True)
-        gidx = tl.minimum(k0 // G, K // G - 1)
-        if EVEN_N:
-            szp = tl.load(sz_ptr + gidx * stride_sg + sz_off)  # (32, NB, 2)
-        else:
-            szp = tl.load(sz_ptr + gidx * stride_sg + sz_off, mask=sz_in, other=0)
-        sza, szb = tl.split(tl.permute(szp, [1, 0, 2]))  # (NB, 32) each
-        s12a, c12a, s16a, c16a = group_consts(sza)
-        s12b, c12b, s16b, c16b = group_consts(szb)
-        acc_a += s16a * tl.sum(q16a, axis=2) - c16a * xs16 + s12a * tl.sum(q12a, axis=2) - c12a * xs12
-        acc_b += s16b * tl.sum(q16b, axis=2) - c16b * xs16 + s12b * tl.sum(q12b, axis=2) - c12b * xs12
+            p_cur = tl.reshape(p_cur, [NB, KT, 32, 4])
+            # per-element partial sums over the step (FFMA chains), reduced over the 4 words once a step.
+            # Initialized by the first fragment column (not tl.zeros) so they take the tile's layout.
+            if KT == 1:
+                q16a, q12a, q16b, q12b, xs16, xs12 = _frag_column(
+                    x_ptr, perm_ptr, tl.reshape(p_cur, [NB, 32, 4]), x_lane, k0, K, MAGIC,
+                    None, None, None, None, None, None, HAS_PERM, EVEN_K, False)
+            else:
+                p0, p1 = tl.split(tl.permute(p_cur, [0, 2, 3, 1]))  # KT == 2
+                q16a, q12a, q16b, q12b, xs16, xs12 = _frag_column(
+                    x_ptr, perm_ptr, p0, x_lane, k0, K, MAGIC, None, None, None, None, None, None, HAS_PERM, EVEN_K,
+                    False)
+                q16a, q12a, q16b, q12b, xs16, xs12 = _frag_column(
+                    x_ptr, perm_ptr, p1, x_lane, k0 + 64, K, MAGIC, q16a, q12a, q16b, q12b, xs16, xs12, HAS_PERM,
+                    EVEN_K, True)
+            gidx = tl.minimum(k0 // G, K // G - 1)
+            if EVEN_N:
+                szp = tl.load(sz_ptr + gidx * stride_sg + sz_off)  # (32, NB, 2)
+            else:
+                szp = tl.load(sz_ptr + gidx * stride_sg + sz_off, mask=sz_in, other=0)
+            sza, szb = tl.split(tl.permute(szp, [1, 0, 2]))  # (NB, 32) each
+            s12a, c12a, s16a, c16a = group_consts(sza)
+            s12b, c12b, s16b, c16b = group_consts(szb)
+            acc_a += s16a * tl.sum(q16a, axis=2) - c16a * xs16 + s12a * tl.sum(q12a, axis=2) - c12a * xs12
+            acc_b += s16b * tl.sum(q16b, axis=2) - c16b * xs16 + s12b * tl.sum(q12b, axis=2) - c12b * xs12
 
-    # lanes 4g..4g+3 hold parts of the same rows
-    ya = tl.sum(tl.reshape(acc_a, [NB, 8, 4]), axis=2)  # (NB, 8)
-    yb = tl.sum(tl.reshape(acc_b, [NB, 8, 4]), axis=2)
-    offs_a = pid_n * BN + tl.arange(0, NB)[:, None] * 16 + tl.arange(0, 8)[None, :]  # (NB, 8)
-    offs_b = offs_a + 8
-    bias_a = 0.0
-    bias_b = 0.0
-    if HAS_BIAS:
-        bias_a = tl.load(bias_ptr + offs_a, mask=offs_a < N, other=0.0).to(tl.float32)
-        bias_b = tl.load(bias_ptr + offs_b, mask=offs_b < N, other=0.0).to(tl.float32)
-    if SLICES:
-        if SPLIT_K > 1:
-            # per-split slices of the workspace (ws_ptr is the slice buffer here), one ticket a program
-            write_partial(ya, ws_ptr, offs_a, offs_a < N, N)
-            write_partial(yb, ws_ptr, offs_b, offs_b < N, N)
-            if last_split(cnt_ptr, pid_n, SPLIT_K):
-                ya = sum_partials(ws_ptr, offs_a, offs_a < N, N, SPLIT_K)
-                yb = sum_partials(ws_ptr, offs_b, offs_b < N, N, SPLIT_K)
+    if PROBE == 1:
+        tl.store(ws_ptr + pid_n * SPLIT_K + pid_k, _xor_all(chk, NB * KT * 128).to(tl.float32, bitcast=True))
+    else:
+        # lanes 4g..4g+3 hold parts of the same rows
+        ya = tl.sum(tl.reshape(acc_a, [NB, 8, 4]), axis=2)  # (NB, 8)
+        yb = tl.sum(tl.reshape(acc_b, [NB, 8, 4]), axis=2)
+        offs_a = pid_n * BN + tl.arange(0, NB)[:, None] * 16 + tl.arange(0, 8)[None, :]  # (NB, 8)
+        offs_b = offs_a + 8
+        bias_a = 0.0
+        bias_b = 0.0
+        if HAS_BIAS:
+            bias_a = tl.load(bias_ptr + offs_a, mask=offs_a < N, other=0.0).to(tl.float32)
+            bias_b = tl.load(bias_ptr + offs_b, mask=offs_b < N, other=0.0).to(tl.float32)
+        if SLICES:
+            if SPLIT_K > 1:
+                # per-split slices of the workspace (ws_ptr is the slice buffer here), one ticket a program
+                write_partial(ya, ws_ptr, offs_a, offs_a < N, N)
+                write_partial(yb, ws_ptr, offs_b, offs_b < N, N)
+                if PROBE == 0:
+                    if last_split(cnt_ptr, pid_n, SPLIT_K):
+                        ya = sum_partials(ws_ptr, offs_a, offs_a < N, N, SPLIT_K)
+                        yb = sum_partials(ws_ptr, offs_b, offs_b < N, N, SPLIT_K)
+                        if HAS_BIAS:
+                            ya += bias_a
+                            yb += bias_b
+                        tl.store(y_ptr + offs_a, ya.to(y_ptr.dtype.element_ty), mask=offs_a < N)
+                        tl.store(y_ptr + offs_b, yb.to(y_ptr.dtype.element_ty), mask=offs_b < N)
+                        reset_ticket(cnt_ptr, pid_n)
+            else:
                 if HAS_BIAS:
                     ya += bias_a
                     yb += bias_b
                 tl.store(y_ptr + offs_a, ya.to(y_ptr.dtype.element_ty), mask=offs_a < N)
                 tl.store(y_ptr + offs_b, yb.to(y_ptr.dtype.element_ty), mask=offs_b < N)
-                reset_ticket(cnt_ptr, pid_n)
         else:
-            if HAS_BIAS:
-                ya += bias_a
-                yb += bias_b
-            tl.store(y_ptr + offs_a, ya.to(y_ptr.dtype.element_ty), mask=offs_a < N)
-            tl.store(y_ptr + offs_b, yb.to(y_ptr.dtype.element_ty), mask=offs_b < N)
+            store_or_reduce(ya, y_ptr + offs_a, offs_a, offs_a < N, bias_a, ws_ptr, cnt_ptr, SPLIT_K, HAS_BIAS)
+            store_or_reduce(yb, y_ptr + offs_b, offs_b, offs_b < N, bias_b, ws_ptr, cnt_ptr, SPLIT_K, HAS_BIAS)
+
+
+# ---- decode on the tensor cores, stream-K (M <= 16): w4a16_common's mma.sync path, one persistent wave
+
+@triton.jit
+def _x_word(base, off, kl, K, EVEN_K: tl.constexpr):
+    if EVEN_K:
+        return tl.load(base + off)
+    return tl.load(base + off, mask=2 * (kl + off) < K, other=0)
+
+
+@triton.jit
+def _stack4(a0, a1, a2, a3):
+    """four (1, 32) -> (1, 32, 4) [.., i] = a_i, in registers."""
+    return tl.reshape(tl.join(tl.join(a0, a2), tl.join(a1, a3)), [1, 32, 4])
+
+
+@triton.jit
+def _x_pairs(x_ptr, stride_xm, kw, lane, M, K, tok0, EVEN_K: tl.constexpr):
+    """(1, 32, 4, 2) int32 x words of one 64-wide column for tokens tok0 + lane // 4: [.., i, 0] =
+    (x[16i + 2t], x[16i + 2t + 1]), [.., i, 1] = (x[16i + 2t + 8], ..) (t = lane % 4); kw: the column's
+    first x word (K index / 2). Loaded as (1, 32) rows (one per lane, not vectorized) and joined in
+    registers, so they take the layout of the fragment tiles they meet. Lanes of tokens >= M read token
+    M - 1: a B column only reaches the same D column (a token never stored), so no mask and no zeros.
+    K tails (not EVEN_K) are masked to zero: the padded codes dequantize to -z, not 0."""
+    tok = tl.minimum(tok0 + lane // 4, M - 1)
+    kl = kw + lane % 4  # (1, 32)
+    base = x_ptr + tok * stride_xm + kl
+    lo = _stack4(_x_word(base, 0, kl, K, EVEN_K), _x_word(base, 8, kl, K, EVEN_K), _x_word(base, 16, kl, K, EVEN_K),
+                 _x_word(base, 24, kl, K, EVEN_K))
+    hi = _stack4(_x_word(base, 4, kl, K, EVEN_K), _x_word(base, 12, kl, K, EVEN_K), _x_word(base, 20, kl, K, EVEN_K),
+                 _x_word(base, 28, kl, K, EVEN_K))
+    return tl.join(lo, hi)
+
+
+@triton.jit
+def _dec_x(x_ptr, stride_xm, ks, lane, M, K, BK: tl.constexpr, KT: tl.constexpr, TWO: tl.constexpr,
+           EVEN_K: tl.constexpr):
+    """x words of step ks: (1, 32, 4, 2, TB, KT) (TB token blocks of 8, KT columns)."""
+    kw = ks * (BK // 2)
+    xa = _x_pairs(x_ptr, stride_xm, kw, lane, M, K, 0, EVEN_K)
+    if TWO:
+        xa = tl.join(xa, _x_pairs(x_ptr, stride_xm, kw, lane, M, K, 8, EVEN_K))
     else:
-        store_or_reduce(ya, y_ptr + offs_a, offs_a, offs_a < N, bias_a, ws_ptr, cnt_ptr, SPLIT_K, HAS_BIAS)
-        store_or_reduce(yb, y_ptr + offs_b, offs_b, offs_b < N, bias_b, ws_ptr, cnt_ptr, SPLIT_K, HAS_BIAS)
+        xa = xa[:, :, :, :, None]
+    if KT == 2:
+        xb = _x_pairs(x_ptr, stride_xm, kw + 32, lane, M, K, 0, EVEN_K)
+        if TWO:
+            xb = tl.join(xb, _x_pairs(x_ptr, stride_xm, kw + 32, lane, M, K, 8, EVEN_K))
+        else:
+            xb = xb[:, :, :, :, None]
+        xs = tl.join(xa, xb)
+    else:
+        xs = xa[:, :, :, :, :, None]
+    return xs
+
+
+@triton.jit
+def _dec_w(pk_ptr, sz_ptr, tile, ks, w_off, sz_off, nb, kt_first, k_pad, n_frag, K, stride_pn, stride_sg,
+           NB: tl.constexpr, BK: tl.constexpr, G: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+    """Packed words (NB, KT, 128) and scale/zero words (32, NB, 2) of item (tile, ks). Unmasked on even
+    shapes (the caller clamps prefetches past its range to its last item: an L2 hit, no zero-filling)."""
+    k0 = ks * BK
+    wp = pk_ptr + tile * NB * stride_pn + (k0 // 64) * 128 + w_off
+    sp = sz_ptr + tl.minimum(k0 // G, K // G - 1) * stride_sg + tile * (NB * 16) + sz_off
+    if EVEN_K and EVEN_N:
+        words = tl.load(wp)
+        szw = tl.load(sp)
+    else:
+        fr_ok = tile * NB + nb < n_frag  # fragment rows past ceil16(N) (the last tile)
+        words = tl.load(wp, mask=fr_ok[:, None, None] & (k0 + kt_first < k_pad), other=0)
+        szw = tl.load(sp, mask=fr_ok[None, :, None], other=0)
+    return words, szw
+
+
+@triton.jit
+def _next_item(tile, ks, S):
+    ks = ks + 1
+    wrap = ks == S
+    return tile + wrap, tl.where(wrap, 0, ks)
+
+
+@triton.jit
+def _dec_store(out, y_ptr, bias_ptr, rows, toks, M, N, stride_ym, HAS_BIAS: tl.constexpr):
+    if HAS_BIAS:
+        out += tl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
+    tl.store(y_ptr + toks * stride_ym + rows, out.to(y_ptr.dtype.element_ty), mask=(rows < N) & (toks < M))
+
+
+@triton.jit
+def _dec_b(xk, TWO: tl.constexpr, ASM: tl.constexpr):
+    """(1, 32, 4, 2, TB) x words of a column -> B registers (b0, b1) of tokens 0-7 and (bb0, bb1) of 8-15."""
+    if TWO:
+        xa, xb = tl.split(xk)
+        q0, q1 = tl.split(xa)
+        b0, b1 = b_pairs(q0, q1, ASM)
+        q0, q1 = tl.split(xb)
+        bb0, bb1 = b_pairs(q0, q1, ASM)
+    else:
+        q0, q1 = tl.split(tl.reshape(xk, [1, 32, 4, 2]))
+        b0, b1 = b_pairs(q0, q1, ASM)
+        bb0 = b0
+        bb1 = b1
+    return b0, b1, bb0, bb1
+
+
+@triton.jit
+def _dec_flush(acc, accb, tile, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym,
+               NB: tl.constexpr, BN: tl.constexpr, TWO: tl.constexpr, HAS_BIAS: tl.constexpr, PROBE: tl.constexpr):
+    """End of this program's part of `tile`: store it (sole contributor) or put it in the tile's
+    workspace slot and, if this is the last contributor, sum the slots in order and store."""
+    SLOT: tl.constexpr = NB * 128 * (1 + TWO)
+    nb = tl.arange(0, NB)[:, None, None]
+    lane = tl.arange(0, 32)[None, :, None]
+    c4 = tl.arange(0, 4)[None, None, :]
+    rows = tile * BN + nb * 16 + lane // 4 + 8 * (c4 // 2)  # (NB, 32, 4): the mma C layout
+    toks = 2 * (lane % 4) + c4 % 2
+    pf = ((tile * S + 1) * P - 1) // U  # first and last program with items of this tile
+    pl = ((tile * S + S) * P - 1) // U
+    direct = pf == pl
+    if PROBE == 2:
+        direct = pf < 0  # every partial to the workspace, no reduction
+    if direct:
+        _dec_store(acc * (1.0 / 2048), y_ptr, bias_ptr, rows, toks, M, N, stride_ym, HAS_BIAS)
+        if TWO:
+            _dec_store(accb * (1.0 / 2048), y_ptr, bias_ptr, rows, toks + 8, M, N, stride_ym, HAS_BIAS)
+    else:
+        e_off = nb * 128 + lane * 4 + c4
+        wsp = ws_ptr + (tile * CMAX + pid - pf).to(tl.int64) * SLOT + e_off
+        tl.store(wsp, acc, mask=toks < M)
+        if TWO:
+            tl.store(wsp + NB * 128, accb, mask=toks + 8 < M)
+        if PROBE == 0:
+            if last_split(cnt_ptr, tile, pl - pf + 1):
+                wsp = ws_ptr + (tile * CMAX).to(tl.int64) * SLOT + e_off
+                tot = tl.load(wsp, mask=toks < M, other=0.0, cache_modifier=".cg")
+                for c in range(1, pl - pf + 1):
+                    tot += tl.load(wsp + c * SLOT, mask=toks < M, other=0.0, cache_modifier=".cg")
+                _dec_store(tot * (1.0 / 2048), y_ptr, bias_ptr, rows, toks, M, N, stride_ym, HAS_BIAS)
+                if TWO:
+                    tot = tl.load(wsp + NB * 128, mask=toks + 8 < M, other=0.0, cache_modifier=".cg")
+                    for c in range(1, pl - pf + 1):
+                        tot += tl.load(wsp + c * SLOT + NB * 128, mask=toks + 8 < M, other=0.0, cache_modifier=".cg")
+                    _dec_store(tot * (1.0 / 2048), y_ptr, bias_ptr, rows, toks + 8, M, N, stride_ym, HAS_BIAS)
+                reset_ticket(cnt_ptr, tile)
+
+
+@triton.jit(do_not_specialize=["M", "S", "U", "CMAX"])
+def w4a16_decode_kernel(
+    x_ptr, pk_ptr, sz_ptr, y_ptr, bias_ptr, ws_ptr, cnt_ptr,
+    M, N, K, stride_xm, stride_ym, stride_pn, stride_sg, S, U, CMAX,
+    G: tl.constexpr, HAS_BIAS: tl.constexpr, BF16: tl.constexpr, BN: tl.constexpr, KT: tl.constexpr,
+    BM: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr = 1,
+    ASM: tl.constexpr = True, PROBE: tl.constexpr = 0,
+):
+    """y (M <= 16, N) = x @ W on the tensor cores, stream-K: U = tiles x S work items (BN rows x BK
+    inputs, BK inside one group), program p of P takes items [p U / P, (p + 1) U / P) in tile-major
+    order, so every program streams one contiguous range (a persistent grid of one wave, no tail) and
+    flushes a partial tile at each tile end it meets (_dec_flush). x_ptr: x as int32 words (pairs of
+    16-bit values), stride_xm in words. Accumulators: (NB, 32, 4) per token block, lane 4g + t holding
+    rows 16 nb + g (+ 8) and tokens 2t, 2t + 1 (the mma C layout), times s * 2^11 (w4a16_pack's sz).
+    PROBE (benchmarks/w4a16_probe.py): 1 loads only (XORs the packed words), 2 no split-K reduction."""
+    NB: tl.constexpr = BN // 16
+    BK: tl.constexpr = KT * 64
+    TWO: tl.constexpr = BM == 16
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    u0 = pid * U // P
+    u1 = (pid + 1) * U // P
+    k_pad = tl.cdiv(K, 64) * 64
+    n_frag = tl.cdiv(N, 16)
+    nb = tl.arange(0, NB)
+    lane = tl.arange(0, 32)
+    # (NB, KT, 128) words of an item, 16 bytes a thread; laid out so warps split NB (see the GEMV above)
+    w_off = (nb * stride_pn)[:, None, None] + tl.arange(0, KT)[None, :, None] * 128 + tl.arange(0, 128)[None, None, :]
+    kt_first = tl.arange(0, KT)[None, :, None] * 64
+    # scale/zero words of rows g, g + 8 (adjacent), loaded lanes first and permuted (the GEMV's trick)
+    sz_off = (lane // 4)[:, None, None] * 2 + nb[None, :, None] * 16 + tl.arange(0, 2)[None, None, :]
+    lane1 = lane[None, :]
+
+    # item coordinates kept incrementally (no division in the loop): (tile, ks) computed now, (tile_p,
+    # ks_p) the next one to load; loads past the range re-read the last item (in L2) instead of masking
+    tile = u0 // S
+    ks = u0 - tile * S
+    tile_l = (u1 - 1) // S
+    ks_l = u1 - 1 - tile_l * S
+    # register ring: PREFETCH items of packed and scale words in flight ahead, x one item ahead
+    wn, sn = _dec_w(pk_ptr, sz_ptr, tile, ks, w_off, sz_off, nb, kt_first, k_pad, n_frag, K, stride_pn, stride_sg,
+                    NB, BK, G, EVEN_K, EVEN_N)
+    tile_p, ks_p = _next_item(tile, ks, S)
+    if PREFETCH == 2:
+        ok = u0 + 1 < u1
+        wn2, sn2 = _dec_w(pk_ptr, sz_ptr, tl.where(ok, tile_p, tile_l), tl.where(ok, ks_p, ks_l), w_off, sz_off, nb,
+                          kt_first, k_pad, n_frag, K, stride_pn, stride_sg, NB, BK, G, EVEN_K, EVEN_N)
+        tile_p, ks_p = _next_item(tile_p, ks_p, S)
+    xn = _dec_x(x_ptr, stride_xm, ks, lane1, M, K, BK, KT, TWO, EVEN_K)
+    acc = tl.zeros([NB, 32, 4], dtype=tl.float32)
+    accb = tl.zeros([NB, 32, 4], dtype=tl.float32)
+    chk = tl.zeros([NB, KT, 128], dtype=tl.int32)
+    for u in range(u0, u1):
+        wc = wn
+        sc = sn
+        ok = u + PREFETCH < u1
+        tile_q = tl.where(ok, tile_p, tile_l)
+        ks_q = tl.where(ok, ks_p, ks_l)
+        if PREFETCH == 2:
+            wn = wn2
+            sn = sn2
+            wn2, sn2 = _dec_w(pk_ptr, sz_ptr, tile_q, ks_q, w_off, sz_off, nb, kt_first, k_pad, n_frag, K, stride_pn,
+                              stride_sg, NB, BK, G, EVEN_K, EVEN_N)
+        else:
+            wn, sn = _dec_w(pk_ptr, sz_ptr, tile_q, ks_q, w_off, sz_off, nb, kt_first, k_pad, n_frag, K, stride_pn,
+                            stride_sg, NB, BK, G, EVEN_K, EVEN_N)
+        tile_p, ks_p = _next_item(tile_p, ks_p, S)
+        xc = xn
+        ks_x = ks + 1
+        xn = _dec_x(x_ptr, stride_xm, tl.where(ks_x == S, 0, ks_x), lane1, M, K, BK, KT, TWO, EVEN_K)
+        if PROBE == 1:
+            # the same loads, a trivial reduce; scale and x words kept alive by a runtime zero
+            alive = tl.max(tl.max(tl.max(sc, 2), 1), 0) ^ tl.max(tl.reshape(xc, [256 * (1 + TWO) * KT]), 0)
+            chk ^= wc ^ alive * (M < 0)
+        else:
+            szw = tl.permute(sc, [1, 0, 2])  # (NB, 32, 2)
+            s = (szw & -32).to(tl.float32, bitcast=True)  # s * 2^11
+            # the MMA summed D_UNIT (OFF + q) x: y += s / D_UNIT * D - (OFF + z) s * sum(x); z by a float magic
+            zf = ((szw & 31) | 0x4B000000).to(tl.float32, bitcast=True)  # 2^23 + z, exact
+            if BF16:
+                zs = (zf - (8388608.0 - OFF_BF16)) * s
+                sd = s
+            else:
+                zs = (zf - (8388608.0 - OFF_F16)) * s
+                sd = s * (1.0 / D_UNIT_F16)
+            s4 = tl.reshape(tl.join(sd, sd), [NB, 32, 4])  # c = 2 (row half) + token parity
+            zs4 = tl.reshape(tl.join(zs, zs), [NB, 32, 4])
+            w4 = tl.reshape(wc, [NB, KT, 32, 4])
+            if KT == 2:
+                w0, w1 = tl.split(tl.permute(w4, [0, 2, 3, 1]))
+                x0, x1 = tl.split(xc)
+            else:
+                w0 = tl.reshape(w4, [NB, 32, 4])
+                x0 = tl.reshape(xc, [1, 32, 4, 2, 1 + TWO])
+            b0, b1, bb0, bb1 = _dec_b(x0, TWO, ASM)
+            d, db = mma_column(w0, b0, b1, bb0, bb1, None, None, BF16, TWO, True, ASM)
+            xs = x_sums(b0, b1, None, BF16, True, ASM)
+            if TWO:
+                xsb = x_sums(bb0, bb1, None, BF16, True, ASM)
+            if KT == 2:
+                b0, b1, bb0, bb1 = _dec_b(x1, TWO, ASM)
+                d, db = mma_column(w1, b0, b1, bb0, bb1, d, db, BF16, TWO, False, ASM)
+                xs = x_sums(b0, b1, xs, BF16, False, ASM)
+                if TWO:
+                    xsb = x_sums(bb0, bb1, xsb, BF16, False, ASM)
+            acc = tl.fma(s4, d, acc) - zs4 * xs
+            if TWO:
+                accb = tl.fma(s4, db, accb) - zs4 * xsb
+            if (ks == S - 1) | (u == u1 - 1):  # the end of this program's part of the tile
+                _dec_flush(acc, accb, tile, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym,
+                           NB, BN, TWO, HAS_BIAS, PROBE)
+                acc = tl.zeros([NB, 32, 4], dtype=tl.float32)
+                accb = tl.zeros([NB, 32, 4], dtype=tl.float32)
+        tile, ks = _next_item(tile, ks, S)
+    if PROBE == 1:
+        tl.store(ws_ptr + pid, _xor_all(chk, NB * KT * 128).to(tl.float32, bitcast=True))

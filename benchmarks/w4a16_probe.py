@@ -1,0 +1,540 @@
+"""W4A16 decode probe (issue #7): where the time of the M <= 16 kernels goes, in one GPU call.
+
+    OUT=$OUT python3 benchmarks/w4a16_probe.py --out $OUT            # ~2-3 minutes on an H200
+
+For M = 1 and 16 and the six Llama-3 shapes (K x N; group 128, bf16 activations), rows of kind:
+  e-copy   dst.copy_(packed words): the device's streaming rate on these bytes (read + write)
+  e-bf16   F.linear with the bf16 weight (cuBLAS): the anchor of the 3.5x target
+  noop     an empty Triton kernel with the decode grid: the launch floor of one call inside a graph
+  c-gemv   (M = 1) the current GEMV, every config of the sweep (BN, K tile, prefetch, warps, stages,
+           slices/atomics) x split-K factors around its heuristic
+  c-gemm   (M = 16) the current tensor-core GEMM, every bucket-16 candidate (+ a bn32 one) x splits
+  a-gemv   the best slice GEMV config with PROBE=1: the same grid, tile and prefetch ring, loads and
+           a checksum, no dequantization: the memory ceiling of that access pattern
+  b-gemv   the same config with PROBE=2: dequant + FMA, each split writes its slice, no reduction
+  a-gemm   (M = 16) the loads-only GEMV with the GEMM's grid (bn 64/128, bk 128, its split, 2 steps
+           in flight): the memory ceiling of the GEMM's access pattern
+  d-dec    the new stream-K tensor-core decode kernel, every config x programs per SM
+  a-dec / b-dec   its loads-only (PROBE=1) and no-reduction (PROBE=2) modes at the best config
+Every kernel row is checked before it is timed: outputs against x @ dequantized W in float64 (error at
+most 2x cuBLAS bf16's + 1e-3), PROBE=1 checksums (XOR) against that of all the packed words (every word
+read once), PROBE=2 partials summed on the host against the same reference. A failure prints WRONG, stays
+in the JSON (ok=false) and makes the exit status 1; the row is still timed.
+
+Timing: a CUDA graph of R calls (R >= 32) replayed 10 times after 3 warm-up replays, CUDA events per
+replay, median / R. Every call of the graph reads the next of n copies of the weights, n chosen so the
+copies pass 3x the L2 (50 MB on the H200): without that 4096^2 (8.4 MB) would be read from L2, not HBM.
+Bytes (TB/s column): packed K*N/2 + scale/zero words K/G*N*4; bf16 K*N*2; copy 2x packed.
+Output: $OUT/w4a16_probe-<gpu>.json (written after every shape) and a table on stdout.
+Stages are time-limited (--budget seconds in all, default 160; compiles in parallel first, then
+shapes, 8192^2 first); whatever runs out of time is listed as skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from flashscale.kernels import w4a16 as W  # noqa: E402
+from flashscale.kernels.w4a16 import DecodeConfig, GemmConfig, GemvConfig  # noqa: E402
+from flashscale.kernels.w4a16_pack import PackedW4, pack_w4  # noqa: E402
+from flashscale.reference.w4a16 import dequantize_w4  # noqa: E402
+
+SHAPES = [(8192, 8192), (4096, 4096), (28672, 8192), (8192, 28672), (4096, 14336), (14336, 4096)]  # (K, N)
+G = 128
+COPY_TBPS = 4.3  # the H200's measured device copy rate (benchmarks/w4a16.py): the floor's denominator
+
+# (c) the GEMV sweep
+GEMV_SWEEP = [GemvConfig(bn=bn, kt=kt, prefetch=pf, slices=True) for bn in (64, 128, 256) for kt in (1, 2)
+              for pf in (1, 2)]
+GEMV_SWEEP += [GemvConfig(bn=128, kt=2, num_warps=2, slices=True), GemvConfig(bn=128, kt=2, num_warps=8, slices=True),
+               GemvConfig(bn=256, kt=2, num_warps=8, slices=True), GemvConfig(bn=128, kt=2, num_stages=1, slices=True),
+               GemvConfig(bn=256, kt=2), GemvConfig(bn=128, kt=2)]
+# (a)/(b) candidates among them (slices: their workspace takes the checksums and partials)
+GEMV_PROBED = [GemvConfig(bn=128, kt=2, slices=True), GemvConfig(bn=256, kt=2, slices=True),
+               GemvConfig(bn=128, kt=2, prefetch=2, slices=True), GemvConfig(bn=256, kt=2, prefetch=2, slices=True)]
+GEMM_SWEEP = list(W._GEMM_CANDIDATES[16]) + [GemmConfig(bm=16, bn=32, bk=128, num_warps=2, num_stages=4, slices=True)]
+GEMM_GRID_PROBE = {64: GemvConfig(bn=64, kt=2, prefetch=2, slices=True),
+                   128: GemvConfig(bn=128, kt=2, prefetch=2, slices=True)}
+DEC_SWEEP = list(W._DECODE_CANDIDATES) + [DecodeConfig(bn=512, kt=2, num_warps=8),
+                                          DecodeConfig(bn=128, kt=2, prefetch=2)]
+DEC_SWEEP_16 = list(W._DECODE_CANDIDATES) + [DecodeConfig(bn=256, kt=2, num_warps=8),
+                                             DecodeConfig(bn=128, kt=2)]
+
+
+def per_sm_options(cfg: DecodeConfig) -> list[int]:
+    return sorted({max(1, x * 4 // cfg.num_warps) for x in (2, 3, 4, 6)})
+
+
+@triton.jit
+def _noop_kernel(out_ptr):
+    tl.store(out_ptr + tl.program_id(0), 0)
+
+
+# ---- problems, launches, checks
+
+def random_packed(k: int, n: int, gen: torch.Generator) -> PackedW4:
+    codes = torch.randint(0, 16, (k, n), device="cuda", generator=gen, dtype=torch.uint8)
+    zeros = torch.randint(0, 16, (k // G, n), device="cuda", generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(k // G, n, device="cuda", generator=gen) * 0.01 + 0.002).half()
+    return pack_w4(codes, zeros, scales, group_size=G)
+
+
+def packed_bytes(k: int, n: int) -> int:
+    return k * n // 2 + k // G * n * 4
+
+
+def launch(kind: str, x, p, y, cfg, split, probe=0):
+    if kind == "gemv":
+        W._launch_gemv(x, p, None, y, cfg, split, probe)
+    elif kind == "gemm":
+        W._launch_gemm(x, p, None, y, cfg, split)
+    else:
+        W._launch_decode(x, p, None, y, cfg, split, probe)
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.double() - ref).norm() / ref.norm()).item()
+
+
+def xor_all(v: torch.Tensor) -> int:
+    v = v.reshape(-1)
+    while v.numel() > 1:
+        if v.numel() % 2:
+            v = torch.cat([v, torch.zeros(1, dtype=v.dtype, device=v.device)])
+        v = v[: v.numel() // 2] ^ v[v.numel() // 2:]
+    return int(v.item())
+
+
+def checksum_ok(ws_vals: torch.Tensor, p: PackedW4) -> bool:
+    """PROBE=1: the programs' XORs of their words (int32 bits in an fp32 buffer) XOR to that of all the
+    words, i.e. (but for cancelling pairs) every word was read once."""
+    return xor_all(ws_vals.view(torch.int32)) == xor_all(p.qweight)
+
+
+def decode_slot_sum(ws: torch.Tensor, n: int, cfg: DecodeConfig, cmax: int, m: int) -> torch.Tensor:
+    """PROBE=2 partials of the decode kernel, summed on the host -> (M, N) float64. Workspace slot
+    (tile, contributor) holds (token block, nb, lane 4g + t, c = 2 rh + e) fp32 values times s * 2^11:
+    row tile*BN + 16 nb + 8 rh + g, token 8 block + 2t + e (the mma C layout); unused slots are zero."""
+    tiles = -(-n // cfg.bn)
+    nb_ = cfg.bn // 16
+    tb = 1 if m <= 8 else 2
+    slot = nb_ * 128 * tb
+    v = ws[: tiles * cmax * slot].view(tiles, cmax, tb, nb_, 8, 4, 2, 2).double().sum(1)  # tile, tb, nb, g, t, rh, e
+    v = v.permute(1, 4, 6, 0, 2, 5, 3)  # tb, t, e, tile, nb, rh, g
+    y = v.reshape(tb * 8, tiles * cfg.bn) / 2048.0
+    return y[:m, :n]
+
+
+class Ctx:
+    def __init__(self, budget: float):
+        self.t0 = time.time()
+        self.budget = budget
+        self.rows: list[dict] = []
+        self.skipped: list[str] = []
+        self.errors: list[str] = []
+        self.bad = 0
+
+    def left(self) -> float:
+        return self.budget - (time.time() - self.t0)
+
+
+def graph_us(calls: list, ncopies: int, reps: int = 10) -> float:
+    """calls[i]() launches the call on weight copy i; median over replays of a graph of R calls / R."""
+    r = max(32, ncopies)
+    r = -(-r // ncopies) * ncopies
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(ncopies):
+            calls[i]()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(r):
+            calls[i % ncopies]()
+    for _ in range(3):
+        g.replay()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for a, b in ev:
+        a.record()
+        g.replay()
+        b.record()
+    torch.cuda.synchronize()
+    us = statistics.median(a.elapsed_time(b) for a, b in ev) * 1e3 / r
+    del g
+    return us
+
+
+# ---- parallel compiles (each config once on a small problem of the same specialization)
+
+def _warm(job: dict) -> str:
+    try:
+        torch.manual_seed(0)
+        k, n = 256, 512
+        p = random_packed(k, n, torch.Generator(device="cuda").manual_seed(0))
+        dt = getattr(torch, job["dtype"])
+        x = torch.randn(job["m"], k, device="cuda", dtype=dt)
+        y = torch.empty(job["m"], n, device="cuda", dtype=dt)
+        cls = {"gemv": GemvConfig, "gemm": GemmConfig, "decode": DecodeConfig}[job["kind"]]
+        launch(job["kind"], x, p, y, cls(**job["config"]), 2, job["probe"])
+        torch.cuda.synchronize()
+        return ""
+    except Exception as e:  # noqa: BLE001 (reported; the row fails again, loudly, when it runs)
+        return f"{job['kind']} {job['config']} probe={job['probe']} m={job['m']}: {e!r}"[:400]
+
+
+def compile_jobs() -> list[dict]:
+    jobs = []
+    for c in GEMV_SWEEP:
+        jobs.append(dict(kind="gemv", config=asdict(c), probe=0, m=1, dtype="bfloat16"))
+    for c in [*GEMV_PROBED, *GEMM_GRID_PROBE.values()]:
+        for pr in (1, 2):
+            jobs.append(dict(kind="gemv", config=asdict(c), probe=pr, m=1, dtype="bfloat16"))
+    for c in GEMM_SWEEP:
+        jobs.append(dict(kind="gemm", config=asdict(c), probe=0, m=16, dtype="bfloat16"))
+    for m, sweep in ((1, DEC_SWEEP), (16, DEC_SWEEP_16)):
+        for c in sweep:
+            for pr in (0, 1, 2):
+                jobs.append(dict(kind="decode", config=asdict(c), probe=pr, m=m, dtype="bfloat16"))
+        jobs.append(dict(kind="decode", config=asdict(sweep[0]), probe=0, m=m, dtype="float16"))
+    uniq = {json.dumps(j, sort_keys=True): j for j in jobs}
+    return list(uniq.values())
+
+
+def precompile(ctx: Ctx, limit: float) -> None:
+    import multiprocessing
+    import os
+
+    jobs = compile_jobs()
+    t0 = time.time()
+    ctx_mp = multiprocessing.get_context("spawn")
+    pool = ctx_mp.Pool(min(len(jobs), max(1, (os.cpu_count() or 2) - 1)))
+    try:
+        res = pool.map_async(_warm, jobs).get(timeout=limit)
+        errs = [e for e in res if e]
+    except multiprocessing.TimeoutError:
+        errs = [f"compile stage passed {limit:.0f} s: the rest compiles on first use"]
+    finally:
+        pool.terminate()
+    for e in errs:
+        print(f"compile: {e}", flush=True)
+    ctx.errors += errs
+    print(f"compiled {len(jobs)} kernel variants in {time.time() - t0:.1f} s ({len(errs)} errors)", flush=True)
+
+
+# ---- one shape
+
+def run_shape(ctx: Ctx, k: int, n: int, gen: torch.Generator, l2: int, deadline: float, fp16_check: bool) -> None:
+    base = random_packed(k, n, gen)
+    nbytes = packed_bytes(k, n)
+    ncopies = max(2, min(32, math.ceil(3 * l2 / nbytes)))
+    packs = [base] + [PackedW4(qweight=base.qweight.clone(), sz=base.sz.clone(), perm=None, in_features=k,
+                               out_features=n, group_size=G) for _ in range(ncopies - 1)]
+    w64 = dequantize_w4(base, torch.float64)  # (K, N)
+    w_bf16 = w64.to(torch.bfloat16).t().contiguous()  # (N, K)
+    nb16 = max(2, min(32, math.ceil(3 * l2 / (k * n * 2))))
+    wcopies = [w_bf16] + [w_bf16.clone() for _ in range(nb16 - 1)]
+    floor = nbytes / (COPY_TBPS * 1e6)
+
+    def row(**kw):
+        kw.update(K=k, N=n, copies=ncopies, floor_us=floor)
+        if kw.get("us") is not None:
+            kw["TBps"] = (kw.pop("nbytes", nbytes)) / kw["us"] * 1e-6
+        ctx.rows.append(kw)
+        return kw
+
+    def out_of_time(what: str) -> bool:
+        if time.time() > deadline or ctx.left() < 5:
+            ctx.skipped.append(f"{k}x{n} {what}")
+            return True
+        return False
+
+    # (e) copy of the packed words
+    dst = torch.empty_like(base.qweight)
+    us = graph_us([lambda i=i: dst.copy_(packs[i].qweight) for i in range(ncopies)], ncopies)
+    row(M=0, kind="e-copy", us=us, nbytes=2 * base.qweight.numel() * 4, ok=True)
+    sms = W._device_info(torch.device("cuda"))[1]
+    noop_out = torch.empty(8 * sms, dtype=torch.int32, device="cuda")
+
+    for m in (1, 16):
+        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        ref = x.double() @ w64
+        err_bf16 = rel_err(F.linear(x, w_bf16), ref)
+        tol = 2 * err_bf16 + 1e-3
+        y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        us = graph_us([lambda i=i: F.linear(x, wcopies[i]) for i in range(nb16)], nb16)
+        row(M=m, kind="e-bf16", us=us, nbytes=k * n * 2, ok=True, err=err_bf16)
+        us = graph_us([lambda: _noop_kernel[(4 * sms,)](noop_out)], 1)
+        row(M=m, kind="noop", us=us, nbytes=0, ok=True, note=f"{4 * sms} programs")
+
+        def timed(kind, label, cfg, split, probe=0):
+            """check then time one (kernel, config, split) at this M; returns the row (us None on error)."""
+            kname = {"c-gemv": "gemv", "a-gemv": "gemv", "b-gemv": "gemv", "a-gemm": "gemv", "c-gemm": "gemm"}.get(
+                kind, "decode")
+            info = dict(M=m, kind=kind, kernel=kname, config=asdict(cfg), split=split, probe=probe, label=label)
+            try:
+                ok, err = check(kname, x, base, y, cfg, split, probe, ref, tol, m)
+                if not ok:
+                    ctx.bad += 1
+                    print(f"  WRONG {k}x{n} M={m} {kind} {label} split={split}: err {err}", flush=True)
+                us = graph_us([lambda i=i: launch(kname, x, packs[i], y, cfg, split, probe) for i in range(ncopies)],
+                              ncopies)
+                return row(**info, us=us, ok=ok, err=err)
+            except Exception as e:  # noqa: BLE001 (one config failing must not end the probe)
+                ctx.errors.append(f"{k}x{n} M={m} {kind} {label}: {e!r}"[:400])
+                print(f"  ERROR {k}x{n} M={m} {kind} {label}: {e!r}"[:300], flush=True)
+                return row(**info, us=None, ok=False, err=None)
+
+        best = {}
+        if m == 1:
+            for cfg in GEMV_SWEEP:
+                if out_of_time(f"M={m} gemv sweep"):
+                    break
+                s0 = W._gemv_split(x, base, cfg)
+                for s in W._split_options(s0, cfg.slices, W._k_steps(x, 64 * cfg.kt)):
+                    r = timed("c-gemv", _label(cfg), cfg, s)
+                    if r["us"] is not None and r["ok"] and r["us"] < best.get("gemv", (1e9,))[0]:
+                        best["gemv"] = (r["us"], cfg, s)
+            probed = [r for r in ctx.rows if r.get("kind") == "c-gemv" and r["K"] == k and r["N"] == n and r["ok"]
+                      and r["us"] is not None and GemvConfig(**r["config"]) in GEMV_PROBED]
+            if probed and not out_of_time("M=1 gemv probes"):
+                r = min(probed, key=lambda r: r["us"])
+                cfg = GemvConfig(**r["config"])
+                timed("a-gemv", _label(cfg), cfg, r["split"], probe=1)
+                timed("b-gemv", _label(cfg), cfg, r["split"], probe=2)
+        else:
+            for cfg in GEMM_SWEEP:
+                if out_of_time(f"M={m} gemm sweep"):
+                    break
+                s0 = W._gemm_split(x, base, cfg)
+                for s in W._split_options(s0, cfg.slices, W._k_steps(x, cfg.bk)):
+                    r = timed("c-gemm", _label(cfg), cfg, s)
+                    if r["us"] is not None and r["ok"] and r["us"] < best.get("gemm", (1e9,))[0]:
+                        best["gemm"] = (r["us"], cfg, s)
+            if "gemm" in best and best["gemm"][1].bn in GEMM_GRID_PROBE and not out_of_time("M=16 gemm probe"):
+                _, gcfg, s = best["gemm"]
+                timed("a-gemm", f"grid of {_label(gcfg)}", GEMM_GRID_PROBE[gcfg.bn], s, probe=1)
+        for cfg in DEC_SWEEP if m == 1 else DEC_SWEEP_16:
+            if out_of_time(f"M={m} decode sweep"):
+                break
+            for s in per_sm_options(cfg):
+                r = timed("d-dec", _label(cfg), cfg, s)
+                if r["us"] is not None and r["ok"] and r["us"] < best.get("dec", (1e9,))[0]:
+                    best["dec"] = (r["us"], cfg, s)
+        if "dec" in best and not out_of_time(f"M={m} decode probes"):
+            _, cfg, s = best["dec"]
+            timed("a-dec", _label(cfg), cfg, s, probe=1)
+            timed("b-dec", _label(cfg), cfg, s, probe=2)
+        if fp16_check and not out_of_time(f"M={m} fp16 check"):
+            xh = x.half()
+            refh = xh.double() @ w64
+            yh = torch.empty(m, n, device="cuda", dtype=torch.float16)
+            cfg = (DEC_SWEEP if m == 1 else DEC_SWEEP_16)[0]
+            try:
+                ok, err = check("decode", xh, base, yh, cfg, 4, 0, refh, 2 * rel_err(F.linear(xh, w64.half().t()), refh)
+                                + 1e-3, m)
+            except Exception as e:  # noqa: BLE001
+                ok, err = False, repr(e)[:200]
+            if not ok:
+                ctx.bad += 1
+                print(f"  WRONG {k}x{n} M={m} decode fp16: err {err}", flush=True)
+            row(M=m, kind="fp16-check", kernel="decode", config=asdict(cfg), us=None, ok=ok, err=err)
+        print_shape(ctx, k, n, m)
+    del packs, wcopies, w64, w_bf16, base
+    torch.cuda.empty_cache()
+
+
+def sync(x):
+    if x.is_cuda:
+        torch.cuda.synchronize()
+
+
+def check(kname, x, p, y, cfg, split, probe, ref, tol, m):
+    """Run once and compare (module docstring); works under the interpreter too (tests)."""
+    if probe == 0:
+        launch(kname, x, p, y, cfg, split)
+        sync(x)
+        err = rel_err(y.float(), ref)
+        return bool(err <= tol and torch.isfinite(y).all()), err
+    launch(kname, x, p, y, cfg, split, probe)  # sizes the workspace, which is then cleared and read
+    sync(x)
+    ws = W.split_k_slices(x.device, 1)
+    if kname == "decode":
+        progs, items, steps, cmax = W.decode_grid(x, p, cfg, split)
+        ws.zero_()
+        launch(kname, x, p, y, cfg, split, probe)
+        sync(x)
+        if probe == 1:
+            return checksum_ok(ws[:progs], p), None
+        yp = decode_slot_sum(ws, p.out_features, cfg, cmax, m)
+    else:
+        tiles = -(-p.out_features // cfg.bn)
+        launch(kname, x, p, y, cfg, split, probe)
+        sync(x)
+        if probe == 1:
+            return checksum_ok(ws[: tiles * split], p), None
+        if split == 1:  # no split, no slices: y is written as usual
+            yp = y.double()
+        else:
+            yp = ws[: split * p.out_features].view(split, p.out_features).double().sum(0)[None]
+    err = rel_err(yp, ref)
+    return bool(err <= tol), err
+
+
+def _label(cfg) -> str:
+    d = asdict(cfg)
+    keep = {k: v for k, v in d.items() if k not in ("asm", "group") and v is not False}
+    return " ".join(f"{k}{v}" for k, v in keep.items()).replace("num_warps", "w").replace("num_stages", "ns") \
+        .replace("prefetch", "pf").replace("slices", "sl")
+
+
+def print_shape(ctx: Ctx, k: int, n: int, m: int) -> None:
+    rows = [r for r in ctx.rows if r["K"] == k and r["N"] == n and r["M"] in (0, m) and r.get("us") is not None]
+
+    def best(kind):
+        c = [r for r in rows if r["kind"] == kind and r["ok"]]
+        return min(c, key=lambda r: r["us"]) if c else None
+
+    print(f"\n{k}x{n} M={m}: packed {packed_bytes(k, n) / 2**20:.1f} MiB, floor {packed_bytes(k, n) / 4.3e6:.1f} us "
+          f"at {COPY_TBPS} TB/s, {rows[0]['copies'] if rows else '?'} rotating copies", flush=True)
+    for kind in ("e-copy", "e-bf16", "noop", "c-gemv", "a-gemv", "b-gemv", "c-gemm", "a-gemm", "d-dec", "a-dec",
+                 "b-dec"):
+        r = best(kind)
+        if r is not None:
+            extra = f"{r.get('label', '')} split/per_sm {r.get('split', '')}" if "label" in r else r.get("note", "")
+            print(f"  {kind:7s} {r['us']:8.2f} us  {r.get('TBps', 0):5.2f} TB/s  {extra}", flush=True)
+    bad = [r for r in ctx.rows if r["K"] == k and r["N"] == n and r["M"] == m and not r["ok"]]
+    if bad:
+        print(f"  WRONG/ERROR rows: {len(bad)}", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--budget", type=float, default=160.0, help="seconds for the whole probe (after imports)")
+    ap.add_argument("--shapes", default="all", help="'all', or e.g. 8192x8192,4096x4096")
+    ap.add_argument("--no-precompile", action="store_true")
+    ap.add_argument("--replot", metavar="JSON", help="only redraw the .png of an existing results file")
+    args = ap.parse_args(argv)
+    if args.replot:
+        plot(json.loads(Path(args.replot).read_text()), Path(args.replot).with_suffix(".png"))
+        return 0
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    ctx = Ctx(args.budget)
+    shapes = SHAPES if args.shapes == "all" else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 50 * 2**20) or 50 * 2**20
+    gpu = torch.cuda.get_device_name()
+    print(f"{gpu}: {props.multi_processor_count} SMs, L2 {l2 / 2**20:.0f} MiB; torch {torch.__version__}, "
+          f"triton {triton.__version__}", flush=True)
+    if not args.no_precompile:
+        precompile(ctx, limit=min(60.0, 0.35 * args.budget))
+    W.set_autotune(False)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = "h200" if "H200" in gpu else gpu.lower().replace(" ", "-")
+    path = out / f"w4a16_probe-{tag}.json"
+    for i, (k, n) in enumerate(shapes):
+        left = ctx.left()
+        if left < 8:
+            ctx.skipped.append(f"{k}x{n} (no time left)")
+            continue
+        deadline = time.time() + left / (len(shapes) - i) * (1.6 if i == 0 else 1.0)
+        t = time.time()
+        run_shape(ctx, k, n, gen, l2, deadline, fp16_check=i == 0)
+        print(f"[{k}x{n} took {time.time() - t:.1f} s, {ctx.left():.0f} s left]", flush=True)
+        path.write_text(json.dumps(dict(gpu=gpu, sms=props.multi_processor_count, l2_bytes=l2, torch=torch.__version__,
+                                        triton=triton.__version__, group_size=G, copy_tbps_floor=COPY_TBPS,
+                                        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                                        rows=ctx.rows, skipped=ctx.skipped, errors=ctx.errors), indent=1))
+    if path.exists():
+        plot(json.loads(path.read_text()), path.with_suffix(".png"))
+    summary(ctx)
+    if ctx.skipped:
+        print(f"skipped (time): {ctx.skipped}", flush=True)
+    print(f"wrong: {ctx.bad}, errors: {len(ctx.errors)}; wrote {path}", flush=True)
+    return 1 if ctx.bad or ctx.errors else 0
+
+
+def plot(res: dict, path: Path) -> None:
+    """Per (shape, M): the best correct time of each row kind beside the floor, the copy and bf16."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    best: dict[tuple, dict[str, float]] = {}
+    for r in res["rows"]:
+        if not r.get("ok") or r.get("us") is None:
+            continue
+        cells = [(r["K"], r["N"], m) for m in ((1, 16) if r["M"] == 0 else (r["M"],))]
+        for cell in cells:
+            d = best.setdefault(cell, {"floor": r["floor_us"]})
+            d[r["kind"]] = min(d.get(r["kind"], float("inf")), r["us"])
+    cells = sorted(best, key=lambda c: (c[2], c[0] * c[1], c))
+    kinds = [k for k in ("floor", "e-copy", "e-bf16", "c-gemv", "c-gemm", "a-gemv", "a-gemm", "b-gemv", "d-dec",
+                         "a-dec", "b-dec") if any(k in best[c] for c in cells)]
+    fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(cells)), 4.5))
+    width = 0.85 / len(kinds)
+    for j, k in enumerate(kinds):
+        ax.bar([i + j * width for i in range(len(cells))], [best[c].get(k, 0) for c in cells], width=width, label=k)
+    ax.set_xticks([i + 0.42 for i in range(len(cells))], [f"{k}x{n}\nM={m}" for k, n, m in cells], fontsize=7)
+    ax.set_ylabel("us (CUDA graph, weights from HBM)")
+    ax.set_yscale("log")
+    ax.set_title(f"W4A16 decode probe, group {res.get('group_size')} ({res.get('gpu')}): "
+                 "c old kernels, d new decode kernel, a loads only, b no split-K reduction")
+    ax.legend(fontsize=7, ncol=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def summary(ctx: Ctx) -> None:
+    print("\nsummary (us, best correct row of each kind; TB/s on packed bytes)")
+    print(f"{'K x N':>12} {'M':>2} {'floor':>6} {'copy':>6} {'bf16':>6} {'noop':>5} {'old':>6} {'a-old':>6} "
+          f"{'b-old':>6} "
+          f"{'dec':>6} {'a-dec':>6} {'b-dec':>6} {'dec TB/s':>8} {'x bf16':>6}  best decode config")
+    for k, n in SHAPES:
+        for m in (1, 16):
+            rows = [r for r in ctx.rows if r["K"] == k and r["N"] == n and r["M"] in (0, m) and r.get("us") is not None
+                    and r["ok"]]
+            if not any(r["M"] == m for r in rows):
+                continue
+
+            def b(*kinds):
+                c = [r for r in rows if r["kind"] in kinds]
+                return min(c, key=lambda r: r["us"]) if c else None
+
+            def f(r):
+                return f"{r['us']:6.1f}" if r else f"{'-':>6}"
+
+            dec, bf = b("d-dec"), b("e-bf16")
+            print(f"{k:>5}x{n:<6} {m:>2} {packed_bytes(k, n) / 4.3e6:6.1f} {f(b('e-copy'))} {f(bf)} "
+                  f"{b('noop')['us'] if b('noop') else 0:5.1f} {f(b('c-gemv', 'c-gemm'))} {f(b('a-gemv', 'a-gemm'))} "
+                  f"{f(b('b-gemv'))} {f(dec)} {f(b('a-dec'))} {f(b('b-dec'))} "
+                  f"{dec['TBps'] if dec else 0:8.2f} {bf['us'] / dec['us'] if dec and bf else 0:6.2f}  "
+                  f"{(dec['label'] + ' per_sm ' + str(dec['split'])) if dec else ''}", flush=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
