@@ -101,6 +101,7 @@ def test_api_errors():
     _bad(lambda: attention_fp8(q, k, v, hadamard="yes"), TypeError, "hadamard")
     _bad(lambda: attention_fp8(q, k, v, seed=-1), ValueError, "seed")
     _bad(lambda: attention_fp8(q, k, v, impl="cuda"), ValueError, "impl")
+    _bad(lambda: attention_fp8(q, k, v, impl="fa3"), ValueError, "impl='fa3' cannot take", "Hopper GPU")
     _bad(lambda: quantize_fp8(q, k, v, block_m=48), ValueError, "block_m", "48")
     _bad(lambda: attention(q, k, v, fp8=True, window=(4, 0)), ValueError, "window")
     x = quantize_fp8(q, k, v, block_m=16, block_n=16)

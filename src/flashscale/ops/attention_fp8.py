@@ -11,9 +11,11 @@ descales float32 (B, H, ceil(Sq / block_m)) and (B, Hkv, ceil(Sk / block_n)), de
 Causal is aligned bottom-right. Forward only in FP8: attention_fp8 is differentiable through the
 training recipe below, attention_fp8_quantized is not.
 
-Dispatch (impl="auto"): CUDA with compute capability 9.x -> the Triton kernels; anything else -> the
-emulation (flashscale.reference.attention_fp8, the same roundings in plain PyTorch). impl="triton" also
-runs the kernels on CPU under TRITON_INTERPRET=1 (tests); impl="emulation" forces the reference.
+Dispatch (impl="auto"): CUDA with compute capability 9.x -> the Gluon FA3-style kernel
+(kernels.attention_fa3_fp8: TMA, ping-pong warpgroups, FP8 wgmma; 1.1 PFLOP/s at d256 on the H200) where it
+takes the inputs, else the Triton kernel (kernels.attention_fp8); anything else -> the emulation
+(flashscale.reference.attention_fp8, the same roundings in plain PyTorch). impl="fa3" / "triton" force a
+kernel ("triton" also runs on CPU under TRITON_INTERPRET=1, for tests); impl="emulation" the reference.
 
 Training recipe (docs/attention_fp8.md): when q, k or v require grad, the forward is the FP8 path and the
 backward recomputes the bf16 FlashAttention-2 forward (out, LSE) from the saved bf16 inputs and runs its
@@ -32,7 +34,7 @@ from flashscale.reference.attention_fp8 import (DEFAULT_BLOCK_M, DEFAULT_BLOCK_N
                                                 attention_fp8_quantized_ref, quantize_qkv_ref)
 
 _IN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_IMPLS = ("auto", "triton", "emulation")
+_IMPLS = ("auto", "fa3", "triton", "emulation")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +60,12 @@ def _use_kernel(t: torch.Tensor, impl: str) -> bool:
     if impl == "triton":
         if not t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(f"impl='triton' needs a CUDA tensor (got {t.device}) or TRITON_INTERPRET=1")
+        return True
+    if impl == "fa3":  # the pre-pass then runs its Triton kernel; attention_fp8_quantized asks the Gluon
+        # kernel whether it takes the inputs and says why not
+        if not t.is_cuda or torch.cuda.get_device_capability(t.device)[0] != 9:
+            raise ValueError(f"impl='fa3' cannot take these inputs: fa3 fp8 needs a Hopper GPU (compute "
+                             f"capability 9.x); the tensors are on {t.device}")
         return True
     return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] == 9
 
@@ -134,7 +142,8 @@ def attention_fp8_quantized(q8, k8, v8, q_descale, k_descale, v_descale, *, caus
                             return_lse: bool = False, impl: str = "auto", config=None):
     """FP8 attention on pre-quantized inputs (layouts in the module docstring). Returns out (B, Sq, H, D)
     in out_dtype [, lse (B, H, Sq) float32]. softmax_scale defaults to 1/sqrt(head_dim). Not differentiable.
-    config: a kernels.attention_fp8.Fp8Config (tiles dividing the blocks) for tests and tuning."""
+    config: a kernels.attention_fa3_fp8.FA3Fp8Config or a kernels.attention_fp8.Fp8Config (the kernel it picks;
+    tiles dividing the blocks) for tests and tuning."""
     if not isinstance(v8, torch.Tensor):
         raise TypeError(f"v8 must be a torch.Tensor; got {type(v8).__name__}")
     B, Sq, H, D, Sk, Hkv = _check_shapes(q8, k8, v8.transpose(-1, -2) if v8.dim() == 4 else v8,
@@ -160,6 +169,20 @@ def attention_fp8_quantized(q8, k8, v8, q_descale, k_descale, v_descale, *, caus
     if out_dtype not in _IN_DTYPES:
         raise TypeError(f"out_dtype must be bfloat16, float16 or float32; got {out_dtype}")
     scale = _scale(softmax_scale, D)
+    if _use_kernel(q8, impl) and impl in ("auto", "fa3"):
+        from flashscale.kernels import attention_fa3_fp8 as fa3
+
+        fa3_config = config if isinstance(config, fa3.FA3Fp8Config) else None
+        why = (fa3.unsupported(q8, k8, v8, q_descale, k_descale, v_descale, causal=bool(causal), block_m=block_m,
+                               block_n=block_n, out_dtype=out_dtype, config=fa3_config)
+               if config is None or fa3_config is not None else "config is a Triton Fp8Config")
+        if why is None:
+            out, lse = fa3.attention_fa3_fp8_fwd(q8, k8, v8, q_descale, k_descale, v_descale, causal=bool(causal),
+                                                 softmax_scale=scale, block_m=block_m, block_n=block_n,
+                                                 out_dtype=out_dtype, config=fa3_config)
+            return (out, lse) if return_lse else out
+        if impl == "fa3":
+            raise ValueError(f"impl='fa3' cannot take these inputs: {why}; use impl='auto' or 'triton'")
     if _use_kernel(q8, impl):
         from flashscale.kernels.attention_fp8 import attention_fp8_fwd
 

@@ -1,0 +1,780 @@
+"""FlashAttention-3's FP8 forward (section 3.3) for Hopper (sm_90) in Gluon: the ping-pong kernel of
+kernels/attention_fa3.py with e4m3 operands on both GEMMs.
+
+Inputs are those of flashscale.ops.attention_fp8_quantized (the pre-pass of kernels/hadamard.py):
+q8 (B, Sq, H, D), k8 (B, Sk, Hkv, D) e4m3; V TRANSPOSED, v8 (B, Hkv, D, Sk_pad >= Sk) e4m3 with the key
+index contiguous; fp32 descales q_descale (B, H, ceil(Sq / QBLOCK_M)), k/v_descale (B, Hkv, ceil(Sk /
+QBLOCK_N)) (any strides) with QBLOCK_M / QBLOCK_N the quantization blocks (ops' block_m / block_n).
+Output out (B, Sq, H, D) in bf16 (fp16, fp32) and lse (B, H, Sq) fp32 natural log. It computes what
+flashscale.reference.attention_fp8.attention_fp8_quantized_ref computes with tile_n = BLOCK_N (the same
+key tiles, so the same running max and the same e4m3 rounding of P):
+    S_j = (q8 k8_j^T) * (q_descale[row] * k_descale[j] * scale * log2 e)       FP8 wgmma, fp32 accumulator
+    m   = max(m, rowmax S_j);  P_j = exp2(S_j - m + 8)                          FA3's Max_offset: P in (0, 2^8]
+    l   = l * alpha + rowsum(P_j)  (fp32 P)
+    O   = O * alpha + (e4m3(P_j) v8_j) * v_descale[j]                           FP8 wgmma, fp32 accumulator
+    out = O / l;  lse = (m + log2 l - 8) ln 2;  rows that see no key: out 0, lse -inf.
+BLOCK_N must divide QBLOCK_N (one K and one V descale a key tile, as in the reference, whose tile_n must
+divide block_n); quantize with block_n=256 to run the 256-key tiles.
+
+Schedule (kernels/attention_fa3.py's ping-pong path; its barrier protocol, module docstring there, is
+reused unchanged: K/V ring of STAGES slots with k/v_ready (expect-tx) and k/v_empty (count = CONSUMERS)
+mbarriers, q_ready/q_empty per consumer, tensor-core turns through turn[c]):
+  * producer, 1 warp at 24 registers: TMA loads of each consumer's Q slice (box (1, SUB_M, D) of the
+    (B, Sq, H * D) view), K tiles (1, BLOCK_N, D) of (B, Sk, Hkv * D), V^T tiles (D, BLOCK_N) of the 2-D view
+    (B * Hkv * D, Sk) of v8 (row (b * Hkv + hk) * D; columns >= Sk read as TMA zeros, so the padding of
+    Sk_pad is never read), GQA by coordinate (hk = h // (H / Hkv)).
+  * CONSUMERS (2 or 3) 4-warp consumer partitions of SUB_M = BLOCK_M / CONSUMERS query rows each:
+    S_j = Q K_j^T as an SS-wgmma (both operands K-major: Q and K rows are D-contiguous); P_j cast to e4m3
+    in registers and moved into the FP8 A-operand layout (DotOperandLayout(k_width=4)): the fp32 accumulator
+    layout is not the FP8 A layout (FA3 section 3.3, "layout conformance"), so _p_to_a runs FA3's
+    permute_Aregs_fp8 as inline PTX (2 quad shuffles + 2 byte permutes a 64-bit pair; gl.convert_layout
+    would cost ~5x the instructions) and renames the indices for free (no shared memory), then
+    O += P_j V_j as an RS-wgmma whose B operand is the V^T tile (K-major: keys contiguous, why V is stored
+    transposed). With OVERLAP (default) S_{j+1} is issued before the softmax of block j and one turn is
+    {S_j, O += P_{j-1} V_{j-1}} (FA3's intra-warpgroup overlap); PINGPONG hands the tensor cores from one
+    consumer to the next through turn[] (pingpong=False: the same partitions run freely, no turns).
+  * Descales: q_descale is loaded once a tile as a per-row vector (any QBLOCK_M); the K and V descales of
+    key tile j are two scalars (loaded before the tile's barrier waits, so their latency hides there).
+    S's scale folds into one multiply-add with the max subtraction: P = exp2(raw * rs - (m - 8)) with
+    rs = q_descale * k_descale * scale * log2 e > 0 (rowmax(raw) * rs == rowmax(raw * rs) exactly: rounding
+    is monotonic). V's descale is applied lazily: the accumulator holds O / v_descale[j] while block j is
+    added, so the rescale after each PV product is a single multiply by alpha * v_descale[j-1] / v_descale[j]
+    (the bf16 kernel's alpha rescale, one factor changed), and the epilogue multiplies by v_descale[last] / l.
+    (Edge: an all-zero V block has v_descale = 2^-64 / 448, and the accumulator holds O * ~2^73 while it
+    is the current block: finite while |O| (unnormalised: up to 256 * Sk * max|V|) stays below ~2^54.)
+  * Epilogue: out staged in the consumer's own (SUB_M, D) output tile in shared memory (out dtype: not Q's
+    fp8 slice) and TMA-stored (rows >= Sq clipped). The Q slice is released (q_empty) as soon as the last
+    QK^T of the tile has retired, so a persistent program loads the next Q during the last PV product.
+
+Causal aligned bottom-right (key j visible to query i iff j <= i + Sk - Sq), only key blocks intersecting
+the band are visited, masks only on blocks j >= n_full (ragged last block, causal diagonal band).
+Accumulation: FP8 wgmma with Triton's sm_90 default (max_num_imprecise_acc = 2^30: Hopper's fast FP8
+accumulation, as FA3 and the Triton FP8 kernel); the GPU tests measure its effect against the emulation.
+
+Shapes: B batch, S sequence, H query heads, Hkv K/V heads, G = H // Hkv, D head dim (64, 128 or 256).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+try:  # Gluon is experimental: absent from older Tritons, and its API moves between releases
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                   warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    HAS_GLUON = hasattr(gl, "warp_specialize")
+except ImportError:  # pragma: no cover - depends on the installed triton
+    HAS_GLUON = False
+
+E4M3 = torch.float8_e4m3fn
+LOG2E = 1.4426950408889634
+P_SHIFT_LOG2 = 8.0  # flashscale.reference.attention_fp8.P_SHIFT_LOG2 (FA3's Max_offset)
+HEAD_DIMS = (64, 128, 256)
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+SMEM_LIMIT = 232_448  # H100/H200: 227 KB the most one block may take
+
+
+@dataclass(frozen=True, kw_only=True)
+class FA3Fp8Config:
+    """Tile shape and pipeline of one launch (docs/attention_fp8.md, "FA3-style Gluon kernel").
+    FP8 halves the bytes of a tile, so 256-key tiles and deeper rings fit in shared memory; registers
+    (fp32 O and S accumulators of SUB_M = block_m / consumers rows) are the bound."""
+
+    block_m: int = 128  # query rows of one tile (block_m // consumers a consumer warpgroup)
+    block_n: int = 128  # keys a K/V tile; must divide the quantization block_n
+    stages: int = 3  # K/V ring depth
+    consumers: int = 2  # consumer warpgroups (separate 4-warp partitions), 2 or 3
+    overlap: bool = True  # issue QK^T of block j+1 before the softmax of block j (intra-warpgroup)
+    pingpong: bool = True  # tensor-core turns between the consumers (inter-warpgroup); False: free-running
+    producer_regs: int = 24  # setmaxnreg of the TMA warp
+    consumer_regs: int = 0  # setmaxnreg of the worker consumers; 0: 240 / 160 for 2 / 3 consumers
+    persistent: bool = False  # one program an SM looping over the tiles, heaviest first
+
+    @property
+    def sub_m(self) -> int:
+        """Query rows of one consumer (its Q and output TMA boxes)."""
+        return self.block_m // self.consumers
+
+    @property
+    def num_warps(self) -> int:
+        """Warps of the default partition (consumer 0): the launch's num_warps."""
+        return 4
+
+    @property
+    def worker_consumer_regs(self) -> int:
+        return self.consumer_regs or (240 if self.consumers <= 2 else 160)
+
+
+_C = FA3Fp8Config
+# Variants worth timing (benchmarks/attention_fa3_fp8_sweep.py; the GPU tests run each one). Names: pp = ping-pong,
+# n<keys> / s<stages> = tile / ring, free = no turns, serial = no intra-warpgroup overlap, 3c = 3 consumers,
+# persist = persistent grid. n256 tiles need K/V quantized in 256-row blocks (quantize_fp8(..., block_n=256)).
+# Left out because ptxas spills in the key loop (sm_90a, 240 registers a consumer thread): 128 x 256 with overlap
+# at D 128 (~360 B), 3 consumers at D 128 (160 registers: ~400 B), the persistent grid at D 256 (~300 B).
+TUNING_CONFIGS = {
+    64: {
+        "pp": _C(block_m=128, block_n=128, stages=3),
+        "pp3c_m192": _C(block_m=192, block_n=128, stages=3, consumers=3),
+        "pp_n256": _C(block_m=128, block_n=256, stages=2),
+        "free": _C(block_m=128, block_n=128, stages=3, pingpong=False),
+    },
+    128: {
+        "pp": _C(block_m=128, block_n=128, stages=3),
+        "pp_s2": _C(block_m=128, block_n=128, stages=2),
+        "pp_persist": _C(block_m=128, block_n=128, stages=3, persistent=True),  # causal: 28 B spilled a tile
+        "free": _C(block_m=128, block_n=128, stages=3, pingpong=False),
+        "pp_serial": _C(block_m=128, block_n=128, stages=3, overlap=False),
+        "pp_n256_serial": _C(block_m=128, block_n=256, stages=2, overlap=False),
+        "pp_n64_s4": _C(block_m=128, block_n=64, stages=4),
+    },
+    256: {
+        "pp": _C(block_m=128, block_n=128, stages=2),  # causal: 44 B spilled (the diagonal block's mask)
+        "pp_n64_s3": _C(block_m=128, block_n=64, stages=3),
+        "free": _C(block_m=128, block_n=128, stages=2, pingpong=False),  # causal: as pp
+        "pp_serial": _C(block_m=128, block_n=128, stages=2, overlap=False),
+        "pp_n64_s3_serial": _C(block_m=128, block_n=64, stages=3, overlap=False),
+    },
+}
+# Defaults, (head dim, causal) -> config, for the default quantization (128-row K/V blocks): spill-free (the compile
+# test checks), not yet timed (the sweep picks). D 256 causal takes 64-key tiles: 128 spills in the mask.
+DEFAULT_CONFIGS = {(64, False): TUNING_CONFIGS[64]["pp"], (64, True): TUNING_CONFIGS[64]["pp"],
+                   (128, False): TUNING_CONFIGS[128]["pp"], (128, True): TUNING_CONFIGS[128]["pp"],
+                   (256, False): TUNING_CONFIGS[256]["pp"], (256, True): TUNING_CONFIGS[256]["pp_n64_s3"]}
+
+
+def default_config(head_dim: int, quant_block_n: int = 128, causal: bool = False) -> FA3Fp8Config:
+    """The default config whose key tile divides the quantization block (e.g. 64 -> 64-key tiles)."""
+    cfg = DEFAULT_CONFIGS[(head_dim, bool(causal))]
+    if quant_block_n % cfg.block_n:
+        cfg = replace(cfg, block_n=quant_block_n)
+    return cfg
+
+
+def _out_elem(out_dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=out_dtype).element_size()
+
+
+def smem_bytes(head_dim: int, cfg: FA3Fp8Config, out_dtype: torch.dtype = torch.bfloat16) -> int:
+    """Shared memory of one program, about (Triton aligns and adds a few hundred bytes): the fp8 Q slices,
+    the fp8 K/V ring, one output tile a consumer (out dtype) and the barriers."""
+    n_bars = 4 * cfg.stages + 3 * cfg.consumers
+    return (head_dim * (cfg.block_m + 2 * cfg.stages * cfg.block_n) + cfg.block_m * head_dim * _out_elem(out_dtype)
+            + 8 * n_bars)
+
+
+def config_error(head_dim: int, cfg: FA3Fp8Config, *, quant_block_n: int | None = None,
+                 out_dtype: torch.dtype = torch.bfloat16) -> str | None:
+    """Why this config cannot compile, fit an SM, or match these quantization blocks; or None."""
+    pow2 = lambda x: x > 0 and x & (x - 1) == 0  # noqa: E731
+    if head_dim not in HEAD_DIMS:
+        return f"head_dim {head_dim} not in {HEAD_DIMS}"
+    if not (pow2(cfg.block_n) and 32 <= cfg.block_n <= 256):
+        return f"block_n {cfg.block_n}: a power of two in 32..256 (Gluon shapes; FP8 wgmma's K step is 32)"
+    if quant_block_n is not None and quant_block_n % cfg.block_n:
+        return (f"block_n {cfg.block_n} must divide the quantization block_n {quant_block_n} (one K/V descale a "
+                f"key tile, as the emulation walks them)")
+    if cfg.stages < 2:
+        return "stages >= 2"
+    if cfg.consumers not in (2, 3):
+        return f"2 or 3 consumer warpgroups, not {cfg.consumers}"
+    if cfg.block_m % cfg.consumers or cfg.sub_m not in (64, 128):
+        return f"block_m {cfg.block_m}: {cfg.consumers} slices of 64 or 128 rows"
+    if smem_bytes(head_dim, cfg, out_dtype) > SMEM_LIMIT:
+        return f"{smem_bytes(head_dim, cfg, out_dtype)} B of shared memory > {SMEM_LIMIT}"
+    return None
+
+
+if HAS_GLUON:
+
+    @gluon.jit
+    def _max_combine(a, b):
+        return gl.maximum(a, b)
+
+    @gluon.jit
+    def _sum_combine(a, b):
+        return a + b
+
+    @gluon.jit
+    def _tile_info(tile, n_m, BH, H, GROUP, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   CAUSAL: gl.constexpr):
+        """Tile t -> (b, h, K/V head, first query row, key blocks to visit), heaviest (last) query tiles of
+        every (batch, head) first (attention_fa3._tile_info)."""
+        bh = tile % BH
+        m0 = (n_m - 1 - tile // BH) * BLOCK_M
+        h = bh % H
+        if CAUSAL:  # keys [0, hi) are visible to some row of the tile
+            hi = gl.maximum(gl.minimum(seqlen_k, m0 + BLOCK_M + seqlen_k - seqlen_q), 0)
+        else:
+            hi = seqlen_k
+        return bh // H, h, h // GROUP, m0, (hi + BLOCK_N - 1) // BLOCK_N
+
+    @gluon.jit
+    def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+                  v_empty, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr):
+        """TMA warp (attention_fa3._producer_pp with V^T tiles): per tile, the first K (prefetched during the
+        previous tile's epilogue), each consumer's Q slice once released, then the K/V tiles of the ring."""
+        SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
+        HKV = H // GROUP
+        it = 0
+        t_i = 0
+        for tile in range(tile0, n_tiles, tile_step):
+            b, h, hk, m0, n_blocks = _tile_info(tile, n_m, BH, H, GROUP, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N,
+                                                CAUSAL)
+            k_col = hk * HEAD_DIM
+            v_row = (b * HKV + hk) * HEAD_DIM  # V^T rows of this (batch, K/V head) in the (B * Hkv * D, Sk) view
+            if n_blocks > 0:
+                s = it % STAGES
+                mbarrier.wait(k_empty.index(s), ((it // STAGES) & 1) ^ 1)  # a fresh slot passes at once
+                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(k_desc, [b, 0, k_col], k_ready.index(s), k_smem.index(s))
+            for c in gl.static_range(CONSUMERS):
+                mbarrier.wait(q_empty.index(c), (t_i & 1) ^ 1)
+                mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
+                # a slice wholly past Sq loads rows from Sq - 1 (never stored): no box starts outside the tensor
+                q_row = gl.minimum(m0 + c * SUB_M, seqlen_q - 1)
+                tma.async_copy_global_to_shared(q_desc, [b, q_row, h * HEAD_DIM], q_ready.index(c), q_smem.index(c))
+            for j in range(n_blocks):
+                s = (it + j) % STAGES
+                free = (((it + j) // STAGES) & 1) ^ 1
+                if j > 0:
+                    mbarrier.wait(k_empty.index(s), free)
+                    mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(k_desc, [b, j * BLOCK_N, k_col], k_ready.index(s),
+                                                    k_smem.index(s))
+                mbarrier.wait(v_empty.index(s), free)
+                mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(v_desc, [v_row, j * BLOCK_N], v_ready.index(s), v_smem.index(s))
+            it += n_blocks
+            t_i += 1
+
+    # FP8 A-operand fix-up (FA3 section 3.3, its permute_Aregs_fp8), per 64 bits = the 8 e4m3 of two adjacent
+    # registers R0, R1 of the accumulator layout (registers 4m..4m+3: rows r / r + 8 of the key pair (k, k+1);
+    # R1: the same 8 columns on). The A layout wants thread t of a quad to hold keys 4t..4t+3 of a 16-key group,
+    # the accumulator gives it 2t, 2t+1, 8+2t, 9+2t: two quad shuffles (lanes 0/3 send R0 first, 1/2 R1) and
+    # two byte permutes. Registers 4m..4m+3 then hold exactly what the A layout's registers hold, but the tensor
+    # still carries the accumulator's index labels: _relabel_a renames them (a free reshape/permute whose
+    # inferred layout is the A layout, checked by convert_layout(assert_trivial=True)).
+    # tests/kernels/test_attention_fa3_fp8_compile.py replays this exchange on the linear layouts.
+    _ACC_TO_A_ASM = """
+    {
+    .reg .u32 lane, t, q, sh, lut, su, sl, x1, x2, s1, s2, slo, shi;
+    .reg .pred p;
+    mov.u32 lane, %laneid;
+    and.b32 t, lane, 3;
+    and.b32 q, lane, 28;
+    shl.b32 sh, t, 2;
+    mov.u32 lut, 0x2130;
+    shr.u32 su, lut, sh;
+    and.b32 su, su, 15;
+    or.b32 su, su, q;
+    mov.u32 lut, 0x3021;
+    shr.u32 sl, lut, sh;
+    and.b32 sl, sl, 15;
+    or.b32 sl, sl, q;
+    setp.eq.u32 p, t, 0;
+    setp.eq.or.u32 p, t, 3, p;
+    selp.b32 slo, 0x5410, 0x1054, p;
+    selp.b32 shi, 0x7632, 0x3276, p;
+    PAIRS
+    }
+    """
+    _ACC_TO_A_PAIR = """
+    selp.b32 s1, $I0, $I1, p;
+    selp.b32 s2, $I1, $I0, p;
+    shfl.sync.idx.b32 x1, s1, su, 0x1f, 0xffffffff;
+    shfl.sync.idx.b32 x2, s2, sl, 0x1f, 0xffffffff;
+    prmt.b32 $O0, x1, x2, slo;
+    prmt.b32 $O1, x1, x2, shi;
+    """
+
+    def _acc_to_a_asm(pack: int) -> str:
+        n = pack // 4  # 32-bit registers a call: outputs $0..$n-1, inputs $n..$2n-1
+        pairs = "".join(_ACC_TO_A_PAIR.replace("$I0", f"${n + 2 * k}").replace("$I1", f"${n + 2 * k + 1}")
+                        .replace("$O0", f"${2 * k}").replace("$O1", f"${2 * k + 1}") for k in range(n // 2))
+        return _ACC_TO_A_ASM.replace("PAIRS", pairs)
+
+    # module globals a kernel reads must be constexpr
+    _ACC_TO_A_16 = gl.constexpr(_acc_to_a_asm(16))
+    _ACC_TO_A_32 = gl.constexpr(_acc_to_a_asm(32))
+    _CONSTRAINTS_16 = gl.constexpr(",".join(["=r"] * 4 + ["r"] * 4))
+    _CONSTRAINTS_32 = gl.constexpr(",".join(["=r"] * 8 + ["r"] * 8))
+
+    @gluon.jit
+    def _relabel_a(x, SUB_M: gl.constexpr, BN: gl.constexpr):
+        """Rename indices (row bit 3 <- col bit 3, col bits 1, 2, 3 <- row bit 3, col bits 1, 2): the accumulator
+        layout's register slots under the FP8 A layout's labels (no data movement)."""
+        x8 = x.reshape([SUB_M // 16, 2, 8, BN // 16, 2, 2, 2, 2])  # (r5 r4, r3, r2..r0, c_hi, c3, c2, c1, c0)
+        return x8.permute((0, 4, 2, 3, 5, 6, 1, 7)).reshape([SUB_M, BN])
+
+    @gluon.jit
+    def _p_to_a(p, p_layout: gl.constexpr, SUB_M: gl.constexpr, BN: gl.constexpr, f8: gl.constexpr):
+        """P (SUB_M, BN) fp32 in the wgmma accumulator layout -> e4m3 in the FP8 A-operand layout (registers)."""
+        p8 = p.to(f8)  # F2FP: 2 fp32 -> 2 e4m3, merged 4 a register
+        if SUB_M * BN >= 128 * 32:  # 32 e4m3 a thread and a call (amortises the lane arithmetic)
+            x = gl.inline_asm_elementwise(_ACC_TO_A_32, _CONSTRAINTS_32, [p8], dtype=gl.float8e4nv, is_pure=False,
+                                          pack=32)
+        else:
+            x = gl.inline_asm_elementwise(_ACC_TO_A_16, _CONSTRAINTS_16, [p8], dtype=gl.float8e4nv, is_pure=False,
+                                          pack=16)
+        return gl.convert_layout(_relabel_a(x, SUB_M, BN), p_layout, assert_trivial=True)
+
+    @gluon.jit
+    def _softmax(s, j, m_i, l_i, rs, rows, off, seqlen_k, cols0, n_full, CAUSAL: gl.constexpr,
+                 BLOCK_N: gl.constexpr):
+        """Online-softmax step on raw scores s (SUB_M, BN) fp32 with the per-row scale rs (log2 units)
+        -> p = exp2(s * rs - m + 8) (fp32), alpha, new m, new l. Blocks j >= n_full (the ragged last block, the
+        causal diagonal band) mask keys >= Sk and, if CAUSAL, past the diagonal (key > row + Sk - Sq)."""
+        if j >= n_full:  # uniform branch
+            cols = j * BLOCK_N + cols0
+            vis = gl.expand_dims(cols, 0) < seqlen_k
+            if CAUSAL:
+                vis = vis & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + off)
+            s = gl.where(vis, s, float("-inf"))
+        # rs > 0 and rounding is monotonic: rowmax(s) * rs == rowmax(s * rs), bit for bit
+        m_new = gl.maximum(m_i, gl.reduce(s, 1, _max_combine) * rs)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # nothing visible yet: no -inf - -inf
+        p = gl.exp2(s * gl.expand_dims(rs, 1) - gl.expand_dims(m_use - 8.0, 1))  # one FFMA + MUFU an element
+        alpha = gl.exp2(m_i - m_use)
+        l_i = l_i * alpha + gl.reduce(p, 1, _sum_combine)
+        return p, alpha, m_new, l_i
+
+    @gluon.jit
+    def _consumer_tile(q_tile, o_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                       my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b,
+                       skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile, it, t_i, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                       qk_scale, C: gl.constexpr, FIRST: gl.constexpr, HEAD_DIM: gl.constexpr,
+                       BLOCK_M: gl.constexpr, SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                       QBLOCK_M: gl.constexpr, QBLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                       OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
+        """One tile of consumer C (attention_fa3._consumer_pp_tile with FP8 operands and descales). `it` / `t_i`:
+        K/V blocks and tiles before this one. Returns the updated it."""
+        # FP8 wgmma: instruction K = 32 (256 bits of e4m3); the accumulators are the bf16 kernel's
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 32])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 32])
+        # P as the FP8 A operand from registers: 4 e4m3 a 32-bit register (k_width 4)
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        f8: gl.constexpr = q_tile.dtype
+        q = q_tile.reshape([SUB_M, HEAD_DIM])
+        zero_s = gl.zeros([SUB_M, BLOCK_N], gl.float32, layout=s_layout)
+        cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        off = seqlen_k - seqlen_q
+
+        b, h, hk, m0, n_blocks = _tile_info(tile, n_m, BH, H, GROUP, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+        r0 = m0 + C * SUB_M
+        if CAUSAL:  # blocks [0, n_full) are visible to every row of this slice: no mask there
+            n_full = gl.maximum(gl.minimum(seqlen_k, r0 + off + 1), 0) // BLOCK_N
+        else:
+            n_full = seqlen_k // BLOCK_N
+        rows = r0 + gl.arange(0, SUB_M, layout=row_s)
+        # per-row Q descale (any quantization block), times scale * log2 e: the scores' row scale. Descale
+        # offsets in int32 (the descale tensors are small): no 64-bit index registers in the key loop.
+        qd = gl.load(QD + (b * sqd_b + h * sqd_h) + (rows // QBLOCK_M) * sqd_n, mask=rows < seqlen_q, other=1.0)
+        row_scale = qd * qk_scale
+        kd_ptr = KD + (b * skd_b + hk * skd_h)
+        vd_ptr = VD + (b * svd_b + hk * svd_h)
+        m_i = gl.full([SUB_M], float("-inf"), gl.float32, layout=row_s)
+        l_i = gl.zeros([SUB_M], gl.float32, layout=row_s)
+        acc = gl.zeros([SUB_M, HEAD_DIM], gl.float32, layout=o_layout)
+        vd_last = gl.to_tensor(1.0)  # the V descale the accumulator's units are (O = acc * vd_last)
+        mbarrier.wait(q_ready.index(C), t_i & 1)
+        if OVERLAP:
+            # turn (per block j) = {S_j = Q K_j^T, O += P_{j-1} V_{j-1}}
+            if n_blocks > 0:
+                st = it % STAGES
+                kd = gl.load(kd_ptr)
+                vd_last = gl.load(vd_ptr)
+                mbarrier.wait(k_ready.index(st), (it // STAGES) & 1)
+                if PINGPONG:
+                    mbarrier.wait(my_turn, (it & 1) ^ FIRST)
+                kt = k_smem.index(st).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+                tok = warpgroup_mma(q, kt, zero_s, use_acc=False, is_async=True)
+                if PINGPONG:
+                    mbarrier.arrive(next_turn)
+                s = warpgroup_mma_wait(0, deps=(tok, ))
+                mbarrier.arrive(k_empty.index(st))
+                if n_blocks == 1:
+                    mbarrier.arrive(q_empty.index(C))  # last QK^T of the tile retired: Q slice free
+                p, alpha, m_i, l_i = _softmax(s, 0, m_i, l_i, row_scale * kd, rows, off, seqlen_k, cols0,
+                                              n_full, CAUSAL, BLOCK_N)
+                # P is carried in fp32 and converted at the top of the next iteration (before its waits): an e4m3
+                # tensor carried around the loop would be unpacked to one byte a register by the compiler
+                for j in range(1, n_blocks):
+                    st = (it + j) % STAGES
+                    sv = (it + j - 1) % STAGES
+                    p8 = _p_to_a(p, p_layout, SUB_M, BLOCK_N, f8)
+                    # this block's descales, loaded before the waits that hide their latency
+                    kd = gl.load(kd_ptr + ((j * BLOCK_N) // QBLOCK_N) * skd_n)
+                    vd = gl.load(vd_ptr + ((j * BLOCK_N) // QBLOCK_N) * svd_n)
+                    mbarrier.wait(k_ready.index(st), ((it + j) // STAGES) & 1)
+                    if PINGPONG:
+                        mbarrier.wait(my_turn, ((it + j) & 1) ^ FIRST)
+                    kt = k_smem.index(st).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+                    tok_s = warpgroup_mma(q, kt, zero_s, use_acc=False, is_async=True)
+                    mbarrier.wait(v_ready.index(sv), ((it + j - 1) // STAGES) & 1)
+                    vt = v_smem.index(sv).permute((1, 0))  # (BN, D) view of the V^T tile: K-major B
+                    tok_o = warpgroup_mma(p8, vt, acc, is_async=True)
+                    if PINGPONG:
+                        mbarrier.arrive(next_turn)
+                    s = warpgroup_mma_wait(1, deps=(tok_s, ))  # groups retire in order: S_j done, PV not
+                    mbarrier.arrive(k_empty.index(st))
+                    if j == n_blocks - 1:
+                        mbarrier.arrive(q_empty.index(C))
+                    p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, row_scale * kd, rows, off, seqlen_k,
+                                                  cols0, n_full, CAUSAL, BLOCK_N)
+                    acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+                    mbarrier.arrive(v_empty.index(sv))
+                    # O = O alpha + (P V) vd, with acc = O / vd_{current}: one multiply an element
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha * (vd_last / vd), row_o), 1)
+                    vd_last = vd
+                # the last PV outside the turns (as FA3): every consumer takes n_blocks turns a tile
+                sv = (it + n_blocks - 1) % STAGES
+                p8 = _p_to_a(p, p_layout, SUB_M, BLOCK_N, f8)
+                mbarrier.wait(v_ready.index(sv), ((it + n_blocks - 1) // STAGES) & 1)
+                tok_o = warpgroup_mma(p8, v_smem.index(sv).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+                mbarrier.arrive(v_empty.index(sv))
+            else:
+                mbarrier.arrive(q_empty.index(C))
+        else:
+            # two turns a block, {S_j} then {O += P_j V_j}
+            for j in range(n_blocks):
+                st = (it + j) % STAGES
+                ph = ((it + j) // STAGES) & 1
+                kd = gl.load(kd_ptr + ((j * BLOCK_N) // QBLOCK_N) * skd_n)
+                vd = gl.load(vd_ptr + ((j * BLOCK_N) // QBLOCK_N) * svd_n)
+                mbarrier.wait(k_ready.index(st), ph)
+                if PINGPONG:
+                    mbarrier.wait(my_turn, FIRST)  # turn 2 (it + j): even
+                kt = k_smem.index(st).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+                tok = warpgroup_mma(q, kt, zero_s, use_acc=False, is_async=True)
+                if PINGPONG:
+                    mbarrier.arrive(next_turn)
+                s = warpgroup_mma_wait(0, deps=(tok, ))
+                mbarrier.arrive(k_empty.index(st))
+                p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, row_scale * kd, rows, off, seqlen_k, cols0,
+                                              n_full, CAUSAL, BLOCK_N)
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha * (vd_last / vd), row_o), 1)
+                vd_last = vd
+                p8 = _p_to_a(p, p_layout, SUB_M, BLOCK_N, f8)
+                mbarrier.wait(v_ready.index(st), ph)
+                if PINGPONG:
+                    mbarrier.wait(my_turn, FIRST ^ 1)  # turn 2 (it + j) + 1: odd
+                tok_o = warpgroup_mma(p8, v_smem.index(st).permute((1, 0)), acc, is_async=True)
+                if PINGPONG:
+                    mbarrier.arrive(next_turn)
+                acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+                mbarrier.arrive(v_empty.index(st))
+            mbarrier.arrive(q_empty.index(C))
+        it += n_blocks
+
+        # Epilogue: out = acc * vd_last / l; empty rows (l = 0) give 0 and lse = -inf.
+        empty = l_i == 0.0
+        l_safe = gl.where(empty, 1.0, l_i)
+        lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe) - 8.0) * 0.6931471805599453)
+        lse_ptr = LSE + b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
+        gl.store(lse_ptr + rows, lse, mask=rows < seqlen_q)
+        out = acc * gl.expand_dims(gl.convert_layout(vd_last / l_safe, row_o), 1)
+        if r0 < seqlen_q:  # a slice wholly past Sq (its Q loaded from row Sq - 1) stores nothing
+            if PERSISTENT:
+                tma.store_wait(pendings=0)  # the previous tile's store has read o_tile
+            o_tile.reshape([SUB_M, HEAD_DIM]).store(out.to(o_tile.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [b, r0, h * HEAD_DIM], o_tile)  # clips rows >= Sq
+            if not PERSISTENT:
+                tma.store_wait(pendings=0)
+        return it
+
+    @gluon.jit
+    def _consumer(q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
+                  o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n, VD, svd_b,
+                  svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k, qk_scale,
+                  C: gl.constexpr, CONSUMERS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, QBLOCK_M: gl.constexpr, QBLOCK_N: gl.constexpr,
+                  CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
+        """Consumer C: rows [m0 + C * SUB_M, m0 + (C + 1) * SUB_M) of each tile; turn protocol of
+        attention_fa3 (turn t of consumer c waits turn[c] on parity (t & 1) ^ (c == 0))."""
+        SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
+        FIRST: gl.constexpr = 1 if C == 0 else 0
+        my_turn = turn.index(C)
+        next_turn = turn.index((C + 1) % CONSUMERS)
+        q_tile = q_smem.index(C)
+        o_tile = o_smem.index(C)
+        if PERSISTENT:
+            it = 0
+            t_i = 0
+            for tile in range(tile0, n_tiles, tile_step):
+                it = _consumer_tile(q_tile, o_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+                                    v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h,
+                                    sqd_n, KD, skd_b, skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile, it, t_i, n_m, BH,
+                                    H, GROUP, seqlen_q, seqlen_k, qk_scale, C, FIRST, HEAD_DIM, BLOCK_M, SUB_M,
+                                    BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL, OVERLAP, PINGPONG, PERSISTENT)
+                t_i += 1
+            tma.store_wait(pendings=0)
+        else:  # one tile a program: constant counters (fewer live registers)
+            _consumer_tile(q_tile, o_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                           my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b,
+                           skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile0, 0, 0, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                           qk_scale, C, FIRST, HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
+                           OVERLAP, PINGPONG, PERSISTENT)
+
+    # One binary per (config, head dim, causal, quantization blocks, out dtype): no integer specialisation.
+    @gluon.jit(do_not_specialize=["stride_lb", "stride_lh", "sqd_b", "sqd_h", "sqd_n", "skd_b", "skd_h", "skd_n",
+                                  "svd_b", "svd_h", "svd_n", "H", "GROUP", "BH", "seqlen_q", "seqlen_k"])
+    def _fa3_fp8_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD,
+                            skd_b, skd_h, skd_n, VD, svd_b, svd_h, svd_n, H, GROUP, BH, seqlen_q, seqlen_k, qk_scale,
+                            HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                            STAGES: gl.constexpr, QBLOCK_M: gl.constexpr, QBLOCK_N: gl.constexpr,
+                            CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+                            CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                            CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        f8: gl.constexpr = q_desc.dtype
+        n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
+        n_tiles = n_m * BH
+        tile0 = gl.program_id(0)
+        if PERSISTENT:
+            tile_step = gl.num_programs(0)
+        else:
+            tile_step = n_tiles  # one tile a program
+        q_smem = gl.allocate_shared_memory(f8, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS] + o_desc.block_type.shape, o_desc.layout)
+        k_smem = gl.allocate_shared_memory(f8, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(f8, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(CONSUMERS):
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=1)
+            mbarrier.init(turn.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=CONSUMERS)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=CONSUMERS)
+        if CONSUMERS == 2:
+            gl.warp_specialize([
+                (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                             turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
+                             VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                             qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
+                             OVERLAP, PINGPONG, PERSISTENT)),
+                (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                             turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
+                             VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                             qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
+                             OVERLAP, PINGPONG, PERSISTENT)),
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
+                             v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL)),
+            ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        else:
+            gl.static_assert(CONSUMERS == 3, "2 or 3 consumer warpgroups")
+            gl.warp_specialize([
+                (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                             turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
+                             VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                             qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
+                             OVERLAP, PINGPONG, PERSISTENT)),
+                (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                             turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
+                             VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                             qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
+                             OVERLAP, PINGPONG, PERSISTENT)),
+                (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                             turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
+                             VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                             qk_scale, 2, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
+                             OVERLAP, PINGPONG, PERSISTENT)),
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
+                             v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL)),
+            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+
+
+_GL_DTYPES = {}
+
+
+def _gl_dtype(dtype: torch.dtype):
+    if not _GL_DTYPES:
+        _GL_DTYPES.update({torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32,
+                           E4M3: gl.float8e4nv})
+    return _GL_DTYPES[dtype]
+
+
+def _layout(shape, dtype: torch.dtype):
+    """NVMMA (swizzled) shared layout of a TMA box, as wgmma reads it."""
+    return gl.NVMMASharedLayout.get_default_for(list(shape), _gl_dtype(dtype))
+
+
+def unsupported(q8, k8, v8, q_descale=None, k_descale=None, v_descale=None, *, causal: bool = False,
+                block_m: int = 128, block_n: int = 128, out_dtype: torch.dtype = torch.bfloat16,
+                config: FA3Fp8Config | None = None) -> str | None:
+    """Why attention_fa3_fp8_fwd cannot run these inputs, or None. Shapes and dtypes beyond what this
+    kernel needs are validated by flashscale.ops.attention_fp8_quantized."""
+    if not all(isinstance(t, torch.Tensor) for t in (q8, k8, v8)):
+        return "q8, k8, v8 must be tensors"
+    if q8.dim() != 4 or k8.dim() != 4 or v8.dim() != 4:
+        return "fa3 fp8 takes q8 (B, Sq, H, D), k8 (B, Sk, Hkv, D), v8 transposed (B, Hkv, D, Sk_pad)"
+    B, Sq, H, D = q8.shape
+    Sk, Hkv = k8.shape[1], k8.shape[2]
+    if D not in HEAD_DIMS:
+        return f"head_dim={D}: fa3 fp8 takes 64, 128 or 256"
+    if k8.shape[0] != B or k8.shape[3] != D or Hkv == 0 or H % Hkv:
+        return f"k8 {tuple(k8.shape)} does not fit q8 {tuple(q8.shape)}"
+    if tuple(v8.shape[:3]) != (B, Hkv, D) or v8.shape[3] < Sk:
+        return f"v8 must be (B, Hkv, D, >= Sk) = ({B}, {Hkv}, {D}, >= {Sk}); got {tuple(v8.shape)}"
+    if any(t.dtype != E4M3 for t in (q8, k8, v8)):
+        return "q8, k8, v8 must be float8_e4m3fn"
+    if out_dtype not in OUT_DTYPES:
+        return f"out_dtype {out_dtype}: bfloat16, float16 or float32"
+    for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if t is not None and (not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device != q8.device):
+            return f"{name} must be a float32 tensor on {q8.device}"
+    if not (q8.is_cuda and k8.is_cuda and v8.is_cuda) or torch.cuda.get_device_capability(q8.device)[0] != 9:
+        return f"fa3 fp8 needs a Hopper GPU (compute capability 9.x); q8 is on {q8.device}"
+    if not HAS_GLUON:
+        return "fa3 fp8 needs triton.experimental.gluon with warp_specialize (Triton >= 3.6)"
+    if not (q8.is_contiguous() and k8.is_contiguous()):
+        return "fa3 fp8 needs contiguous q8 and k8"
+    if v8.stride(3) != 1 or v8.stride(2) % 16 or v8.stride(1) != D * v8.stride(2) or v8.stride(0) != Hkv * v8.stride(1):
+        return "fa3 fp8 needs v8 (B, Hkv, D, Sk_pad) row-major with rows 16-byte aligned (Sk_pad % 16 == 0)"
+    if any(t.data_ptr() % 16 for t in (q8, k8, v8)):
+        return "fa3 fp8 needs 16-byte aligned q8, k8, v8"
+    cfg = config or default_config(D, block_n, causal)
+    return config_error(D, cfg, quant_block_n=block_n, out_dtype=out_dtype)
+
+
+def supported(q8, k8, v8, q_descale=None, k_descale=None, v_descale=None, **kw) -> bool:
+    """Whether attention_fa3_fp8_fwd can run these inputs (see unsupported)."""
+    return unsupported(q8, k8, v8, q_descale, k_descale, v_descale, **kw) is None
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def attention_fa3_fp8_fwd(q8, k8, v8, q_descale, k_descale, v_descale, *, causal: bool = False,
+                          softmax_scale: float | None = None, block_m: int = 128, block_n: int = 128,
+                          out_dtype: torch.dtype = torch.bfloat16, config: FA3Fp8Config | None = None):
+    """out (B, Sq, H, D) in out_dtype and lse (B, H, Sq) fp32 of the FP8 forward (module docstring).
+
+    Arguments as flashscale.ops.attention_fp8_quantized: q8 (B, Sq, H, D), k8 (B, Sk, Hkv, D), v8 transposed
+    (B, Hkv, D, Sk_pad) e4m3; q_descale (B, H, ceil(Sq / block_m)), k/v_descale (B, Hkv, ceil(Sk / block_n))
+    fp32; block_m / block_n the quantization blocks. config: an FA3Fp8Config (default_config(D, block_n, causal))."""
+    why = unsupported(q8, k8, v8, q_descale, k_descale, v_descale, causal=causal, block_m=block_m,
+                      block_n=block_n, out_dtype=out_dtype, config=config)
+    if why is not None:
+        raise ValueError(f"attention_fa3_fp8_fwd: {why}")
+    B, Sq, H, D = q8.shape
+    out = torch.empty((B, Sq, H, D), dtype=out_dtype, device=q8.device)
+    lse = torch.empty((B, H, Sq), device=q8.device, dtype=torch.float32)
+    if B == 0 or Sq == 0 or H == 0:
+        return out, lse
+    if k8.shape[1] == 0:  # no keys: every row is empty (and a TMA box needs a non-empty tensor)
+        return out.zero_(), lse.fill_(float("-inf"))
+    grid, args, constexprs = _launch(q8, k8, v8, q_descale, k_descale, v_descale, out, lse, causal, softmax_scale,
+                                     block_m, block_n, config)
+    _fa3_fp8_fwd_kernel[grid](*args, **constexprs)
+    return out, lse
+
+
+def precompile(q8, k8, v8, q_descale, k_descale, v_descale, *, causal: bool = False, block_m: int = 128,
+               block_n: int = 128, out_dtype: torch.dtype = torch.bfloat16,
+               config: FA3Fp8Config | None = None) -> None:
+    """Compile (into Triton's cache, without launching) the kernel attention_fa3_fp8_fwd would run."""
+    why = unsupported(q8, k8, v8, q_descale, k_descale, v_descale, causal=causal, block_m=block_m,
+                      block_n=block_n, out_dtype=out_dtype, config=config)
+    if why is not None:
+        raise ValueError(f"precompile: {why}")
+    B, Sq, H, D = q8.shape
+    out = torch.empty((B, Sq, H, D), dtype=out_dtype, device=q8.device)
+    lse = torch.empty((B, H, Sq), device=q8.device, dtype=torch.float32)
+    grid, args, constexprs = _launch(q8, k8, v8, q_descale, k_descale, v_descale, out, lse, causal, None, block_m,
+                                     block_n, config)
+    _fa3_fp8_fwd_kernel.warmup(*args, grid=grid, **constexprs)
+
+
+def _launch(q8, k8, v8, qd, kd, vd, out, lse, causal, softmax_scale, block_m, block_n, config):
+    """(grid, arguments, constexprs) of the kernel for non-empty inputs."""
+    B, Sq, H, D = q8.shape
+    Sk, Hkv = k8.shape[1], k8.shape[2]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D)
+    cfg = config or default_config(D, block_n, causal)
+    sub = cfg.sub_m
+    # (B, S, heads * D) views: the box (1, rows, D) at [b, row, head * D] stays inside batch b, so TMA
+    # zero-fills rows past this sequence's end and clips stores there.
+    q_desc = TensorDescriptor(q8, [B, Sq, H * D], [Sq * H * D, H * D, 1], [1, sub, D], _layout([1, sub, D], E4M3))
+    o_desc = TensorDescriptor(out, [B, Sq, H * D], [Sq * H * D, H * D, 1], [1, sub, D],
+                              _layout([1, sub, D], out.dtype))
+    k_desc = TensorDescriptor(k8, [B, Sk, Hkv * D], [Sk * Hkv * D, Hkv * D, 1], [1, cfg.block_n, D],
+                              _layout([1, cfg.block_n, D], E4M3))
+    # V^T as a 2-D (B * Hkv * D, Sk) view: columns >= Sk (the padding) read as zeros
+    v_desc = TensorDescriptor(v8, [B * Hkv * D, Sk], [v8.stride(2), 1], [D, cfg.block_n],
+                              _layout([D, cfg.block_n], E4M3))
+    n_m = triton.cdiv(Sq, cfg.block_m)
+    if cfg.persistent:
+        idx = q8.device.index if q8.device.index is not None else torch.cuda.current_device()
+        grid = (min(n_m * B * H, _sm_count(idx)), )
+    else:
+        grid = (n_m * B * H, )
+    args = (q_desc, k_desc, v_desc, o_desc, lse, lse.stride(0), lse.stride(1), qd, *qd.stride(), kd, *kd.stride(),
+            vd, *vd.stride(), H, H // Hkv, B * H, Sq, Sk, float(scale) * LOG2E)
+    return grid, args, _constexprs(D, bool(causal), cfg, block_m, block_n)
+
+
+def _constexprs(head_dim: int, causal: bool, cfg: FA3Fp8Config, block_m: int, block_n: int) -> dict:
+    return {"HEAD_DIM": head_dim, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
+            "QBLOCK_M": block_m, "QBLOCK_N": block_n, "CAUSAL": causal, "OVERLAP": cfg.overlap,
+            "PINGPONG": cfg.pingpong, "CONSUMERS": cfg.consumers, "PERSISTENT": cfg.persistent,
+            "PRODUCER_REGS": cfg.producer_regs, "CONSUMER_REGS": cfg.worker_consumer_regs, "num_warps": cfg.num_warps}
+
+
+def compile_sm90(head_dim: int, causal: bool, *, config: FA3Fp8Config | None = None, block_m: int = 128,
+                 block_n: int | None = None, out_dtype: torch.dtype = torch.bfloat16):
+    """Ahead-of-time compile for sm_90 (no GPU needed: Triton ships ptxas). block_n: the quantization block
+    (default: max(128, config.block_n)). Returns triton's CompiledKernel (.asm["ptx"], .asm["cubin"],
+    .metadata.shared). For tests and tools."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    cfg = config or DEFAULT_CONFIGS[(head_dim, bool(causal))]
+    qbn = block_n or max(128, cfg.block_n)
+    bad = config_error(head_dim, cfg, quant_block_n=qbn, out_dtype=out_dtype)
+    if bad is not None:
+        raise ValueError(f"compile_sm90: {cfg}: {bad}")
+    oty = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[out_dtype]
+
+    def desc(ty, shape, dtype):
+        return f"tensordesc<{ty}[{','.join(map(str, shape))}],{_layout(shape, dtype)!r}>"
+
+    sub, D = cfg.sub_m, head_dim
+    signature = {"q_desc": desc("fp8e4nv", [1, sub, D], E4M3), "k_desc": desc("fp8e4nv", [1, cfg.block_n, D], E4M3),
+                 "v_desc": desc("fp8e4nv", [D, cfg.block_n], E4M3), "o_desc": desc(oty, [1, sub, D], out_dtype),
+                 "LSE": "*fp32", "stride_lb": "i32", "stride_lh": "i32",
+                 "QD": "*fp32", "sqd_b": "i32", "sqd_h": "i32", "sqd_n": "i32",
+                 "KD": "*fp32", "skd_b": "i32", "skd_h": "i32", "skd_n": "i32",
+                 "VD": "*fp32", "svd_b": "i32", "svd_h": "i32", "svd_n": "i32",
+                 "H": "i32", "GROUP": "i32", "BH": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "qk_scale": "fp32"}
+    constexprs = _constexprs(head_dim, bool(causal), cfg, block_m, qbn)
+    signature.update({name: "constexpr" for name in constexprs})
+    src = GluonASTSource(fn=_fa3_fp8_fwd_kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})

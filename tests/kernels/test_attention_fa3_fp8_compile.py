@@ -1,0 +1,240 @@
+"""The FP8 FA3-style Gluon forward (kernels.attention_fa3_fp8) compiles for sm_90 without a GPU (Triton ships
+ptxas and cuobjdump), and the machine code has what the design promises: FP8 warpgroup MMA (wgmma .e4m3 in
+the PTX, QGMMA ...E4M3.E4M3 in the SASS) for both GEMMs, TMA loads and the output TMA store, mbarrier waits,
+register reallocation (producer 24, consumers 240), no spills, shared memory within an H100/H200 SM, and
+partition-local named barriers only (ping-pong consumers never wait for each other outside the turns).
+
+Also replays, on the linear layouts Triton itself reports, the register exchange that turns the fp32 wgmma
+accumulator layout of P into the FP8 A-operand layout (FA3 section 3.3): the inline PTX is interpreted
+lane by lane and must deliver exactly the A layout's elements.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+fp8 = pytest.importorskip("flashscale.kernels.attention_fa3_fp8")
+if not fp8.HAS_GLUON:
+    pytest.skip("this triton has no Gluon warp_specialize", allow_module_level=True)
+
+SMEM_PER_BLOCK = 227 * 1024  # H100/H200: 228 KB an SM, 227 KB the most one block may take
+
+# Compiled in a fresh interpreter: tests/conftest.py sets TRITON_INTERPRET=1 on CPU machines, and the
+# interpreter tests that run before these patch triton.language in-process, which breaks Gluon's frontend.
+_COMPILE = """
+import json, re, sys
+from triton._C.libtriton import ir, gluon_ir
+from triton.experimental.gluon import language as gl
+from flashscale.kernels import attention_fa3_fp8 as fp8
+from flashscale.kernels.aot import ptxas_stats, sass
+out, extra, res = sys.argv[1], json.loads(sys.argv[2]), {}
+jobs = [(f"d{d}_{'causal' if c else 'full'}", d, c, None) for d in fp8.HEAD_DIMS for c in (False, True)]
+jobs += [(name, d, c, fp8.FA3Fp8Config(**kw)) for name, (d, c, kw) in extra.items()]
+for name, d, causal, cfg in jobs:
+    k = fp8.compile_sm90(d, causal, config=cfg)
+    open(f"{out}/{name}.ptx", "w").write(k.asm["ptx"])
+    sa = sass(k.asm["cubin"])
+    res[name] = dict(shared=k.metadata.shared, cubin_bytes=len(k.asm["cubin"]), stats=ptxas_stats(k.asm["ptx"]),
+                     qgmma=re.findall(r"QGMMA\\.\\S+", sa), hgmma=len(re.findall(r"\\bHGMMA\\.", sa)))
+# the linear layouts of P: wgmma accumulator (as S comes out) and FP8 A operand (as PV takes it), 64 rows
+ctx = ir.context()
+ir.load_dialects(ctx)
+b = gluon_ir.GluonOpBuilder(ctx)
+lay = {}
+for bn in (32, 64, 128, 256):
+    acc = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, bn, 32])
+    par = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
+    a = gl.DotOperandLayout(operand_index=0, parent=par, k_width=4)
+    lay[bn] = {n: dict(reg=ll.reg_bases, lane=ll.lane_bases, warp=ll.warp_bases)
+               for n, ll in (("acc", b.to_linear_layout(acc._to_ir(b), [64, bn])),
+                             ("a", b.to_linear_layout(a._to_ir(b), [64, bn])))}
+res["_layouts"] = lay
+json.dump(res, open(f"{out}/compiled.json", "w"))
+"""
+
+# Beyond the defaults (one compile each, to keep this CPU test fast): the persistent grid, the free-running
+# consumers, the 3-consumer tile, and 256-key tiles without overlap (quantization blocks of 256 keys).
+EXTRA = {
+    "persist_d128_full": (128, False, dict(block_m=128, block_n=128, stages=3, persistent=True)),
+    "free_d128_causal": (128, True, dict(block_m=128, block_n=128, stages=3, pingpong=False)),
+    "pp3c_d64_causal": (64, True, dict(block_m=192, block_n=128, stages=3, consumers=3)),
+    "n256_serial_d128_full": (128, False, dict(block_m=128, block_n=256, stages=2, overlap=False)),
+}
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fa3_fp8_sm90")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = str(Path(fp8.__file__).resolve().parents[2])
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    try:
+        proc = subprocess.run([sys.executable, "-c", _COMPILE, str(out), json.dumps(EXTRA)], env=env,
+                              capture_output=True, text=True, timeout=600)
+    except FileNotFoundError as e:  # pragma: no cover
+        pytest.skip(f"cannot run the compiler: {e}")
+    if proc.returncode and ("ptxas" in proc.stderr and "not found" in proc.stderr.lower()):
+        pytest.skip("ptxas is not available")
+    assert proc.returncode == 0, f"sm_90 compile failed:\n{proc.stderr[-4000:]}"
+    meta = json.loads((out / "compiled.json").read_text())
+
+    def get(name):
+        return ((out / f"{name}.ptx").read_text() if not name.startswith("_") else None), meta[name]
+
+    return get
+
+
+def _check_machine_code(ptx, meta, head_dim, cfg):
+    stats = meta["stats"]
+    assert meta["cubin_bytes"] > 0, "no cubin"
+    kinds = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k(\d+)\.f32\.(\w+)\.(\w+)", ptx))
+    assert kinds == {("32", "e4m3", "e4m3")}, f"wgmma kinds {kinds}: both GEMMs must be FP8 (k32, e4m3 x e4m3)"
+    assert meta["qgmma"] and all(q.endswith("E4M3.E4M3") for q in meta["qgmma"]), meta["qgmma"][:4]
+    assert meta["hgmma"] == 0, "a 16-bit warpgroup MMA in the SASS"
+    # QK^T takes Q from shared memory (SS), PV takes P from registers (RS): both kinds present
+    rs = [ln for ln in ptx.splitlines() if "wgmma.mma_async" in ln]
+    assert rs, "no wgmma"
+    assert re.search(r"QGMMA\.64x\d+x32\.F32\.E4M3\.E4M3", " ".join(meta["qgmma"]))
+    loads = re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global", ptx)
+    stores = re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)
+    assert loads, "no TMA loads (cp.async.bulk.tensor global -> shared)"
+    assert stores, "no TMA store of the output tile"
+    assert "cp.async.bulk.tensor.2d" in ptx, "no 2-D TMA load of the V^T tiles"
+    assert "mbarrier.try_wait.parity" in ptx, "no mbarrier waits: the K/V ring is not mbarrier-synchronised"
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx), "producer keeps its registers"
+    consumer_regs = 240 if cfg.consumers <= 2 else 160
+    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{consumer_regs};", ptx), "consumers get no registers"
+    assert stats["spill_stores"] == 0 and stats["spill_loads"] == 0, stats["log"]
+    assert meta["shared"] <= SMEM_PER_BLOCK, f"{meta['shared']} B of shared memory"
+    assert meta["shared"] >= fp8.smem_bytes(head_dim, cfg) - 8 * 64, "Q, O tiles + K/V ring not all in shared memory"
+    # the FP8 A-operand fix-up: quad shuffles of whole registers, no shared-memory round trip for P
+    assert "shfl.sync.idx.b32" in ptx and "prmt.b32" in ptx
+    widths = {int(n) for n in re.findall(r"\bbar\.sync\s+\d+,\s*(\d+);", ptx)}
+    assert widths == {128}, widths
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", fp8.HEAD_DIMS)
+def test_compiles_to_fp8_wgmma_and_tma_without_spills(compiled, head_dim, causal):
+    cfg = fp8.DEFAULT_CONFIGS[(head_dim, causal)]
+    assert cfg.pingpong and cfg.block_n <= 128, "defaults: ping-pong, tiles dividing the default 128-key blocks"
+    ptx, meta = compiled(f"d{head_dim}_{'causal' if causal else 'full'}")
+    _check_machine_code(ptx, meta, head_dim, cfg)
+
+
+@pytest.mark.parametrize("name", sorted(EXTRA))
+def test_alternative_configs_compile_without_spills(compiled, name):
+    head_dim, _, kw = EXTRA[name]
+    ptx, meta = compiled(name)
+    _check_machine_code(ptx, meta, head_dim, fp8.FA3Fp8Config(**kw))
+
+
+# ---- the accumulator -> FP8 A-operand register exchange, replayed on Triton's own linear layouts ----------------
+
+def _pos(lay, reg, lane, warp):
+    """(row, col) that register `reg` of lane `lane` of warp `warp` holds in a linear layout."""
+    r = c = 0
+    for bases, idx in ((lay["reg"], reg), (lay["lane"], lane), (lay["warp"], warp)):
+        for bit, (br, bc) in enumerate(bases):
+            if idx >> bit & 1:
+                r ^= br
+                c ^= bc
+    return r, c
+
+
+def _run_ptx(asm: str, inputs: list[list[int]]) -> list[list[int]]:
+    """Interpret the exchange's PTX for the 32 lanes of a warp. inputs[lane] = the 32-bit input registers
+    ($n..$2n-1); returns outputs[lane] ($0..$n-1). Knows just the instructions the exchange uses."""
+    n = len(inputs[0])
+    regs = [{f"${n + i}": v for i, v in enumerate(inputs[lane])} | {"%laneid": lane} for lane in range(32)]
+    lines = [ln.strip().rstrip(";") for ln in asm.splitlines()]
+    body = [ln for ln in lines if ln and ln not in "{}" and not ln.startswith(".reg")]
+
+    def val(lane, tok):
+        tok = tok.strip()
+        return regs[lane][tok] if tok in regs[lane] else int(tok, 0)
+
+    for ln in body:
+        op, rest = ln.split(None, 1)
+        args = [a.strip() for a in rest.split(",")]
+        if op.startswith("shfl.sync.idx"):
+            d, a, b = args[0], args[1], args[2]
+            src = [val(lane, a) for lane in range(32)]
+            for lane in range(32):
+                regs[lane][d] = src[val(lane, b) & 31]
+            continue
+        for lane in range(32):
+            R = regs[lane]
+            if op == "mov.u32":
+                R[args[0]] = val(lane, args[1])
+            elif op == "and.b32":
+                R[args[0]] = val(lane, args[1]) & val(lane, args[2])
+            elif op == "or.b32":
+                R[args[0]] = val(lane, args[1]) | val(lane, args[2])
+            elif op == "shl.b32":
+                R[args[0]] = (val(lane, args[1]) << val(lane, args[2])) & 0xFFFFFFFF
+            elif op == "shr.u32":
+                R[args[0]] = val(lane, args[1]) >> val(lane, args[2])
+            elif op == "setp.eq.u32":
+                R[args[0]] = val(lane, args[1]) == val(lane, args[2])
+            elif op == "setp.eq.or.u32":
+                R[args[0]] = (val(lane, args[1]) == val(lane, args[2])) or R[args[3]]
+            elif op == "selp.b32":
+                R[args[0]] = val(lane, args[1]) if R[args[3]] else val(lane, args[2])
+            elif op == "prmt.b32":
+                src = val(lane, args[1]) | val(lane, args[2]) << 32
+                sel = val(lane, args[3])
+                R[args[0]] = sum(((src >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
+            else:
+                raise AssertionError(f"unknown instruction {op}")
+    return [[regs[lane][f"${i}"] for i in range(n)] for lane in range(32)]
+
+
+@pytest.mark.parametrize("block_n", [32, 64, 128, 256])
+def test_accumulator_to_fp8_a_operand_exchange(compiled, block_n):
+    _, lay = compiled("_layouts")
+    acc, a = lay[str(block_n)]["acc"], lay[str(block_n)]["a"]
+    rows = 64
+    per_thread = rows * block_n // 128
+    pack = 32 if per_thread >= 32 else 16  # as _p_to_a picks (rows * block_n >= 128 * 32)
+    asm = (fp8._ACC_TO_A_32 if pack == 32 else fp8._ACC_TO_A_16).value
+    # the relabelling is a bit permutation of (row, col) indices; the compiled kernels check with
+    # convert_layout(assert_trivial=True) that it maps the accumulator layout onto the A layout
+    value = lambda r, c: (r * block_n + c) % 251 + 1  # noqa: E731 - distinct enough, one byte
+    for warp in range(4):
+        # registers as Triton packs them: elements 4m..4m+3 of the thread's list -> bytes 0..3 of register m
+        held = [[value(*_pos(acc, i, lane, warp)) for i in range(per_thread)] for lane in range(32)]
+        words = [[sum(h[4 * m + b] << (8 * b) for b in range(4)) for m in range(per_thread // 4)] for h in held]
+        out = [[] for _ in range(32)]
+        for g in range(per_thread // pack):  # one asm call a pack of elements
+            res = _run_ptx(asm, [w[g * pack // 4:(g + 1) * pack // 4] for w in words])
+            for lane in range(32):
+                out[lane] += res[lane]
+        for lane in range(32):
+            got = [(out[lane][i // 4] >> (8 * (i % 4))) & 0xFF for i in range(per_thread)]
+            want = [value(*_pos(a, i, lane, warp)) for i in range(per_thread)]
+            assert got == want, (warp, lane)
+
+
+def test_config_errors():
+    for (d, _), cfg in fp8.DEFAULT_CONFIGS.items():
+        assert fp8.config_error(d, cfg, quant_block_n=128) is None, (d, cfg)
+    for d, table in fp8.TUNING_CONFIGS.items():
+        for name, cfg in table.items():
+            assert fp8.config_error(d, cfg, quant_block_n=max(128, cfg.block_n)) is None, (d, name)
+    C = fp8.FA3Fp8Config
+    assert "divide" in fp8.config_error(128, C(block_n=256), quant_block_n=128)  # one descale a key tile
+    assert "power of two" in fp8.config_error(128, C(block_n=176))
+    assert "2 or 3" in fp8.config_error(64, C(block_m=256, consumers=4))
+    assert fp8.config_error(128, C(block_m=192, consumers=2)) is not None  # 96-row slices
+    assert "shared memory" in fp8.config_error(256, C(block_n=256, stages=3), quant_block_n=256)
+    import torch
+    assert "shared memory" in fp8.config_error(256, C(block_n=128, stages=2), out_dtype=torch.float32)
+    assert fp8.default_config(128, 256).block_n == 128 and fp8.default_config(128, 64).block_n == 64
