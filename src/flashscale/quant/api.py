@@ -6,7 +6,8 @@ GPTQ runs true-sequentially inside a block: the linears that read the same input
 earlier groups are already quantized. A group shares one Hessian, so it is quantized in one GPTQ call
 on its concatenated rows (GPTQ is row-independent given H: the result equals one call per linear).
 The forward stops at the group's input (an exception raised in the hook), which saves most of the
-block's compute for the early groups.
+block's compute for the early groups. With token_weighting="attention" (the default) q/k/v are two
+calls: q_proj on the uniform Hessian, k_proj/v_proj on the attention-weighted one (QuantizeConfig).
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ import torch
 from torch import nn
 
 from flashscale.quant.awq import LINEARS, AWQConfig, awq_block
-from flashscale.quant.calibrate import RunStats, micro_batches, run_blockwise
+from flashscale.quant.calibrate import RunStats, attention_mass, micro_batches, run_blockwise
 from flashscale.quant.gptq import HessianAccumulator, gptq_quantize
 from flashscale.quant.rtn import QuantizedWeight, check_bits, check_finite, check_group_size, quantize_rtn
 
 METHODS = ("rtn", "gptq", "awq")
+TOKEN_WEIGHTINGS = ("attention", "uniform")
 FORMATS = ("gptq", "gptq_v2", "awq")
 # GPTQ's true-sequential groups: each reads the output of the groups before it
 SEQUENTIAL = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",),
@@ -48,6 +50,15 @@ class QuantizeConfig:
     # LLMs, yet is 1/seqlen of H, so plain GPTQ may trade its k/v error for the other tokens' and raise
     # the block's output error above RTN's (seen on SmolLM2-135M; act-order avoids it too). Opt-in.
     sink_weight: float = 1.0
+    # How GPTQ weights calibration tokens in the Hessian of k_proj/v_proj (and AWQ in its k/v losses):
+    # "attention" (default) weights each token by the attention it receives in the float block
+    # (calibrate.attention_mass, mean 1 over a window): a token's key and value reach every query in
+    # proportion to it, so that is what their error costs. With uniform weights GPTQ moves rounding
+    # error onto an attention sink's k/v (a low-energy input direction) and loses to RTN on SmolLM2
+    # (docs/quant_quality.md). q_proj, o_proj and the MLP keep the uniform Hessian either way.
+    # "uniform": the paper's objective, every token alike.
+    token_weighting: str = "attention"
+    mse_grid: bool = False  # GPTQ: grids by the reference quantizer's range-shrink search (rtn.grid_mse)
     awq_grid: int = 20
     awq_clip: bool = True
     awq_tokens: int = 65536  # calibration tokens AWQ's searches use (whole sequences, first ones)
@@ -62,8 +73,10 @@ class QuantizeConfig:
             self.sym = self.method != "awq"
         if not (isinstance(self.sink_weight, (int, float)) and self.sink_weight >= 1.0):
             raise ValueError(f"sink_weight={self.sink_weight!r} must be a number >= 1")
-        if (self.act_order or self.static_groups or self.sink_weight != 1.0) and self.method != "gptq":
-            raise ValueError(f"act_order/static_groups/sink_weight are GPTQ options, got method={self.method!r}")
+        if (self.act_order or self.static_groups or self.sink_weight != 1.0 or self.mse_grid) and self.method != "gptq":
+            raise ValueError(f"act_order/static_groups/sink_weight/mse_grid are GPTQ options, got method={self.method!r}")
+        if self.token_weighting not in TOKEN_WEIGHTINGS:
+            raise ValueError(f"token_weighting={self.token_weighting!r} is not supported; takes one of {TOKEN_WEIGHTINGS}")
         if self.checkpoint_format not in FORMATS:
             raise ValueError(f"checkpoint_format={self.checkpoint_format!r} is not supported; takes one of {FORMATS}")
         if self.checkpoint_format == "awq":
@@ -115,6 +128,8 @@ class _Stop(Exception):
 
 
 def gptq_block_fn(cfg: QuantizeConfig):
+    weighted = cfg.token_weighting == "attention"
+
     @torch.no_grad()
     def run(block: nn.Module, x: torch.Tensor, cos, sin, name: str) -> dict[str, QuantizedWeight]:
         mods = dict(block.named_modules())
@@ -122,13 +137,20 @@ def gptq_block_fn(cfg: QuantizeConfig):
         for group in SEQUENTIAL:
             lins = [mods[g] for g in group]
             acc = HessianAccumulator(lins[0].in_features, device=x.device, name=f"{name}.{group[0]}")
+            # k/v's Hessian, tokens weighted by the attention they receive (QuantizeConfig.token_weighting)
+            kv_acc = (HessianAccumulator(lins[0].in_features, device=x.device, name=f"{name}.{group[1]}")
+                      if weighted and group == SEQUENTIAL[0] else None)
 
             def hook(_m, args, _out):
                 x = args[0]  # (b, S, K)
+                # the float block's attention (q/k/v are still float here), on the unweighted inputs
+                mass = attention_mass(block.self_attn, x, cos, sin) if kv_acc is not None else None  # (b, S)
                 if cfg.sink_weight != 1.0:
                     x = x.clone()
                     x[:, 0] *= math.sqrt(cfg.sink_weight)  # H gains (w - 1)·x₀x₀ᵀ per window
                 acc.add_batch(x)
+                if kv_acc is not None:
+                    kv_acc.add_batch(x, mass)
                 raise _Stop
 
             handle = lins[0].register_forward_hook(hook)
@@ -140,30 +162,41 @@ def gptq_block_fn(cfg: QuantizeConfig):
                         pass
             finally:
                 handle.remove()
-            label = f"{name}.{'/'.join(g.rsplit('.', 1)[-1] for g in group)}"
-            w = torch.cat([lin.weight for lin in lins])  # (ΣN, K): rows of the group, one shared H
-            res = gptq_quantize(w, acc.H, bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym,
-                                act_order=cfg.act_order, static_groups=cfg.static_groups, percdamp=cfg.damp_percent,
-                                block_size=cfg.block_size, v1_zeros=cfg.v1_zeros, name=label)
-            del acc
-            row = 0
-            for g, lin in zip(group, lins):
-                n = lin.out_features
-                q = res.qweight
-                records[g] = QuantizedWeight(codes=q.codes[row:row + n].contiguous(),
-                                             scales=q.scales[:, row:row + n].contiguous(),
-                                             zeros=q.zeros[:, row:row + n].contiguous(), g_idx=q.g_idx.clone(),
-                                             bits=q.bits, group_size=q.group_size, sym=q.sym)
-                lin.weight.copy_(res.weight[row:row + n].to(lin.weight.dtype))
-                row += n
+            # (linear names, their shared Hessian): one GPTQ call each (rows are independent given H)
+            calls = ([(group[:1], acc.H), (group[1:], kv_acc.H)] if kv_acc is not None else [(group, acc.H)])
+            for names, H in calls:
+                records.update(_gptq_linears(cfg, mods, names, H, name))
+            del acc, kv_acc, calls
         return records
 
     return run
 
 
+def _gptq_linears(cfg: QuantizeConfig, mods: dict[str, nn.Module], names: tuple[str, ...], H: torch.Tensor,
+                  block_name: str) -> dict[str, QuantizedWeight]:
+    """One GPTQ call on the concatenated rows of the linears `names` sharing Hessian H; their weights are
+    replaced by the dequantized ones. Returns name -> QuantizedWeight."""
+    lins = [mods[g] for g in names]
+    label = f"{block_name}.{'/'.join(g.rsplit('.', 1)[-1] for g in names)}"
+    w = torch.cat([lin.weight for lin in lins])  # (ΣN, K): rows of the group, one shared H
+    res = gptq_quantize(w, H, bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym, act_order=cfg.act_order,
+                        static_groups=cfg.static_groups, percdamp=cfg.damp_percent, block_size=cfg.block_size,
+                        v1_zeros=cfg.v1_zeros, mse=cfg.mse_grid, name=label)
+    records, row = {}, 0
+    for g, lin in zip(names, lins):
+        n = lin.out_features
+        q = res.qweight
+        records[g] = QuantizedWeight(codes=q.codes[row:row + n].contiguous(), scales=q.scales[:, row:row + n].contiguous(),
+                                     zeros=q.zeros[:, row:row + n].contiguous(), g_idx=q.g_idx.clone(),
+                                     bits=q.bits, group_size=q.group_size, sym=q.sym)
+        lin.weight.copy_(res.weight[row:row + n].to(lin.weight.dtype))
+        row += n
+    return records
+
+
 def awq_block_fn(cfg: QuantizeConfig):
     acfg = AWQConfig(bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym, grid=cfg.awq_grid, clip=cfg.awq_clip,
-                     batch_tokens=cfg.batch_tokens, v1_zeros=cfg.v1_zeros)
+                     batch_tokens=cfg.batch_tokens, v1_zeros=cfg.v1_zeros, token_weighting=cfg.token_weighting)
 
     def run(block: nn.Module, x: torch.Tensor, cos, sin, name: str) -> dict[str, QuantizedWeight]:
         n = max(1, cfg.awq_tokens // x.shape[1])

@@ -19,7 +19,11 @@ than RTN on its calibration data. Scale groups (the paper's / AutoAWQ's for Llam
 Clipping (AutoAWQ's search): per (output row, group), the max |w| is shrunk by 0%, 5%, ... 45% and the
 value that minimizes the group's partial output error Σ_j x_j (w_j - q(clip(w))_j) over sampled tokens
 is kept. q_proj/k_proj are not clipped (their error reaches the output only through the softmax, which
-a per-linear error does not measure; AutoAWQ skips them for the same reason).
+a per-linear error does not measure; AutoAWQ skips them for the same reason). With
+token_weighting="attention" (the default) v_proj's clip error weights each token by the attention it
+receives in the float block (calibrate.attention_mass), as GPTQ's k/v Hessian does (api.py): a value
+reaches every query in proportion to that mass, so an attention sink's value (one token a window, yet
+most of the attention in SmolLM2's middle layers) counts for what it carries instead of 1/S of the loss.
 
 Shapes: T tokens, K input features, N output features, G group size, NG groups, E hidden size.
 """
@@ -32,10 +36,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from flashscale.quant.calibrate import attention_mass
 from flashscale.quant.rtn import (QuantizedWeight, check_bits, check_group_size, fake_quantize,
                                   fake_quantize_groups, grid, quantize_rtn)
 
 NO_CLIP = ("self_attn.q_proj", "self_attn.k_proj")
+WEIGHTED_CLIP = ("self_attn.v_proj",)  # clip losses weighted by attention mass (token_weighting)
 
 
 @dataclass(kw_only=True)
@@ -50,6 +56,7 @@ class AWQConfig:
     clip_tokens: int = 512  # tokens sampled (evenly) for the clip search
     batch_tokens: int = 16384  # tokens per forward in the scale search (bounds activation memory)
     v1_zeros: bool = False  # keep zero points >= 1 for the GPTQ v1 layout (see rtn.grid)
+    token_weighting: str = "attention"  # v_proj's clip loss: "attention" (tokens by attention mass) or "uniform"
 
     def __post_init__(self) -> None:
         check_bits(self.bits)
@@ -58,6 +65,8 @@ class AWQConfig:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"AWQConfig.{f}={v!r} must be a positive int")
+        if self.token_weighting not in ("attention", "uniform"):
+            raise ValueError(f"AWQConfig.token_weighting={self.token_weighting!r} takes 'attention' or 'uniform'")
         if not 0.0 <= self.max_shrink < 1.0:
             raise ValueError(f"AWQConfig.max_shrink={self.max_shrink!r} must be in [0, 1)")
 
@@ -128,13 +137,20 @@ def apply_scales(prev: nn.Module, linears: list[nn.Linear], s: torch.Tensor) -> 
 
 
 @torch.no_grad()
-def search_clip(w: torch.Tensor, x: torch.Tensor, cfg: AWQConfig) -> torch.Tensor:
-    """The best clipping max |w| per (row, group) of w (N, K) for inputs x (..., K) -> (N, NG) float32."""
+def search_clip(w: torch.Tensor, x: torch.Tensor, cfg: AWQConfig, token_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """The best clipping max |w| per (row, group) of w (N, K) for inputs x (..., K) -> (N, NG) float32.
+    token_weight (...), optional: a weight per token of x in the error (default: all alike)."""
     n, k = w.shape
     g = check_group_size(cfg.group_size, k)
     ng = k // g
     x = x.reshape(-1, k)
-    x = x[:: max(1, x.shape[0] // cfg.clip_tokens)].float()  # (T, K), evenly spaced tokens
+    step = max(1, x.shape[0] // cfg.clip_tokens)
+    x = x[::step].float()  # (T, K), evenly spaced tokens
+    tw = None
+    if token_weight is not None:
+        tw = token_weight.reshape(-1)[::step].to(x.device, torch.float32)[None, :, None]  # (1, T, 1)
+        if tw.shape[1] != x.shape[0]:
+            raise ValueError(f"token_weight: {token_weight.numel()} weights for {x.shape[0] * step} tokens")
     xg = x.reshape(-1, ng, g).transpose(0, 1)  # (NG, T, G)
     best_all = []
     rows = max(1, (1 << 24) // max(1, ng * x.shape[0]))  # output rows a step: (NG, T, rows) stays ~64 MB
@@ -148,7 +164,8 @@ def search_clip(w: torch.Tensor, x: torch.Tensor, cfg: AWQConfig) -> torch.Tenso
             cur = torch.maximum(torch.minimum(wg, max_val[..., None]), -max_val[..., None])
             scale, zero = grid(cur, bits=cfg.bits, sym=cfg.sym, v1_zeros=cfg.v1_zeros)
             q = fake_quantize(cur, scale[..., None], zero[..., None], cfg.bits)
-            err = (torch.bmm(xg, q.permute(1, 2, 0)) - ref).pow(2).mean(1).t()  # (R, NG)
+            err = (torch.bmm(xg, q.permute(1, 2, 0)) - ref).pow(2)  # (NG, T, R)
+            err = (err if tw is None else err * tw).mean(1).t()  # (R, NG)
             better = err < min_err
             min_err = torch.where(better, err, min_err)
             best_max = torch.where(better, max_val, best_max)
@@ -219,13 +236,17 @@ def awq_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
     """AWQ of one Llama block in place: scales folded, weights clipped, then every linear quantized
     (its weight replaced by the dequantized value). Returns linear name -> its QuantizedWeight."""
     feats = _capture_inputs(block, x, cos, sin, sorted(set(_INPUT_OF.values())), cfg.batch_tokens)
+    mass = None  # (B, S): the attention each token receives in the float block
+    if cfg.clip and cfg.token_weighting == "attention":
+        mass = attention_mass(block.self_attn, feats["self_attn.q_proj"], cos, sin)
     awq_scale_block(block, x, cos, sin, cfg, feats=feats)
     mods = dict(block.named_modules())
     records = {}
     for lin_name in LINEARS:
         lin = mods[lin_name]
         if cfg.clip and lin_name not in NO_CLIP:
-            apply_clip(lin, search_clip(lin.weight, feats[_INPUT_OF[lin_name]], cfg))
+            weight = mass if lin_name in WEIGHTED_CLIP else None
+            apply_clip(lin, search_clip(lin.weight, feats[_INPUT_OF[lin_name]], cfg, weight))
         rec = quantize_rtn(lin.weight, bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym,
                            v1_zeros=cfg.v1_zeros, name=f"{name}.{lin_name}")
         lin.weight.copy_(rec.dequantize(lin.weight.dtype))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -31,7 +32,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.nn import functional as F
 
+from flashscale.models.llama import apply_rope
 from flashscale.quant.rtn import QuantizedWeight
 
 BlockFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor, str], dict[str, QuantizedWeight]]
@@ -91,6 +94,42 @@ def forward_block(block: nn.Module, x: torch.Tensor, cos, sin, batch_tokens: int
         out[i:i + c.shape[0]] = block(c, cos, sin)
         i += c.shape[0]
     return out
+
+
+@torch.no_grad()
+def attention_mass(attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
+                   query_chunk: int = 512) -> torch.Tensor:
+    """The attention each token receives: m_j = mean over query heads of Σ_i P_ij, with P the causal
+    softmax of `attn` (a Llama Attention) on its input x (n, S, E) -> (n, S) float32.
+
+    Every row of P sums to 1, so m averages 1 over a window; an attention sink gets a large share (up
+    to ~S/2 in SmolLM2). Computed from the module's weights directly (F.linear, no forward hooks fire),
+    in float32, one head and `query_chunk` queries at a time so memory stays (n, chunk, S).
+    """
+    if x.ndim != 3:
+        raise ValueError(f"x: takes the attention input (n, S, E), got shape {tuple(x.shape)}")
+    n, s, _ = x.shape
+    d = attn.head_dim
+    xf = x.float()
+    q = F.linear(xf, attn.q_proj.weight.float(), None if attn.q_proj.bias is None else attn.q_proj.bias.float())
+    k = F.linear(xf, attn.k_proj.weight.float(), None if attn.k_proj.bias is None else attn.k_proj.bias.float())
+    q = apply_rope(q.view(n, s, -1, d), cos.float(), sin.float())  # (n, S, H, D)
+    k = apply_rope(k.view(n, s, -1, d), cos.float(), sin.float())  # (n, S, G, D)
+    heads, kv_heads = q.shape[2], k.shape[2]
+    if heads % kv_heads:
+        raise ValueError(f"attention_mass: {heads} query heads do not share {kv_heads} kv heads evenly")
+    rep = heads // kv_heads
+    mass = torch.zeros(n, s, dtype=torch.float32, device=x.device)
+    pos = torch.arange(s, device=x.device)
+    for h in range(heads):
+        kh = k[:, :, h // rep]  # (n, S, D): GQA, query head h reads kv head h // rep
+        for i0 in range(0, s, query_chunk):
+            qh = q[:, i0:i0 + query_chunk, h]  # (n, C, D)
+            scores = torch.bmm(qh, kh.transpose(1, 2)) / math.sqrt(d)  # (n, C, S)
+            future = pos[None, :] > pos[i0:i0 + qh.shape[1], None]  # (C, S): causal mask
+            scores.masked_fill_(future, float("-inf"))
+            mass += scores.softmax(-1).sum(1)
+    return mass / heads
 
 
 @torch.no_grad()

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from flashscale.quant.rtn import (QuantizedWeight, check_bits, check_finite, check_group_size, grid,
-                                  quantize_codes)
+                                  grid_mse, quantize_codes)
 
 DAMP_GROWTH = 10.0  # each retry multiplies the dampening by this, up to the mean diagonal itself
 
@@ -52,18 +52,29 @@ class HessianAccumulator:
         self.H = torch.zeros(in_features, in_features, dtype=torch.float32, device=device)  # (K, K)
         self.nsamples = 0
 
-    def add_batch(self, x: torch.Tensor) -> None:
-        """x (..., K): every leading index is one input row (a token)."""
+    def add_batch(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> None:
+        """x (..., K): every leading index is one input row (a token). weight (...), optional: a
+        non-negative weight per token, H += 2/T Σ w_t x_t x_tᵀ (T still counts tokens, so weights of
+        mean 1 keep H's scale; api.py weights k/v's tokens by the attention they receive)."""
         if x.shape[-1] != self.in_features:
             raise ValueError(f"{self.name}: input has {x.shape[-1]} features, expected {self.in_features}")
+        if weight is not None and weight.shape != x.shape[:-1]:
+            raise ValueError(f"{self.name}: token weights of shape {tuple(weight.shape)} do not match the "
+                             f"input's tokens {tuple(x.shape[:-1])}")
         x = x.reshape(-1, self.in_features).to(self.H.device, torch.float32)  # (T, K)
         t = x.shape[0]
         if t == 0:
             return
         self.H *= self.nsamples / (self.nsamples + t)
         self.nsamples += t
-        x = x * math.sqrt(2.0 / self.nsamples)
-        self.H.addmm_(x.t(), x)
+        if weight is None:
+            x = x * math.sqrt(2.0 / self.nsamples)
+            self.H.addmm_(x.t(), x)
+        else:
+            w = weight.reshape(-1, 1).to(self.H.device, torch.float32)  # (T, 1)
+            if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
+                raise ValueError(f"{self.name}: token weights must be finite and >= 0")
+            self.H.addmm_(x.t(), x * w, alpha=2.0 / self.nsamples)
 
     def hook(self, module: nn.Module) -> torch.utils.hooks.RemovableHandle:
         """Registers a forward hook on `module` (a linear) that feeds its inputs here."""
@@ -109,8 +120,11 @@ def inverse_hessian_cholesky(H: torch.Tensor, *, percdamp: float, name: str) -> 
 
 def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, *, bits: int, group_size: int, sym: bool,
                   act_order: bool = False, static_groups: bool = False, percdamp: float = 0.01,
-                  block_size: int = 128, v1_zeros: bool = False, name: str = "layer") -> GPTQResult:
-    """GPTQ of weight (N, K) given its Hessian H (K, K). Runs on weight's device; math in float32."""
+                  block_size: int = 128, v1_zeros: bool = False, mse: bool = False,
+                  name: str = "layer") -> GPTQResult:
+    """GPTQ of weight (N, K) given its Hessian H (K, K). Runs on weight's device; math in float32.
+    mse: fit each grid with the reference quantizer's range-shrink search (rtn.grid_mse) instead of
+    plain min/max (the paper's runs leave it off)."""
     check_bits(bits)
     if weight.ndim != 2 or H.shape != (weight.shape[1], weight.shape[1]):
         raise ValueError(f"{name}: weight {tuple(weight.shape)} and Hessian {tuple(H.shape)} do not match "
@@ -126,6 +140,7 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, *, bits: int, group_siz
                          "each group's grid is fitted on up-to-date columns")
     check_finite(weight, name)
 
+    fit = grid_mse if mse else grid
     W = weight.detach().to(device=H.device, dtype=torch.float32).clone()  # (N, K)
     H = H.to(torch.float32).clone()
     dead = torch.diag(H) == 0
@@ -135,7 +150,7 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, *, bits: int, group_siz
     static_scale = static_zero = None
     if static_groups and group_size != -1:
         # (N, NG) grids fitted on the original, un-updated columns
-        static_scale, static_zero = grid(W.reshape(n, k // G, G), bits=bits, sym=sym, v1_zeros=v1_zeros)
+        static_scale, static_zero = fit(W.reshape(n, k // G, G), bits=bits, sym=sym, v1_zeros=v1_zeros)
 
     perm = None
     if act_order:
@@ -152,7 +167,7 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, *, bits: int, group_siz
     group_zeros: list[torch.Tensor] = []
     scale = zero = None
     if group_size == -1:
-        scale, zero = grid(W, bits=bits, sym=sym, v1_zeros=v1_zeros)  # (N,)
+        scale, zero = fit(W, bits=bits, sym=sym, v1_zeros=v1_zeros)  # (N,)
     if static_scale is not None:  # the (original) group of each quantization position, as ints: no syncs
         orig_group = ((perm if perm is not None else torch.arange(k)).cpu() // G).tolist()
 
@@ -172,7 +187,7 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, *, bits: int, group_siz
             elif group_size != -1 and col % G == 0:
                 # the group's columns as updated so far (see the module docstring)
                 cols = W1[:, i:i + G] if i + G <= count else W[:, col:col + G]
-                scale, zero = grid(cols, bits=bits, sym=sym, v1_zeros=v1_zeros)
+                scale, zero = fit(cols, bits=bits, sym=sym, v1_zeros=v1_zeros)
                 group_scales.append(scale)
                 group_zeros.append(zero)
             w = W1[:, i]  # (N,)
