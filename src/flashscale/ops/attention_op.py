@@ -18,6 +18,8 @@ Causal is window_right = 0 here. Outputs are always freshly allocated and contig
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
@@ -65,11 +67,40 @@ def fwd_impl(q, k, v, cu_q, cu_k, alibi, seed: int, max_q, max_k, scale, wl, wr,
     return out.contiguous(), lse.to(torch.float32).contiguous()
 
 
+# The Hopper backward (kernels.attention_fa3_bwd) where the H200 measured it faster than the tuned FA2
+# backward (benchmarks/results/attention-fa3-bwd-sweep-h200.json against attention-h200.json): head_dim 256 from
+# any length (1.6-2.0x); at 64 and 128 FA2's Triton backward is still ahead. FLASHSCALE_FA3=1 takes it wherever
+# it applies (and impl="fa3"), =0 never; deterministic=True always runs FA2's dQ kernel (no atomics).
+FA3_BWD_AUTO_MIN_SEQLEN_Q = {256: 0}
+
+
+def fa3_bwd_wanted(q, k, v, cu_q, wl, wr, softcap, alibi, dropout_p, deterministic, impl) -> bool:
+    if impl not in ("fa3", "auto") or deterministic or cu_q is not None or not q.is_cuda:
+        return False
+    if wl != -1 or wr not in (-1, 0) or softcap or alibi is not None or dropout_p:
+        return False
+    from flashscale.kernels.attention_fa3_bwd import unsupported_bwd
+
+    if unsupported_bwd(q, k, v) is not None:
+        return False
+    mode = os.environ.get("FLASHSCALE_FA3", "")
+    if mode == "0":
+        return False
+    need = FA3_BWD_AUTO_MIN_SEQLEN_Q.get(q.shape[-1])
+    return impl == "fa3" or mode == "1" or (need is not None and q.shape[1] >= need)
+
+
 def bwd_impl(dout, q, k, v, out, lse, dlse, cu_q, cu_k, alibi, seed: int, max_q, max_k, scale, wl, wr, softcap,
              dropout_p, deterministic, impl):
     """-> dq, dk, dv (like q, k, v; contiguous). dout and dlse may be None (that output was unused)."""
     if dout is None:
         dout = torch.zeros_like(out)
+    if fa3_bwd_wanted(q, k, v, cu_q, wl, wr, softcap, alibi, dropout_p, deterministic, impl):
+        from flashscale.kernels.attention_fa3_bwd import attention_fa3_bwd, delta_of
+
+        delta = delta_of(out, dout, dlse)
+        return attention_fa3_bwd(dout, q.contiguous(), k.contiguous(), v.contiguous(), out, lse, causal=wr == 0,
+                                 softmax_scale=scale, delta=delta)
     if use_triton(q, impl):
         from flashscale.kernels.attention_bwd import attention_bwd
 

@@ -1,0 +1,341 @@
+"""FlashAttention-3-style backward for Hopper (sm_90) in Gluon: TMA, mbarriers, wgmma, P and dS from registers.
+
+Same semantics as the FA2 backward (kernels.attention_bwd) for the dense layout without extras:
+q, o, do (B, Sq, H, D), k, v (B, Sk, Hkv, D), H % Hkv == 0, lse (B, H, Sq) natural log (-inf: a row that sees
+no key), causal aligned bottom-right (query i sees key n iff n <= i + Sk - Sq). Returns dq, dk, dv.
+
+    delta_i = rowsum(dO_i * O_i)              (pre-pass)
+    S^T = K Q^T      P^T = exp(S^T - LSE)      dP^T = V dO^T      dS^T = P^T * (dP^T - delta)
+    dV += P^T dO     dK += dS^T Q             dQ += dS K          (dK, dQ times the softmax scale)
+
+One program = one BLOCK_N block of keys of one (batch, K/V head) (FA2/FA3's outer loop over K/V): its K and V
+tiles are TMA-loaded into shared memory once, dK and dV accumulate in registers while the program walks the
+query blocks of every query head of its GQA group (so dK/dV are summed over the group in a fixed order, no
+atomics, no K/V copies). Q and dO tiles stream through a two-slot TMA ring, the next step's tiles loading
+while this step computes. Everything runs in transposed form (FA3): keys are the M dimension of S^T and dP^T,
+so P^T and dS^T, converted to 16 bits, stay in registers as the A operand of the dV and dK wgmmas (RS-GEMM);
+dS^T also goes to shared memory once, read transposed as the A operand of dQ = dS K. dQ is a float32
+(B, Sq, H, D) buffer that every key block adds its share into with atomics (FA2/FA3's choice); the wrapper
+scales and casts it at the end.
+
+S^T and dP^T are issued together (async): the exp2 of P^T runs while dP^T is still on the tensor cores.
+
+Masking: the TMA boxes are bounded by the batch's sequence ((B, S, heads * D) descriptors), so rows past Sq
+or Sk read as zeros: a key past Sk has K = V = 0 and adds nothing to dQ (its dK/dV rows are clipped by the TMA
+store), a query past Sq gets LSE = +inf (P = 0). Rows whose forward LSE is -inf (no visible key) also get
++inf. The causal mask is applied only in the query blocks that cross the diagonal of this key block.
+
+Shapes: B batch, S sequence, H query heads, G = H // Hkv, D head dim (64, 128 or 256).
+One partition of 8 warps (two warpgroups): accumulators of BLOCK_N rows put a warpgroup on each 64-row half
+(BLOCK_N = 128) or on each half of the columns (BLOCK_N = 64); see _warps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+try:
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                   warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    HAS_GLUON = hasattr(gl, "warp_specialize")
+except ImportError:  # pragma: no cover - depends on the installed triton
+    HAS_GLUON = False
+
+from flashscale.kernels.attention_fa3 import HEAD_DIMS, LOG2E, SMEM_LIMIT, tile_layout, unsupported  # noqa: F401
+
+NUM_WARPS = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class FA3BwdConfig:
+    """Tiles of one launch: block_n keys a program (dK/dV rows), block_m queries a step."""
+
+    block_n: int = 128
+    block_m: int = 64
+    red_v2: bool = True  # dQ by red.global.add.v2.f32 (inline PTX) rather than Triton's scalar atomics
+
+    def warps(self, rows: int) -> tuple[int, int]:
+        """(warps along M, along N) of an accumulator with `rows` rows on 8 warps: wgmma puts 4 warps
+        (16 rows each) of a warpgroup along M, so 64 rows take the two warpgroups side by side along N."""
+        wm = min(NUM_WARPS, rows // 16)
+        return wm, NUM_WARPS // wm
+
+
+DEFAULT_CONFIGS = {64: FA3BwdConfig(block_n=128, block_m=128), 128: FA3BwdConfig(block_n=128, block_m=64),
+                   256: FA3BwdConfig(block_n=64, block_m=64)}
+TUNING_CONFIGS = {
+    64: {"n128_m128": DEFAULT_CONFIGS[64], "n128_m64": FA3BwdConfig(block_n=128, block_m=64)},
+    128: {"n128_m64": DEFAULT_CONFIGS[128], "n128_m64_atom": FA3BwdConfig(block_n=128, block_m=64, red_v2=False),
+          "n64_m128": FA3BwdConfig(block_n=64, block_m=128)},
+    256: {"n64_m64": DEFAULT_CONFIGS[256], "n64_m64_atom": FA3BwdConfig(block_n=64, block_m=64, red_v2=False)},
+}
+
+
+def smem_bytes(head_dim: int, cfg: FA3BwdConfig, elem: int = 2) -> int:
+    """K, V tiles + a 2-slot Q/dO ring + the dS^T tile + barriers."""
+    return elem * (2 * cfg.block_n * head_dim + 4 * cfg.block_m * head_dim + cfg.block_n * cfg.block_m) + 8 * 3
+
+
+def config_error(head_dim: int, cfg: FA3BwdConfig) -> str | None:
+    if head_dim not in HEAD_DIMS:
+        return f"head_dim {head_dim} not in {HEAD_DIMS}"
+    for name, v in (("block_n", cfg.block_n), ("block_m", cfg.block_m)):
+        if v not in (64, 128):
+            return f"{name} {v}: 64 or 128"
+    if smem_bytes(head_dim, cfg) > SMEM_LIMIT:
+        return f"{smem_bytes(head_dim, cfg)} B of shared memory > {SMEM_LIMIT}"
+    return None
+
+
+if HAS_GLUON:
+
+    @gluon.jit
+    def _issue_qdo(q_desc, do_desc, q_smem, do_smem, ready, step, n_mb, m_lo, b, hk, GROUP: gl.constexpr,
+                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
+        """TMA-load step `step`'s Q and dO tiles (query head hk * G + step // n_mb) into slot step % 2."""
+        slot = step % 2
+        h = hk * GROUP + step // n_mb
+        m0 = (m_lo + step % n_mb) * BLOCK_M
+        bar = ready.index(slot)
+        mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b, m0, h * HEAD_DIM], bar, q_smem.index(slot))
+        tma.async_copy_global_to_shared(do_desc, [b, m0, h * HEAD_DIM], bar, do_smem.index(slot))
+
+    @gluon.jit
+    def _red_add_v2(ptrs, vals, mask):
+        """*ptrs += vals with sm_90's vector reduction (red.global.add.v2.f32: two floats, one instruction, no
+        value returned). Elements go in pairs as the thread holds them: a wgmma accumulator fragment keeps
+        columns (2t, 2t + 1) of a row next to each other, so the first pointer of a pair addresses both."""
+        m = gl.broadcast(mask, vals)[0].to(gl.int32)
+        addr = ptrs.to(gl.int64, bitcast=True)
+        return gl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $6, 0; @p red.relaxed.gpu.global.add.v2.f32 [$2], {$4, $5}; "
+            "mov.b32 $0, 0; mov.b32 $1, 0; }",
+            "=r,=r,l,l,f,f,r,r", [addr, vals, m], dtype=gl.int32, is_pure=False, pack=2)
+
+    @gluon.jit
+    def _fa3_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA, DQ, stride_lb, stride_lh,
+                        H, seqlen_q, seqlen_k, sm_scale, qk_scale, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
+                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                        KV_WM: gl.constexpr, DQ_WM: gl.constexpr, RED_V2: gl.constexpr, num_warps: gl.constexpr):
+        dtype: gl.constexpr = q_desc.dtype
+        KV_WN: gl.constexpr = num_warps // KV_WM
+        DQ_WN: gl.constexpr = num_warps // DQ_WM
+        # accumulators: S^T / dP^T (BN, BM), dK / dV (BN, D), dQ (BM, D)
+        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[KV_WM, KV_WN],
+                                                            instr_shape=[16, BLOCK_M // KV_WN, 16])
+        kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[KV_WM, KV_WN],
+                                                            instr_shape=[16, HEAD_DIM // KV_WN, 16])
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[DQ_WM, DQ_WN],
+                                                            instr_shape=[16, HEAD_DIM // DQ_WN, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+        col_s: gl.constexpr = gl.SliceLayout(0, st_layout)  # a query's value, broadcast over the keys
+        row_s: gl.constexpr = gl.SliceLayout(1, st_layout)
+
+        pid_n = gl.program_id(0)
+        bh = gl.program_id(1)
+        Hkv = H // GROUP
+        b = bh // Hkv
+        hk = bh % Hkv
+        n0 = pid_n * BLOCK_N
+        off = seqlen_k - seqlen_q
+        n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
+        if CAUSAL:  # query blocks from the first one with a row that sees key n0 (i >= n0 - off)
+            m_lo = gl.minimum(gl.maximum(n0 - off, 0) // BLOCK_M, n_m)
+            # blocks [m_lo, m_full) cross the diagonal: some row sees some key of the block but not all
+            m_full = gl.minimum(gl.maximum(n0 + BLOCK_N - 1 - off + BLOCK_M - 1, 0) // BLOCK_M, n_m)
+        else:
+            m_lo = 0
+            m_full = 0
+        n_mb = n_m - m_lo
+        n_steps = GROUP * n_mb
+
+        k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [2] + do_desc.block_type.shape, do_desc.layout)
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+        ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        mbarrier.init(ready.index(0), count=1)
+        mbarrier.init(ready.index(1), count=1)
+
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [b, n0, hk * HEAD_DIM], kv_bar, k_smem)
+        tma.async_copy_global_to_shared(v_desc, [b, n0, hk * HEAD_DIM], kv_bar, v_smem)
+        if n_steps > 0:
+            _issue_qdo(q_desc, do_desc, q_smem, do_smem, ready, 0, n_mb, m_lo, b, hk, GROUP, HEAD_DIM, BLOCK_M)
+
+        k = k_smem.reshape([BLOCK_N, HEAD_DIM])
+        v = v_smem.reshape([BLOCK_N, HEAD_DIM])
+        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+        keys = n0 + gl.arange(0, BLOCK_N, layout=row_s)
+        qcols = gl.arange(0, BLOCK_M, layout=col_s)
+        dq_rows0 = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+        dq_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
+        mbarrier.wait(kv_bar, 0)
+
+        for step in range(n_steps):
+            # both warpgroups are done with step - 1 (its wgmmas read the slot refilled now, and dS^T)
+            gl.thread_barrier()
+            if step + 1 < n_steps:
+                _issue_qdo(q_desc, do_desc, q_smem, do_smem, ready, step + 1, n_mb, m_lo, b, hk, GROUP, HEAD_DIM,
+                           BLOCK_M)
+            slot = step % 2
+            h = hk * GROUP + step // n_mb
+            dq_base = DQ + (b.to(gl.int64) * seqlen_q * H + h) * HEAD_DIM  # int32 offsets: Sq * H * D < 2^31
+            mb = m_lo + step % n_mb
+            m0 = mb * BLOCK_M
+            rows_q = m0 + qcols
+            stat = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh + rows_q
+            lse = gl.load(LSE + stat, mask=rows_q < seqlen_q, other=float("inf"))
+            lse = gl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+            delta = gl.load(DELTA + stat, mask=rows_q < seqlen_q, other=0.0)
+
+            mbarrier.wait(ready.index(slot), (step // 2) & 1)
+            q = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+            do = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+            tok_s = warpgroup_mma(k, q.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout),
+                                  use_acc=False, is_async=True)
+            tok_dp = warpgroup_mma(v, do.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout),
+                                   use_acc=False, is_async=True)
+            st = warpgroup_mma_wait(1, deps=(tok_s, ))
+            pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
+            if CAUSAL:
+                if mb < m_full:  # uniform branch: only blocks crossing the diagonal pay for the mask
+                    vis = gl.expand_dims(keys, 1) <= gl.expand_dims(rows_q, 0) + off
+                    pt = gl.where(vis, pt, 0.0)
+            dpt = warpgroup_mma_wait(0, deps=(tok_dp, ))
+            tok_dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do, dv, is_async=True)
+            dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
+            ds_smem.store(dst)
+            fence_async_shared()
+            gl.thread_barrier()  # every warp's rows of dS^T are in shared memory before the dQ wgmma reads them
+            tok_dq = warpgroup_mma(ds_smem.permute((1, 0)), k, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32,
+                                                                        layout=dq_layout), use_acc=False, is_async=True)
+            tok_dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q, dk, is_async=True)
+            # wgmma groups retire in issue order: dV and dQ are done, dK still runs under the atomics
+            dv = warpgroup_mma_wait(2, deps=(tok_dv, ))
+            dq = warpgroup_mma_wait(1, deps=(tok_dq, ))
+            # dQ into the float32 buffer straight from the accumulator fragment; rows past Sq dropped
+            dq_rows = m0 + dq_rows0
+            dq_off = gl.expand_dims(dq_rows * (H * HEAD_DIM), 1) + gl.expand_dims(dq_cols, 0)
+            dq_mask = gl.expand_dims(dq_rows < seqlen_q, 1)
+            if RED_V2:
+                _red_add_v2(dq_base + dq_off, dq, dq_mask)
+            else:
+                gl.atomic_add(dq_base + dq_off, dq, mask=dq_mask, sem="relaxed")
+            dk = warpgroup_mma_wait(0, deps=(tok_dk, ))
+
+        # epilogue: dK (times the scale) and dV through the dead K/V tiles, TMA-stored (clipped past Sk)
+        gl.thread_barrier()
+        k_smem.reshape([BLOCK_N, HEAD_DIM]).store((dk * sm_scale).to(dtype))
+        v_smem.reshape([BLOCK_N, HEAD_DIM]).store(dv.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(dk_desc, [b, n0, hk * HEAD_DIM], k_smem)
+        tma.async_copy_shared_to_global(dv_desc, [b, n0, hk * HEAD_DIM], v_smem)
+        tma.store_wait(pendings=0)
+
+
+def unsupported_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """Why attention_fa3_bwd cannot take these inputs (non-contiguous ones are copied), or None."""
+    why = unsupported(q, k, v, need_contiguous=False)
+    if why is None and q.shape[1] * q.shape[2] * q.shape[3] >= 2 ** 31:
+        why = f"Sq * H * D = {q.shape[1] * q.shape[2] * q.shape[3]}: dQ offsets are int32 (< 2^31)"
+    return why
+
+
+def delta_of(o: torch.Tensor, do: torch.Tensor, dlse: torch.Tensor | None = None) -> torch.Tensor:
+    """delta = rowsum(dO * O) - dLSE, float32 (B, H, Sq): d lse / d s = P folds dLSE into delta."""
+    delta = torch.einsum("bshd,bshd->bhs", do.float(), o.float())
+    return delta if dlse is None else delta - dlse.float()
+
+
+def _bwd_unsupported(q, k, v, o, do, lse) -> str | None:
+    why = unsupported_bwd(q, k, v)
+    if why is not None:
+        return why
+    if o.shape != q.shape or do.shape != q.shape or o.dtype != q.dtype or do.dtype != q.dtype:
+        return f"o and do must be like q {tuple(q.shape)} {q.dtype}"
+    if lse.shape != (q.shape[0], q.shape[2], q.shape[1]) or lse.dtype != torch.float32:
+        return f"lse must be float32 (B, H, Sq) = {(q.shape[0], q.shape[2], q.shape[1])}, got {tuple(lse.shape)}"
+    return None
+
+
+def attention_fa3_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                      lse: torch.Tensor, *, causal: bool = False, softmax_scale: float | None = None,
+                      config: FA3BwdConfig | None = None, delta: torch.Tensor | None = None):
+    """(dq, dk, dv) of attention_fa3_fwd / the FA2 forward for the incoming do (see the module docstring).
+    delta: rowsum(do * o), float32 (B, H, Sq), if the caller already has it."""
+    why = _bwd_unsupported(q, k, v, o, do, lse)
+    if why is not None:
+        raise ValueError(f"attention_fa3_bwd: {why}")
+    q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))
+    B, Sq, H, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    if B == 0 or Sq == 0 or H == 0 or Sk == 0:
+        return torch.zeros_like(q), dk.zero_(), dv.zero_()
+    scale = softmax_scale if softmax_scale is not None else D ** -0.5
+    cfg = config or DEFAULT_CONFIGS[D]
+    bad = config_error(D, cfg)
+    if bad is not None:
+        raise ValueError(f"attention_fa3_bwd: {cfg}: {bad}")
+    delta = (delta_of(o, do) if delta is None else delta).contiguous()
+    lse = lse.contiguous()
+    dq32 = torch.zeros((B, Sq, H, D), device=q.device, dtype=torch.float32)
+    q_lay, kv_lay = tile_layout(cfg.block_m, D, q.dtype), tile_layout(cfg.block_n, D, q.dtype)
+
+    def desc(t, S, heads, rows, lay):
+        return TensorDescriptor(t, [B, S, heads * D], [S * heads * D, heads * D, 1], [1, rows, D], lay)
+
+    grid = (triton.cdiv(Sk, cfg.block_n), B * Hkv)
+    _fa3_bwd_kernel[grid](desc(q, Sq, H, cfg.block_m, q_lay), desc(k, Sk, Hkv, cfg.block_n, kv_lay),
+                          desc(v, Sk, Hkv, cfg.block_n, kv_lay), desc(do, Sq, H, cfg.block_m, q_lay),
+                          desc(dk, Sk, Hkv, cfg.block_n, kv_lay), desc(dv, Sk, Hkv, cfg.block_n, kv_lay),
+                          lse, delta, dq32, lse.stride(0), lse.stride(1), H, Sq, Sk, float(scale),
+                          float(scale) * LOG2E, **_constexprs(D, H // Hkv, bool(causal), cfg))
+    return (dq32 * scale).to(q.dtype), dk, dv
+
+
+def _constexprs(head_dim: int, group: int, causal: bool, cfg: FA3BwdConfig) -> dict:
+    return {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "CAUSAL": causal,
+            "KV_WM": cfg.warps(cfg.block_n)[0], "DQ_WM": cfg.warps(cfg.block_m)[0], "RED_V2": cfg.red_v2,
+            "num_warps": NUM_WARPS}
+
+
+def compile_sm90(head_dim: int, causal: bool, *, group: int = 1, dtype: torch.dtype = torch.bfloat16,
+                 config: FA3BwdConfig | None = None):
+    """Ahead-of-time compile for sm_90 (no GPU needed): triton's CompiledKernel, for tests and tools."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    cfg = config or DEFAULT_CONFIGS[head_dim]
+    bad = config_error(head_dim, cfg)
+    if bad is not None:
+        raise ValueError(f"compile_sm90: {cfg}: {bad}")
+    ty = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+    def desc(rows):
+        return f"tensordesc<{ty}[1,{rows},{head_dim}],{tile_layout(rows, head_dim, dtype)!r}>"
+
+    signature = {"q_desc": desc(cfg.block_m), "k_desc": desc(cfg.block_n), "v_desc": desc(cfg.block_n),
+                 "do_desc": desc(cfg.block_m), "dk_desc": desc(cfg.block_n), "dv_desc": desc(cfg.block_n),
+                 "LSE": "*fp32", "DELTA": "*fp32", "DQ": "*fp32", "stride_lb": "i32", "stride_lh": "i32", "H": "i32",
+                 "seqlen_q": "i32", "seqlen_k": "i32", "sm_scale": "fp32", "qk_scale": "fp32"}
+    constexprs = _constexprs(head_dim, group, bool(causal), cfg)
+    signature.update({name: "constexpr" for name in constexprs})
+    src = GluonASTSource(fn=_fa3_bwd_kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS})

@@ -1,0 +1,92 @@
+"""The FA3-style Gluon backward (kernels.attention_fa3_bwd) on an sm_90 GPU against the float64 reference,
+directly (every tuning config) and through ops.attention (impl="fa3", with a dLSE term, and the automatic
+pick), with the tolerance rule of the other attention tests (attention_checks.assert_close_rule)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+try:
+    from .attention_checks import assert_close_rule, randn, run_all
+except ImportError:  # tests/kernels is not a package
+    from attention_checks import assert_close_rule, randn, run_all
+
+from flashscale.reference.attention import attention_ref
+
+bwd = pytest.importorskip("flashscale.kernels.attention_fa3_bwd")
+fwd = pytest.importorskip("flashscale.kernels.attention_fa3")
+pytestmark = pytest.mark.gpu
+CUDA = "cuda"
+
+
+def _hopper():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9 and bwd.HAS_GLUON
+
+
+def _grads_of(q, k, v, do, causal, cast):
+    qq, kk, vv = (t.detach().to(cast).requires_grad_() for t in (q, k, v))
+    o, lse = attention_ref(qq, kk, vv, causal=causal, return_lse=True, upcast=False)
+    return (o, lse, *torch.autograd.grad(o, (qq, kk, vv), do.to(cast)))
+
+
+# (B, Sq, Sk, H, Hkv, D, causal)
+CASES = [
+    (2, 1000, 1000, 4, 2, 128, False),  # ragged last blocks, GQA
+    (2, 1000, 1000, 4, 2, 128, True),
+    (1, 384, 700, 4, 4, 64, True),  # Sq < Sk: bottom-right diagonal
+    (1, 700, 384, 4, 1, 64, True),  # Sq > Sk: leading rows see no key (lse -inf), MQA
+    (1, 512, 512, 8, 8, 64, False),
+    (1, 129, 1, 2, 1, 256, False),  # one key
+    (1, 1000, 777, 4, 2, 256, True),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:6])) + ("_causal" if c[6] else ""))
+def test_fa3_bwd_every_config(case):
+    if not _hopper():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    B, Sq, Sk, H, Hkv, D, causal = case
+    torch.manual_seed(0)
+    q = torch.randn(B, Sq, H, D, dtype=torch.bfloat16, device=CUDA)
+    k = torch.randn(B, Sk, Hkv, D, dtype=torch.bfloat16, device=CUDA)
+    v = torch.randn(B, Sk, Hkv, D, dtype=torch.bfloat16, device=CUDA)
+    do = torch.randn(B, Sq, H, D, dtype=torch.bfloat16, device=CUDA)
+    oracle = _grads_of(q, k, v, do, causal, torch.float64)
+    base = _grads_of(q, k, v, do, causal, torch.bfloat16)
+    out, lse = fwd.attention_fa3_fwd(q, k, v, causal=causal)
+    for name, cfg in bwd.TUNING_CONFIGS[D].items():
+        dq, dk, dv = bwd.attention_fa3_bwd(do, q, k, v, out, lse, causal=causal, config=cfg)
+        torch.cuda.synchronize()
+        try:
+            assert_close_rule({"ours": (out, lse, dq, dk, dv), "oracle": oracle, "base": base})
+        except AssertionError as e:
+            raise AssertionError(f"config {name}: {e}") from None
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_ops_attention_fa3_backward_with_dlse(D, causal):
+    """impl='fa3' runs the Gluon forward and backward; a loss on the LSE too (delta - dLSE)."""
+    if not _hopper():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    q = randn(2, 600, 4, D, dtype=torch.bfloat16, device=CUDA)
+    k = randn(2, 600, 2, D, dtype=torch.bfloat16, device=CUDA)
+    v = randn(2, 600, 2, D, dtype=torch.bfloat16, device=CUDA)
+    assert_close_rule(run_all(q, k, v, dlse=True, impl="fa3", causal=causal))
+
+
+def test_auto_takes_the_gluon_backward_at_head_dim_256(monkeypatch):
+    if not _hopper():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    from flashscale.ops import attention_op
+
+    calls = []
+    real = bwd.attention_fa3_bwd
+    monkeypatch.setattr(bwd, "attention_fa3_bwd", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    q = randn(1, 256, 2, 256, dtype=torch.bfloat16, device=CUDA)
+    assert attention_op.fa3_bwd_wanted(q, q, q, None, -1, 0, 0.0, None, 0.0, False, "auto")
+    assert not attention_op.fa3_bwd_wanted(q, q, q, None, -1, 0, 0.0, None, 0.0, True, "auto")  # deterministic
+    assert_close_rule(run_all(q, q.detach().clone().requires_grad_(), q.detach().clone().requires_grad_(),
+                              impl="auto", causal=True))
+    assert calls, "auto did not take the Gluon backward at head_dim 256"
