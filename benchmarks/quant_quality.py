@@ -14,10 +14,12 @@ Default configs: a GGUF model (SmolLM2's weights already sit on a Q4_1 grid) 4-b
 
 Acceptance (issue 6): at 4 bits GPTQ and AWQ each lose at most half of RTN's perplexity increase over
 float; at 3 bits GPTQ at most a third. Checked and printed per model and config, stored under "checks".
-The extra row gptq_sink is GPTQ with the first token of each calibration window weighted x32 in the
-Hessians: that token is an attention sink, and on SmolLM2-135M plain GPTQ's k/v error on it raised the
-block output error above RTN's (measured on CPU: held-out block error vs RTN, 4-bit g64, block 15:
-plain 1.29x lower, act-order 2.6x, sink-weighted 2.9x).
+Rows gptq, gptq_act_order and awq run quantize_model's defaults, token_weighting="attention": GPTQ's
+k_proj/v_proj Hessian and AWQ's v_proj clip loss weight each calibration token by the attention it
+receives (SmolLM2's first token is an attention sink; with uniform weights GPTQ trades its k/v error for
+the other tokens' and lost to RTN: docs/quant_quality.md). The extra row gptq_uniform is the paper's
+objective (every token alike); gptq_sink (first token x32 in every Hessian) runs on request (--methods).
+Rows record their token_weighting.
 """
 
 from __future__ import annotations
@@ -37,9 +39,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = {"rtn": ("rtn", {}), "gptq": ("gptq", {}), "gptq_act_order": ("gptq", {"act_order": True}),
            "awq": ("awq", {}),
-           # not one of the issue's methods: GPTQ with the first token of every calibration window weighted
-           # x32 in the Hessians (api.QuantizeConfig.sink_weight; that token is an attention sink)
-           "gptq_sink": ("gptq", {"sink_weight": 32.0})}
+           # not one of the issue's methods: GPTQ with the paper's objective, every token alike in every
+           # Hessian (the default weights k/v's tokens by the attention they receive)
+           "gptq_uniform": ("gptq", {"token_weighting": "uniform"}),
+           # on request: the uniform objective with the first token of every window x32 in every Hessian
+           "gptq_sink": ("gptq", {"token_weighting": "uniform", "sink_weight": 32.0})}
+DEFAULT_METHODS = "rtn,gptq,gptq_act_order,awq,gptq_uniform"
 
 
 def parse_configs(text: str) -> list[tuple[int, int]]:
@@ -143,6 +148,8 @@ def run_model(name, model, tok, configs, args, device, rows, work: Path) -> None
             rows.append(dict(base, method=label, bits=bits, group_size=group, format=fmt, sym=bool(args.sym),
                              ppl=ppl, seconds=qsecs, eval_seconds=secs,
                              **({"damp_percent": args.damp} if method == "gptq" else {}),
+                             **({"token_weighting": extra.get("token_weighting", "attention")}
+                                if method != "rtn" else {}),
                              **({"sink_weight": extra["sink_weight"]} if "sink_weight" in extra else {})))
             print(f"{name} {label} {bits}-bit g{group}: ppl {ppl:.3f} ({qsecs:.1f} s)", flush=True)
 
@@ -180,7 +187,7 @@ def plot(rows, path: Path) -> None:
         rs = [r for r in rows if r["model"] == model]
         fl = next(r["ppl"] for r in rs if r["method"] == "float")
         cfgs = sorted({(r["bits"], r["group_size"]) for r in rs if r["method"] != "float"}, key=str)
-        for j, label in enumerate(METHODS):
+        for j, label in enumerate(m for m in METHODS if any(r["method"] == m for r in rs)):
             ys = [next((r["ppl"] for r in rs if r["method"] == label and (r["bits"], r["group_size"]) == c), math.nan)
                   for c in cfgs]
             ax.bar([i + 0.2 * j for i in range(len(cfgs))], ys, width=0.2, label=label)
@@ -215,12 +222,15 @@ def main(argv=None) -> int:
     p.add_argument("--seqlen", type=int, default=2048, help="calibration window (capped at the model context)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sym", action="store_true", help="symmetric grids (default asymmetric)")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
+    p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated subset of {','.join(METHODS)} "
+                   f"(default {DEFAULT_METHODS})")
     p.add_argument("--damp", type=float, default=0.01, help="GPTQ dampening (fraction of mean diag H)")
     p.add_argument("--max-eval-tokens", type=int, default=None)
     p.add_argument("--device", default=None)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny random model, small calibration")
+    p.add_argument("--name", default=None, help="results file stem (default quant-quality, or "
+                   "quant-quality-smoke with --smoke)")
     args = p.parse_args(argv)
     unknown = set(args.methods.split(",")) - set(METHODS)
     if unknown:
@@ -254,7 +264,7 @@ def main(argv=None) -> int:
               "protocol": "moby_dick, non-overlapping windows of min(2048, context); calibration: bundled "
                           "training corpus, seeded random windows; perplexity of the saved checkpoint",
               "rows": rows, "checks": checks}
-    name = "quant-quality-smoke" if args.smoke else "quant-quality"
+    name = args.name or ("quant-quality-smoke" if args.smoke else "quant-quality")
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     plot(rows, args.out / f"{name}.png")
 

@@ -22,14 +22,16 @@ def test_quant_quality_smoke(tmp_path):
     res = json.loads((tmp_path / "quant-quality-smoke.json").read_text())
     assert {"gpu", "torch", "triton", "date", "rows", "checks"} <= set(res)
     methods = {(r["method"], r["bits"]) for r in res["rows"]}
-    assert methods == {("float", 16)} | {(m, b) for m in ("rtn", "gptq", "gptq_act_order", "awq", "gptq_sink")
+    assert methods == {("float", 16)} | {(m, b) for m in ("rtn", "gptq", "gptq_act_order", "awq", "gptq_uniform")
                                          for b in (4, 3)}
     for r in res["rows"]:
         assert {"model", "method", "bits", "group_size", "eval", "ppl", "seconds"} <= set(r)
         assert r["eval"] == "moby_dick" and math.isfinite(r["ppl"]) and r["ppl"] > 1
-    # 4-bit: gptq, gptq_act_order, awq, gptq_sink; 3-bit: the GPTQs (AWQ's 3-bit has no criterion)
+    # 4-bit: gptq, gptq_act_order, awq, gptq_uniform; 3-bit: the GPTQs (AWQ's 3-bit has no criterion)
     assert len(res["checks"]) == 7
-    assert all(r["sink_weight"] == 32.0 for r in res["rows"] if r["method"] == "gptq_sink")
+    weighting = {r["method"]: r.get("token_weighting") for r in res["rows"]}
+    assert weighting == {"float": None, "rtn": None, "gptq": "attention", "gptq_act_order": "attention",
+                         "awq": "attention", "gptq_uniform": "uniform"}
 
 
 def test_gptq_speed_smoke(tmp_path):

@@ -10,7 +10,7 @@ import torch
 import flashscale.quant.api as api
 from flashscale.models import Llama, preset
 from flashscale.models.llama import apply_rope
-from flashscale.quant.calibrate import attention_mass, rope_for
+from flashscale.quant.calibrate import attention_mass, residual_weights, rope_for
 from flashscale.quant.gptq import HessianAccumulator, gptq_quantize
 from flashscale.quant.rtn import fake_quantize, grid, grid_mse
 
@@ -21,8 +21,8 @@ def _block(kv_heads=2, seed=1):
     return model, model.layers[0]
 
 
-def _mass_by_definition(attn, x, cos, sin):
-    """Σ_i P_ij averaged over query heads, from the full (S, S) softmax of each head, GQA spelled out."""
+def _mass_by_definition(attn, x, cos, sin, qw=None):
+    """Σ_i P_ij (x qw_i) averaged over query heads, from the full (S, S) softmax of each head, GQA spelled out."""
     n, s, _ = x.shape
     d = attn.head_dim
     q = apply_rope(attn.q_proj(x).view(n, s, -1, d), cos, sin).transpose(1, 2)  # (n, H, S, D)
@@ -30,7 +30,10 @@ def _mass_by_definition(attn, x, cos, sin):
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (n, H, S, D)
     scores = q @ k.transpose(-1, -2) / math.sqrt(d)
     scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
-    return scores.softmax(-1).sum(-2).mean(1)  # (n, S)
+    p = scores.softmax(-1)  # (n, H, S_query, S_key)
+    if qw is not None:
+        p = p * qw[:, None, :, None]
+    return p.sum(-2).mean(1)  # (n, S)
 
 
 @pytest.mark.parametrize("kv_heads,chunk", [(2, 16), (4, 512), (1, 7)])
@@ -49,6 +52,24 @@ def test_attention_mass_is_the_softmax_column_sums(kv_heads, chunk):
     torch.testing.assert_close(m.mean(1), torch.ones(3))  # every query's probabilities sum to 1
     with pytest.raises(ValueError, match=r"takes the attention input \(n, S, E\)"):
         attention_mass(block.self_attn, x[0], cos, sin)
+    qw = torch.rand(3, 40, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(attention_mass(block.self_attn, x, cos, sin, query_chunk=chunk, query_weight=qw),
+                               _mass_by_definition(block.self_attn, x, cos, sin, qw), rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_residual_weights_are_inverse_mean_squares_of_the_residual():
+    model, block = _block(2)
+    x = torch.randn(3, 16, 64, generator=torch.Generator().manual_seed(0))
+    x[:, 0] *= 50  # a massive activation: its errors count ~1/2500 as much
+    cos, sin = rope_for(model, 16, torch.float32, "cpu")
+    r_mid, r_out = residual_weights(block, x, cos, sin, batch_tokens=32)  # 2 windows a micro-batch
+    mid = x + block.self_attn(block.input_layernorm(x), cos, sin)
+    out = block(x, cos, sin)
+    for r, h in ((r_mid, mid), (r_out, out)):
+        inv = 1 / h.pow(2).mean(-1)
+        torch.testing.assert_close(r, inv / inv.mean(), rtol=1e-5, atol=1e-6)
+    assert float(r_out[:, 0].max()) < 1e-2 < float(r_out[:, 1:].min())
 
 
 def test_weighted_hessian_accumulation():

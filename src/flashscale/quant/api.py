@@ -22,12 +22,12 @@ import torch
 from torch import nn
 
 from flashscale.quant.awq import LINEARS, AWQConfig, awq_block
-from flashscale.quant.calibrate import RunStats, attention_mass, micro_batches, run_blockwise
+from flashscale.quant.calibrate import RunStats, attention_mass, micro_batches, residual_weights, run_blockwise
 from flashscale.quant.gptq import HessianAccumulator, gptq_quantize
 from flashscale.quant.rtn import QuantizedWeight, check_bits, check_finite, check_group_size, quantize_rtn
 
 METHODS = ("rtn", "gptq", "awq")
-TOKEN_WEIGHTINGS = ("attention", "uniform")
+TOKEN_WEIGHTINGS = ("attention", "uniform", "attention_residual")
 FORMATS = ("gptq", "gptq_v2", "awq")
 # GPTQ's true-sequential groups: each reads the output of the groups before it
 SEQUENTIAL = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",),
@@ -56,11 +56,14 @@ class QuantizeConfig:
     # proportion to it, so that is what their error costs. With uniform weights GPTQ moves rounding
     # error onto an attention sink's k/v (a low-energy input direction) and loses to RTN on SmolLM2
     # (docs/quant_quality.md). q_proj, o_proj and the MLP keep the uniform Hessian either way.
-    # "uniform": the paper's objective, every token alike.
+    # "uniform": the paper's objective, every token alike. "attention_residual": also weights every
+    # token's error by 1/mean(h²) of the residual stream it is added to (calibrate.residual_weights),
+    # the k/v mass by that of the queries reading it.
     token_weighting: str = "attention"
     mse_grid: bool = False  # GPTQ: grids by the reference quantizer's range-shrink search (rtn.grid_mse)
     awq_grid: int = 20
     awq_clip: bool = True
+    awq_duo_scaling: bool = False  # AWQ: also search AutoAWQ's duo-scaling candidates (awq.AWQConfig)
     awq_tokens: int = 65536  # calibration tokens AWQ's searches use (whole sequences, first ones)
     batch_tokens: int = 16384  # tokens a block forward processes at once
 
@@ -128,27 +131,39 @@ class _Stop(Exception):
 
 
 def gptq_block_fn(cfg: QuantizeConfig):
-    weighted = cfg.token_weighting == "attention"
+    weighted = cfg.token_weighting != "uniform"
+    residual = cfg.token_weighting == "attention_residual"
 
     @torch.no_grad()
     def run(block: nn.Module, x: torch.Tensor, cos, sin, name: str) -> dict[str, QuantizedWeight]:
         mods = dict(block.named_modules())
         records = {}
-        for group in SEQUENTIAL:
+        # "attention_residual": every token's error weighted by 1/mean(h²) of the residual it lands in
+        r_mid = r_out = None
+        if residual:
+            r_mid, r_out = residual_weights(block, x, cos, sin, cfg.batch_tokens)  # (n, S) each, float block
+        for gi, group in enumerate(SEQUENTIAL):
             lins = [mods[g] for g in group]
             acc = HessianAccumulator(lins[0].in_features, device=x.device, name=f"{name}.{group[0]}")
             # k/v's Hessian, tokens weighted by the attention they receive (QuantizeConfig.token_weighting)
             kv_acc = (HessianAccumulator(lins[0].in_features, device=x.device, name=f"{name}.{group[1]}")
-                      if weighted and group == SEQUENTIAL[0] else None)
+                      if weighted and gi == 0 else None)
+            # q/k/v and o write into the residual after the attention, gate/up and down after the MLP
+            r = None if r_mid is None else (r_mid if gi < 2 else r_out)
+            seen = [0]  # windows of x done: the micro-batch's rows of r
 
             def hook(_m, args, _out):
                 x = args[0]  # (b, S, K)
+                rows = slice(seen[0], seen[0] + x.shape[0])
+                seen[0] += x.shape[0]
+                tw = None if r is None else r[rows]  # (b, S)
                 # the float block's attention (q/k/v are still float here), on the unweighted inputs
-                mass = attention_mass(block.self_attn, x, cos, sin) if kv_acc is not None else None  # (b, S)
+                mass = (attention_mass(block.self_attn, x, cos, sin, query_weight=tw)
+                        if kv_acc is not None else None)  # (b, S)
                 if cfg.sink_weight != 1.0:
                     x = x.clone()
                     x[:, 0] *= math.sqrt(cfg.sink_weight)  # H gains (w - 1)·x₀x₀ᵀ per window
-                acc.add_batch(x)
+                acc.add_batch(x, tw)
                 if kv_acc is not None:
                     kv_acc.add_batch(x, mass)
                 raise _Stop
@@ -196,7 +211,8 @@ def _gptq_linears(cfg: QuantizeConfig, mods: dict[str, nn.Module], names: tuple[
 
 def awq_block_fn(cfg: QuantizeConfig):
     acfg = AWQConfig(bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym, grid=cfg.awq_grid, clip=cfg.awq_clip,
-                     batch_tokens=cfg.batch_tokens, v1_zeros=cfg.v1_zeros, token_weighting=cfg.token_weighting)
+                     batch_tokens=cfg.batch_tokens, v1_zeros=cfg.v1_zeros, token_weighting=cfg.token_weighting,
+                     duo_scaling=cfg.awq_duo_scaling)
 
     def run(block: nn.Module, x: torch.Tensor, cos, sin, name: str) -> dict[str, QuantizedWeight]:
         n = max(1, cfg.awq_tokens // x.shape[1])

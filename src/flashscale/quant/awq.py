@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from flashscale.quant.calibrate import attention_mass
+from flashscale.quant.calibrate import attention_mass, residual_weights
 from flashscale.quant.rtn import (QuantizedWeight, check_bits, check_group_size, fake_quantize,
                                   fake_quantize_groups, grid, quantize_rtn)
 
@@ -56,6 +56,7 @@ class AWQConfig:
     clip_tokens: int = 512  # tokens sampled (evenly) for the clip search
     batch_tokens: int = 16384  # tokens per forward in the scale search (bounds activation memory)
     v1_zeros: bool = False  # keep zero points >= 1 for the GPTQ v1 layout (see rtn.grid)
+    duo_scaling: bool = False  # also try AutoAWQ's s = s_x^α / s_w^(1-α) (twice the candidates)
     token_weighting: str = "attention"  # v_proj's clip loss: "attention" (tokens by attention mass) or "uniform"
 
     def __post_init__(self) -> None:
@@ -65,8 +66,9 @@ class AWQConfig:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"AWQConfig.{f}={v!r} must be a positive int")
-        if self.token_weighting not in ("attention", "uniform"):
-            raise ValueError(f"AWQConfig.token_weighting={self.token_weighting!r} takes 'attention' or 'uniform'")
+        if self.token_weighting not in ("attention", "uniform", "attention_residual"):
+            raise ValueError(f"AWQConfig.token_weighting={self.token_weighting!r} takes 'attention', 'uniform' "
+                             "or 'attention_residual'")
         if not 0.0 <= self.max_shrink < 1.0:
             raise ValueError(f"AWQConfig.max_shrink={self.max_shrink!r} must be in [0, 1)")
 
@@ -83,34 +85,50 @@ def _chunks(x: torch.Tensor, batch_tokens: int) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def _module_mse(fn: Callable[[torch.Tensor], torch.Tensor], xs: list[torch.Tensor], refs: list[torch.Tensor]) -> float:
+def _module_mse(fn: Callable[[torch.Tensor], torch.Tensor], xs: list[torch.Tensor], refs: list[torch.Tensor],
+                ws: list[torch.Tensor | None] | None = None) -> float:
     total, count = 0.0, 0
-    for x, ref in zip(xs, refs):
-        d = fn(x).float() - ref
-        total += float(d.pow(2).sum())
+    for i, (x, ref) in enumerate(zip(xs, refs)):
+        d = (fn(x).float() - ref).pow(2)  # (b, S, N)
+        if ws is not None and ws[i] is not None:
+            d = d * ws[i][..., None]  # a weight per token
+        total += float(d.sum())
         count += d.numel()
     return total / max(count, 1)
 
 
+def weight_mean_scale(w: torch.Tensor, group_size: int) -> torch.Tensor:
+    """AutoAWQ's get_weight_scale: |w| over its (row, group) max, averaged over rows -> (K,) float32."""
+    n, k = w.shape
+    g = check_group_size(group_size, k)
+    wg = w.float().abs().reshape(n, k // g, g)
+    return (wg / wg.amax(-1, keepdim=True).clamp_min(1e-12)).reshape(n, k).mean(0)
+
+
 @torch.no_grad()
 def search_scales(x: torch.Tensor, linears: list[nn.Linear], fn: Callable[[torch.Tensor], torch.Tensor],
-                  cfg: AWQConfig) -> tuple[torch.Tensor, list[float]]:
-    """The best s (K,) float32 for `linears` reading x (B, S, K), scored by fn's output MSE; with the
-    loss of every α tried. Leaves the linears' weights as they were."""
+                  cfg: AWQConfig, token_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, list[float]]:
+    """The best s (K,) float32 for `linears` reading x (B, S, K), scored by fn's output MSE (each token's
+    error times token_weight (B, S) when given); with the loss of every α tried. Leaves the linears'
+    weights as they were."""
     xs = _chunks(x, cfg.batch_tokens)
+    ws = None if token_weight is None else _chunks(token_weight.to(x.device, torch.float32), cfg.batch_tokens)
     refs = [fn(c).float() for c in xs]
     s_x = channel_mean_abs(x)
     originals = [lin.weight.detach().clone() for lin in linears]
+    candidates = [s_x.pow(i / cfg.grid) for i in range(cfg.grid)]
+    if cfg.duo_scaling:  # AutoAWQ's duo_scaling family too: s_x^α / s_w^(1-α)
+        s_w = weight_mean_scale(torch.cat([w.float() for w in originals]), cfg.group_size)
+        candidates += [s_x.pow(i / cfg.grid) / (s_w.pow(1 - i / cfg.grid) + 1e-4) for i in range(cfg.grid)]
     best, best_loss, losses = None, float("inf"), []
     try:
-        for i in range(cfg.grid):
-            alpha = i / cfg.grid
-            s = s_x.pow(alpha).clamp_min(1e-4)
+        for s in candidates:
+            s = s.clamp_min(1e-4)
             s = s / (s.max() * s.min()).sqrt()  # centre the scales around 1 (AutoAWQ)
             for lin, w in zip(linears, originals):
                 wq = fake_quantize_groups(w.float() * s, bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym)
                 lin.weight.copy_((wq / s).to(w.dtype))
-            loss = _module_mse(fn, xs, refs)
+            loss = _module_mse(fn, xs, refs, ws)
             losses.append(loss)
             if loss < best_loss:  # strict: ties keep the smaller α (closer to plain RTN)
                 best, best_loss = s.clone(), loss
@@ -199,24 +217,27 @@ def _capture_inputs(block: nn.Module, x: torch.Tensor, cos, sin, names: list[str
 
 @torch.no_grad()
 def awq_scale_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cfg: AWQConfig,
-                    *, feats: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+                    *, feats: dict[str, torch.Tensor] | None = None,
+                    residual: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Search and fold the AWQ scales of a Llama block, given its inputs x (B, S, E) and rope cos/sin.
     Returns prev-op name -> s. The block's float function is unchanged (up to the dtype's rounding).
-    `feats` (the captured linear inputs), when given, are rescaled in place to match."""
+    `feats` (the captured linear inputs), when given, are rescaled in place to match. `residual`:
+    (r_mid, r_out) token weights (calibrate.residual_weights) for the attention's and the MLP's losses."""
     attn, mlp = block.self_attn, block.mlp
     if feats is None:
         feats = _capture_inputs(block, x, cos, sin, ["self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj",
                                                       "mlp.down_proj"], cfg.batch_tokens)
+    r_mid, r_out = residual if residual is not None else (None, None)
     groups = [("input_layernorm", block.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj],
-               lambda h: attn(h, cos, sin), "self_attn.q_proj")]
+               lambda h: attn(h, cos, sin), "self_attn.q_proj", r_mid)]
     if attn.v_proj.out_features == attn.o_proj.in_features:  # MHA: v's outputs are o's inputs
-        groups.append(("self_attn.v_proj", attn.v_proj, [attn.o_proj], attn.o_proj, "self_attn.o_proj"))
+        groups.append(("self_attn.v_proj", attn.v_proj, [attn.o_proj], attn.o_proj, "self_attn.o_proj", r_mid))
     groups += [("post_attention_layernorm", block.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj], mlp,
-                "mlp.gate_proj"),
-               ("mlp.up_proj", mlp.up_proj, [mlp.down_proj], mlp.down_proj, "mlp.down_proj")]
+                "mlp.gate_proj", r_out),
+               ("mlp.up_proj", mlp.up_proj, [mlp.down_proj], mlp.down_proj, "mlp.down_proj", r_out)]
     found = {}
-    for prev_name, prev, linears, fn, feat_name in groups:
-        s, _ = search_scales(feats[feat_name], linears, fn, cfg)
+    for prev_name, prev, linears, fn, feat_name, tw in groups:
+        s, _ = search_scales(feats[feat_name], linears, fn, cfg, tw)
         apply_scales(prev, linears, s)
         feats[feat_name] = (feats[feat_name].float() / s.to(feats[feat_name].device)).to(feats[feat_name].dtype)
         found[prev_name] = s
@@ -236,16 +257,25 @@ def awq_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
     """AWQ of one Llama block in place: scales folded, weights clipped, then every linear quantized
     (its weight replaced by the dequantized value). Returns linear name -> its QuantizedWeight."""
     feats = _capture_inputs(block, x, cos, sin, sorted(set(_INPUT_OF.values())), cfg.batch_tokens)
+    residual = None  # (r_mid, r_out), (B, S) each: "attention_residual" (api.QuantizeConfig.token_weighting)
+    if cfg.token_weighting == "attention_residual":
+        residual = residual_weights(block, x, cos, sin, cfg.batch_tokens)
     mass = None  # (B, S): the attention each token receives in the float block
-    if cfg.clip and cfg.token_weighting == "attention":
-        mass = attention_mass(block.self_attn, feats["self_attn.q_proj"], cos, sin)
-    awq_scale_block(block, x, cos, sin, cfg, feats=feats)
+    if cfg.clip and cfg.token_weighting != "uniform":
+        mass = attention_mass(block.self_attn, feats["self_attn.q_proj"], cos, sin,
+                              query_weight=None if residual is None else residual[0])
+    awq_scale_block(block, x, cos, sin, cfg, feats=feats, residual=residual)
     mods = dict(block.named_modules())
     records = {}
     for lin_name in LINEARS:
         lin = mods[lin_name]
         if cfg.clip and lin_name not in NO_CLIP:
-            weight = mass if lin_name in WEIGHTED_CLIP else None
+            if lin_name in WEIGHTED_CLIP:
+                weight = mass
+            elif residual is not None:
+                weight = residual[0] if lin_name == "self_attn.o_proj" else residual[1]
+            else:
+                weight = None
             apply_clip(lin, search_clip(lin.weight, feats[_INPUT_OF[lin_name]], cfg, weight))
         rec = quantize_rtn(lin.weight, bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym,
                            v1_zeros=cfg.v1_zeros, name=f"{name}.{lin_name}")

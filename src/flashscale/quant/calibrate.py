@@ -97,13 +97,35 @@ def forward_block(block: nn.Module, x: torch.Tensor, cos, sin, batch_tokens: int
 
 
 @torch.no_grad()
+def residual_weights(block: nn.Module, x: torch.Tensor, cos, sin, batch_tokens: int = 16384
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """How much an error added to each token's residual stream counts downstream, for a Llama block on
+    x (n, S, E): r_t = 1 / mean(h_t²) of the residual h after the attention add and after the MLP add
+    -> (r_mid, r_out), each (n, S) float32 with mean 1.
+
+    Every reader of the residual (the next norm, the final norm) divides it by its RMS, so an error δ on
+    token t costs about |δ|² / mean(h_t²): an error on a token with a massive activation (SmolLM2's
+    sink, ~100x the median norm from layer 12 on) costs ~1e-4 of the same error elsewhere.
+    Uses block's current weights (call it on the float block)."""
+    r_mid, r_out = [], []
+    for c in micro_batches(x, batch_tokens):
+        mid = c + block.self_attn(block.input_layernorm(c), cos, sin)
+        out = mid + block.mlp(block.post_attention_layernorm(mid))
+        r_mid.append(1.0 / mid.float().pow(2).mean(-1).clamp_min(1e-12))
+        r_out.append(1.0 / out.float().pow(2).mean(-1).clamp_min(1e-12))
+    r_mid, r_out = torch.cat(r_mid), torch.cat(r_out)
+    return r_mid / r_mid.mean(), r_out / r_out.mean()
+
+
+@torch.no_grad()
 def attention_mass(attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
-                   query_chunk: int = 512) -> torch.Tensor:
+                   query_chunk: int = 512, query_weight: torch.Tensor | None = None) -> torch.Tensor:
     """The attention each token receives: m_j = mean over query heads of Σ_i P_ij, with P the causal
     softmax of `attn` (a Llama Attention) on its input x (n, S, E) -> (n, S) float32.
 
     Every row of P sums to 1, so m averages 1 over a window; an attention sink gets a large share (up
-    to ~S/2 in SmolLM2). Computed from the module's weights directly (F.linear, no forward hooks fire),
+    to ~S/2 in SmolLM2). query_weight (n, S), optional: row i of P counts query_weight[i] times
+    (m_j = mean over heads of Σ_i w_i P_ij). Computed from the module's weights directly (F.linear, no forward hooks fire),
     in float32, one head and `query_chunk` queries at a time so memory stays (n, chunk, S).
     """
     if x.ndim != 3:
@@ -128,7 +150,10 @@ def attention_mass(attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: tor
             scores = torch.bmm(qh, kh.transpose(1, 2)) / math.sqrt(d)  # (n, C, S)
             future = pos[None, :] > pos[i0:i0 + qh.shape[1], None]  # (C, S): causal mask
             scores.masked_fill_(future, float("-inf"))
-            mass += scores.softmax(-1).sum(1)
+            p = scores.softmax(-1)
+            if query_weight is not None:
+                p = p * query_weight[:, i0:i0 + qh.shape[1], None].float()
+            mass += p.sum(1)
     return mass / heads
 
 
