@@ -82,12 +82,19 @@ def check(hdim, causal, variant, cfg, seed=0):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="results JSON (a .png plot is written beside it)")
+    ap.add_argument("--replot", metavar="JSON", help="only redraw the .png of an existing results file")
     ap.add_argument("--hdims", default="128,64,256")
     ap.add_argument("--seqlens", default="2048,4096,8192,16384")
     ap.add_argument("--rep", type=int, default=60, help="do_bench rep (ms)")
     ap.add_argument("--budget", type=float, default=400.0, help="seconds; stops timing new cells after it")
     args = ap.parse_args(argv)
+    if args.replot:
+        path = Path(args.replot)
+        plot(json.loads(path.read_text()), path.with_suffix(".png"))
+        return 0
+    if not args.out:
+        ap.error("--out is required (or --replot JSON)")
     import triton
     import triton.testing
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -153,7 +160,45 @@ def main(argv=None) -> int:
                     except Exception as e:  # noqa: BLE001
                         emit(dict(impl=impl, variant="", **base, error=f"{type(e).__name__}: {e}"[:500]))
                 del q, k, v, do, o, lse, qt, kt, vt
+    plot(doc, out.with_suffix(".png"))
     return 0
+
+
+def plot(res: dict, path: Path) -> None:
+    """One panel per head dim: backward TFLOP/s of every fa3_bwd variant and SDPA flash (bars) per
+    (causal, seqlen) cell, SDPA cuDNN as a black line."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot (pip install matplotlib)")
+        return
+    rows = [r for r in res["rows"] if r.get("tflops")]
+    hdims = sorted({r["hdim"] for r in rows})
+    fig, axes = plt.subplots(1, len(hdims), figsize=(6 * len(hdims), 4.5), squeeze=False)
+    for ax, d in zip(axes[0], hdims):
+        rs = [r for r in rows if r["hdim"] == d]
+        name = {id(r): (r["variant"] if r["impl"] == "fa3_bwd" else r["impl"]) for r in rs}
+        cells = sorted({(r["causal"], r["seqlen"]) for r in rs})
+        bars = [v for v in dict.fromkeys(name[id(r)] for r in rs) if v != "sdpa_cudnn"]
+        width = 0.8 / max(len(bars), 1)
+        get = {(r["causal"], r["seqlen"], name[id(r)]): r["tflops"] for r in rs}
+        for j, v in enumerate(bars):
+            ax.bar([i + j * width for i in range(len(cells))], [get.get((c, s, v), 0) for c, s in cells],
+                   width=width, label=v)
+        for i, (c, s) in enumerate(cells):
+            if (c, s, "sdpa_cudnn") in get:
+                ax.hlines(get[(c, s, "sdpa_cudnn")], i - width / 2, i + 0.8 - width / 2, colors="k",
+                          label="sdpa_cudnn" if i == 0 else None)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cells))],
+                      [f"{'causal' if c else 'full'}\n{s}" for c, s in cells])
+        ax.set_title(f"FA3 backward, head dim {d} ({res.get('gpu', '')})")
+        ax.set_ylabel("backward TFLOP/s")
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

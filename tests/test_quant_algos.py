@@ -224,5 +224,5 @@ def test_gptq_sink_weight_adds_the_first_tokens_to_the_hessian(monkeypatch):
     torch.testing.assert_close(h32 - h1, extra, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="sink_weight=0.5 must be a number >= 1"):
         api.QuantizeConfig(sink_weight=0.5)
-    with pytest.raises(ValueError, match="sink_weight/mse_grid are GPTQ options"):
+    with pytest.raises(ValueError, match="sink_weight=2.0 is a GPTQ option"):
         api.QuantizeConfig(method="awq", sink_weight=2.0)

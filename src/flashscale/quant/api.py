@@ -12,6 +12,7 @@ calls: q_proj on the uniform Hessian, k_proj/v_proj on the attention-weighted on
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import resource
@@ -61,6 +62,11 @@ class QuantizeConfig:
     # the k/v mass by that of the queries reading it.
     token_weighting: str = "attention"
     mse_grid: bool = False  # GPTQ: grids by the reference quantizer's range-shrink search (rtn.grid_mse)
+    # GPTQ: aim each linear at the float model's output on the float model's input (W x_f) instead of
+    # the float weight on the quantized input (W x, the paper's), so every layer also compensates the
+    # error of the layers before it (GPTAQ's asymmetric calibration; gptq.gptq_quantize's shift). Costs
+    # a float activation stream beside the quantized one and a float forward of each group.
+    float_target: bool = False
     awq_grid: int = 20
     awq_clip: bool = True
     awq_duo_scaling: bool = False  # AWQ: also search AutoAWQ's duo-scaling candidates (awq.AWQConfig)
@@ -76,8 +82,12 @@ class QuantizeConfig:
             self.sym = self.method != "awq"
         if not (isinstance(self.sink_weight, (int, float)) and self.sink_weight >= 1.0):
             raise ValueError(f"sink_weight={self.sink_weight!r} must be a number >= 1")
-        if (self.act_order or self.static_groups or self.sink_weight != 1.0 or self.mse_grid) and self.method != "gptq":
-            raise ValueError(f"act_order/static_groups/sink_weight/mse_grid are GPTQ options, got method={self.method!r}")
+        gptq_only = {"act_order": False, "static_groups": False, "sink_weight": 1.0, "mse_grid": False,
+                     "float_target": False}
+        for opt, off in gptq_only.items():
+            if self.method != "gptq" and getattr(self, opt) != off:
+                raise ValueError(f"{opt}={getattr(self, opt)!r} is a GPTQ option (one of {sorted(gptq_only)}), "
+                                 f"got method={self.method!r}")
         if self.token_weighting not in TOKEN_WEIGHTINGS:
             raise ValueError(f"token_weighting={self.token_weighting!r} is not supported; takes one of {TOKEN_WEIGHTINGS}")
         if self.checkpoint_format not in FORMATS:
@@ -135,8 +145,13 @@ def gptq_block_fn(cfg: QuantizeConfig):
     residual = cfg.token_weighting == "attention_residual"
 
     @torch.no_grad()
-    def run(block: nn.Module, x: torch.Tensor, cos, sin, name: str) -> dict[str, QuantizedWeight]:
+    def run(block: nn.Module, x: torch.Tensor, cos, sin, name: str, x_float: torch.Tensor | None = None
+            ) -> dict[str, QuantizedWeight]:
+        if cfg.float_target and x_float is None:
+            raise ValueError("float_target=True needs the float stream (run_blockwise(float_inputs=True))")
         mods = dict(block.named_modules())
+        # float_target: the float block, fed the float stream, gives each group's float input x_f
+        fmods = dict(copy.deepcopy(block).named_modules()) if cfg.float_target else None
         records = {}
         # "attention_residual": every token's error weighted by 1/mean(h²) of the residual it lands in
         r_mid = r_out = None
@@ -144,13 +159,19 @@ def gptq_block_fn(cfg: QuantizeConfig):
             r_mid, r_out = residual_weights(block, x, cos, sin, cfg.batch_tokens)  # (n, S) each, float block
         for gi, group in enumerate(SEQUENTIAL):
             lins = [mods[g] for g in group]
-            acc = HessianAccumulator(lins[0].in_features, device=x.device, name=f"{name}.{group[0]}")
+            cross = cfg.float_target
+            acc = HessianAccumulator(lins[0].in_features, device=x.device, name=f"{name}.{group[0]}", cross=cross)
             # k/v's Hessian, tokens weighted by the attention they receive (QuantizeConfig.token_weighting)
-            kv_acc = (HessianAccumulator(lins[0].in_features, device=x.device, name=f"{name}.{group[1]}")
+            kv_acc = (HessianAccumulator(lins[0].in_features, device=x.device, name=f"{name}.{group[1]}", cross=cross)
                       if weighted and gi == 0 else None)
             # q/k/v and o write into the residual after the attention, gate/up and down after the MLP
             r = None if r_mid is None else (r_mid if gi < 2 else r_out)
             seen = [0]  # windows of x done: the micro-batch's rows of r
+            float_in = [None]  # the float block's input to this group, for the micro-batch in flight
+
+            def float_hook(_m, args, _out):
+                float_in[0] = args[0]
+                raise _Stop
 
             def hook(_m, args, _out):
                 x = args[0]  # (b, S, K)
@@ -160,27 +181,41 @@ def gptq_block_fn(cfg: QuantizeConfig):
                 # the float block's attention (q/k/v are still float here), on the unweighted inputs
                 mass = (attention_mass(block.self_attn, x, cos, sin, query_weight=tw)
                         if kv_acc is not None else None)  # (b, S)
+                xf = float_in[0]
                 if cfg.sink_weight != 1.0:
                     x = x.clone()
                     x[:, 0] *= math.sqrt(cfg.sink_weight)  # H gains (w - 1)·x₀x₀ᵀ per window
-                acc.add_batch(x, tw)
+                    if xf is not None:
+                        xf = xf.clone()
+                        xf[:, 0] *= math.sqrt(cfg.sink_weight)
+                acc.add_batch(x, tw, x_float=xf)
                 if kv_acc is not None:
-                    kv_acc.add_batch(x, mass)
+                    kv_acc.add_batch(x, mass, x_float=xf)
                 raise _Stop
 
             handle = lins[0].register_forward_hook(hook)
+            fhandle = fmods[group[0]].register_forward_hook(float_hook) if fmods is not None else None
             try:
-                for c in micro_batches(x, cfg.batch_tokens):
+                chunks = micro_batches(x, cfg.batch_tokens)
+                fchunks = micro_batches(x_float, cfg.batch_tokens) if fmods is not None else [None] * len(chunks)
+                for c, fc in zip(chunks, fchunks):
+                    if fc is not None:
+                        try:
+                            fmods[""](fc, cos, sin)
+                        except _Stop:
+                            pass
                     try:
                         block(c, cos, sin)
                     except _Stop:
                         pass
             finally:
                 handle.remove()
+                if fhandle is not None:
+                    fhandle.remove()
             # (linear names, their shared Hessian): one GPTQ call each (rows are independent given H)
-            calls = ([(group[:1], acc.H), (group[1:], kv_acc.H)] if kv_acc is not None else [(group, acc.H)])
-            for names, H in calls:
-                records.update(_gptq_linears(cfg, mods, names, H, name))
+            calls = ([(group[:1], acc), (group[1:], kv_acc)] if kv_acc is not None else [(group, acc)])
+            for names, a in calls:
+                records.update(_gptq_linears(cfg, mods, names, a.H, name, shift=a.R))
             del acc, kv_acc, calls
         return records
 
@@ -188,7 +223,7 @@ def gptq_block_fn(cfg: QuantizeConfig):
 
 
 def _gptq_linears(cfg: QuantizeConfig, mods: dict[str, nn.Module], names: tuple[str, ...], H: torch.Tensor,
-                  block_name: str) -> dict[str, QuantizedWeight]:
+                  block_name: str, shift: torch.Tensor | None = None) -> dict[str, QuantizedWeight]:
     """One GPTQ call on the concatenated rows of the linears `names` sharing Hessian H; their weights are
     replaced by the dequantized ones. Returns name -> QuantizedWeight."""
     lins = [mods[g] for g in names]
@@ -196,7 +231,7 @@ def _gptq_linears(cfg: QuantizeConfig, mods: dict[str, nn.Module], names: tuple[
     w = torch.cat([lin.weight for lin in lins])  # (ΣN, K): rows of the group, one shared H
     res = gptq_quantize(w, H, bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym, act_order=cfg.act_order,
                         static_groups=cfg.static_groups, percdamp=cfg.damp_percent, block_size=cfg.block_size,
-                        v1_zeros=cfg.v1_zeros, mse=cfg.mse_grid, name=label)
+                        v1_zeros=cfg.v1_zeros, mse=cfg.mse_grid, shift=shift, name=label)
     records, row = {}, 0
     for g, lin in zip(names, lins):
         n = lin.out_features
@@ -293,7 +328,8 @@ def quantize_model(model: nn.Module, method: str = "gptq", *, bits: int = 4, gro
         block_fn = gptq_block_fn(cfg) if cfg.method == "gptq" else awq_block_fn(cfg)
         records, stats = run_blockwise(model, calib_tokens, block_fn, device=device, batch_tokens=cfg.batch_tokens,
                                        work_dir=work_dir, settings=cfg.settings(), progress=progress,
-                                       on_block_done=on_block_done, description=cfg.method)
+                                       on_block_done=on_block_done, description=cfg.method,
+                                       float_inputs=cfg.float_target)
     total = time.perf_counter() - t0
     summary = QuantizeSummary(method=cfg.method, bits=cfg.bits, group_size=cfg.group_size,
                               block_seconds=stats.block_seconds, total_seconds=total,

@@ -9,6 +9,12 @@ RTN; see api.py), and its outputs *with the quantized weights* become the next b
 error of earlier blocks is what later blocks are calibrated against, as in GPTQ's reference code).
 The block then goes back to the CPU. Embeddings, final norm and lm_head are never quantized.
 
+Float stream (opt-in, `float_inputs=True`): the float model's activations x_f are carried beside the
+quantized ones, x_f of block i+1 = float block i (x_f), and passed to `block_fn` as `x_float`, for
+objectives that aim the quantized block at the float model's outputs rather than at the float weights
+applied to the quantized inputs (GPTQ's float_target, api.py). Costs a second activation buffer and one
+float forward a block.
+
 Resumable: with a `work_dir`, after each block its quantized tensors and its non-quantized parameters
 (norm weights and biases, which AWQ rescales), then the next block's inputs, then `progress.json` are
 written, each atomically (temp file + rename); progress.json is the commit point. A restart with the
@@ -37,7 +43,8 @@ from torch.nn import functional as F
 from flashscale.models.llama import apply_rope
 from flashscale.quant.rtn import QuantizedWeight
 
-BlockFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor, str], dict[str, QuantizedWeight]]
+# block_fn(block, x, cos, sin, name) -> records; with float_inputs, also x_float= (the float stream)
+BlockFn = Callable[..., dict[str, QuantizedWeight]]
 PROGRESS_FILE = "progress.json"
 
 
@@ -255,10 +262,11 @@ class RunStats:
 def run_blockwise(model: nn.Module, tokens: torch.Tensor, block_fn: BlockFn, *, device, batch_tokens: int = 16384,
                   work_dir: str | os.PathLike | None = None, settings: dict | None = None, progress: bool = False,
                   on_block_done: Callable[[int, float], None] | None = None, description: str = "quantize",
-                  ) -> tuple[dict[str, QuantizedWeight], RunStats]:
+                  float_inputs: bool = False) -> tuple[dict[str, QuantizedWeight], RunStats]:
     """Quantizes model's blocks in place (weights replaced by their dequantized values) and returns
     full linear name ("layers.3.mlp.up_proj") -> QuantizedWeight, and timing. The model stays on the
-    CPU (or wherever it was); each block visits `device` in turn."""
+    CPU (or wherever it was); each block visits `device` in turn. float_inputs: also carry the float
+    model's activations and pass them to block_fn as x_float (module docstring)."""
     if tokens.ndim != 2 or tokens.is_floating_point():
         raise ValueError(f"calibration tokens must be an integer tensor (nsamples, seqlen), got {tokens.dtype} "
                          f"of shape {tuple(tokens.shape)}")
@@ -296,10 +304,15 @@ def run_blockwise(model: nn.Module, tokens: torch.Tensor, block_fn: BlockFn, *, 
 
     dtype = next(layers[0].parameters()).dtype
     t0 = time.perf_counter()
+    x_f = None  # the float stream (n, S, E), with float_inputs
     if start == 0:
         x = embed(model, tokens, device, batch_tokens).to(dtype)  # (n, S, E)
+        x_f = x.clone() if float_inputs else None
     else:
-        x = load_file(str(_inputs_file(wd, start)))["x"].to(device)
+        saved = load_file(str(_inputs_file(wd, start)))
+        x = saved["x"].to(device)
+        if float_inputs:
+            x_f = saved["x_float"].to(device)
     stats.embed_seconds = time.perf_counter() - t0
     cos, sin = rope_for(model, seqlen, dtype, device)
 
@@ -313,9 +326,15 @@ def run_blockwise(model: nn.Module, tokens: torch.Tensor, block_fn: BlockFn, *, 
             block = layers[i]
             home = next(block.parameters()).device
             block.to(device)
-            block_records = block_fn(block, x, cos, sin, f"layers.{i}")
+            if float_inputs:
+                x_f_next = forward_block(block, x_f, cos, sin, batch_tokens)  # still the float block
+                block_records = block_fn(block, x, cos, sin, f"layers.{i}", x_float=x_f)
+                x_f = x_f_next
+                del x_f_next
+            else:
+                block_records = block_fn(block, x, cos, sin, f"layers.{i}")
             x = forward_block(block, x, cos, sin, batch_tokens)  # the quantized block's outputs
-            if not bool(torch.isfinite(x).all()):
+            if not bool(torch.isfinite(x).all()) or (x_f is not None and not bool(torch.isfinite(x_f).all())):
                 raise ValueError(f"layers.{i}: the quantized block's outputs hold NaN/Inf")
             block.to(home)
             block_records = {k: r.to("cpu") for k, r in block_records.items()}
@@ -327,7 +346,7 @@ def run_blockwise(model: nn.Module, tokens: torch.Tensor, block_fn: BlockFn, *, 
                 records[f"layers.{i}.{name}"] = r
             if wd is not None:
                 save_block_state(wd, i, block, block_records)
-                _atomic_save({"x": x}, _inputs_file(wd, i + 1))
+                _atomic_save({"x": x} if x_f is None else {"x": x, "x_float": x_f}, _inputs_file(wd, i + 1))
                 _atomic_json({"done": i + 1, "fingerprint": fp, "block_seconds": stats.block_seconds},
                              wd / PROGRESS_FILE)
                 stale = _inputs_file(wd, i)

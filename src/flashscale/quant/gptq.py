@@ -44,37 +44,50 @@ class HessianAccumulator:
 
     The running mean keeps H's magnitude independent of the sample count (only its conditioning matters
     to GPTQ, as the dampening is relative), and float32 accumulation keeps bf16 activations exact enough.
+    With `cross=True` it also keeps R = 2/T Σ (x_f - x) xᵀ, x_f the float model's input for the same
+    token (add_batch's x_float): what gptq_quantize's `shift` takes to aim at the float outputs.
     """
 
-    def __init__(self, in_features: int, *, device=None, name: str = "layer"):
+    def __init__(self, in_features: int, *, device=None, name: str = "layer", cross: bool = False):
         self.name = name
         self.in_features = in_features
         self.H = torch.zeros(in_features, in_features, dtype=torch.float32, device=device)  # (K, K)
+        self.R = torch.zeros_like(self.H) if cross else None  # (K, K): rows index x_f - x, columns x
         self.nsamples = 0
 
-    def add_batch(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> None:
+    def add_batch(self, x: torch.Tensor, weight: torch.Tensor | None = None,
+                  x_float: torch.Tensor | None = None) -> None:
         """x (..., K): every leading index is one input row (a token). weight (...), optional: a
         non-negative weight per token, H += 2/T Σ w_t x_t x_tᵀ (T still counts tokens, so weights of
-        mean 1 keep H's scale; api.py weights k/v's tokens by the attention they receive)."""
+        mean 1 keep H's scale; api.py weights k/v's tokens by the attention they receive).
+        x_float (..., K): the float model's input for the same tokens (required with cross=True)."""
         if x.shape[-1] != self.in_features:
             raise ValueError(f"{self.name}: input has {x.shape[-1]} features, expected {self.in_features}")
         if weight is not None and weight.shape != x.shape[:-1]:
             raise ValueError(f"{self.name}: token weights of shape {tuple(weight.shape)} do not match the "
                              f"input's tokens {tuple(x.shape[:-1])}")
+        if (x_float is None) != (self.R is None):
+            raise ValueError(f"{self.name}: x_float is given exactly when the accumulator has cross=True")
+        if x_float is not None and x_float.shape != x.shape:
+            raise ValueError(f"{self.name}: x_float of shape {tuple(x_float.shape)} does not match x {tuple(x.shape)}")
         x = x.reshape(-1, self.in_features).to(self.H.device, torch.float32)  # (T, K)
         t = x.shape[0]
         if t == 0:
             return
-        self.H *= self.nsamples / (self.nsamples + t)
+        decay = self.nsamples / (self.nsamples + t)
+        self.H *= decay
         self.nsamples += t
-        if weight is None:
-            x = x * math.sqrt(2.0 / self.nsamples)
-            self.H.addmm_(x.t(), x)
-        else:
+        xw = x
+        if weight is not None:
             w = weight.reshape(-1, 1).to(self.H.device, torch.float32)  # (T, 1)
             if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
                 raise ValueError(f"{self.name}: token weights must be finite and >= 0")
-            self.H.addmm_(x.t(), x * w, alpha=2.0 / self.nsamples)
+            xw = x * w
+        self.H.addmm_(x.t(), xw, alpha=2.0 / self.nsamples)
+        if self.R is not None:
+            d = x_float.reshape(-1, self.in_features).to(self.H.device, torch.float32) - x  # (T, K)
+            self.R *= decay
+            self.R.addmm_(d.t(), xw, alpha=2.0 / self.nsamples)
 
     def hook(self, module: nn.Module) -> torch.utils.hooks.RemovableHandle:
         """Registers a forward hook on `module` (a linear) that feeds its inputs here."""
@@ -118,13 +131,32 @@ def inverse_hessian_cholesky(H: torch.Tensor, *, percdamp: float, name: str) -> 
         damp = min(damp * DAMP_GROWTH, 1.0)
 
 
+def target_weight(W: torch.Tensor, H: torch.Tensor, R: torch.Tensor, *, percdamp: float, name: str) -> torch.Tensor:
+    """W* = W + W R (H + λI)⁻¹ (N, K) with λ = percdamp · mean(diag H): the weight whose outputs on the
+    quantized inputs best match W's on the float inputs (gptq_quantize's `shift`)."""
+    K = H.shape[0]
+    lam = percdamp * float(torch.diag(H).mean())
+    Hd = H + lam * torch.eye(K, device=H.device, dtype=H.dtype)
+    L, info = torch.linalg.cholesky_ex(Hd)
+    if int(info) != 0:
+        raise ValueError(f"{name}: the Hessian with dampening {percdamp:g} x mean(diag H) is not positive "
+                         "definite; the float-target correction needs it (try a larger damp_percent)")
+    # (H + λI) is symmetric: W R (H + λI)⁻¹ = ((H + λI)⁻¹ Rᵀ Wᵀ)ᵀ
+    return W + torch.cholesky_solve((W @ R).t(), L).t()
+
+
 def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, *, bits: int, group_size: int, sym: bool,
                   act_order: bool = False, static_groups: bool = False, percdamp: float = 0.01,
                   block_size: int = 128, v1_zeros: bool = False, mse: bool = False,
-                  name: str = "layer") -> GPTQResult:
+                  shift: torch.Tensor | None = None, name: str = "layer") -> GPTQResult:
     """GPTQ of weight (N, K) given its Hessian H (K, K). Runs on weight's device; math in float32.
     mse: fit each grid with the reference quantizer's range-shrink search (rtn.grid_mse) instead of
-    plain min/max (the paper's runs leave it off)."""
+    plain min/max (the paper's runs leave it off).
+    shift (K, K), optional: R = 2/T Σ (x_f - x) xᵀ (HessianAccumulator(cross=True)). The objective
+    becomes the float model's output, Σ_t ||Q x_t - W x_f,t||² (GPTAQ's asymmetric calibration, Li et al.
+    2025) instead of Σ_t ||(Q - W) x_t||²: with the ridge λ||Q - W||² of the dampening its minimizer is
+    W* = W + W R (H + λI)⁻¹, and Σ_t ||Q x_t - W x_f,t||² = ||(Q - W*) X||² + const, so GPTQ on W*
+    minimizes it exactly (the error of earlier layers is compensated here, not only carried)."""
     check_bits(bits)
     if weight.ndim != 2 or H.shape != (weight.shape[1], weight.shape[1]):
         raise ValueError(f"{name}: weight {tuple(weight.shape)} and Hessian {tuple(H.shape)} do not match "
@@ -148,6 +180,12 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, *, bits: int, group_siz
     W[:, dead] = 0.0
 
     static_scale = static_zero = None
+    if shift is not None:
+        if shift.shape != H.shape:
+            raise ValueError(f"{name}: shift {tuple(shift.shape)} must be (K, K) like H {tuple(H.shape)}")
+        W = target_weight(W, H, shift.to(H.device, torch.float32), percdamp=percdamp, name=name)
+        W[:, dead] = 0.0
+
     if static_groups and group_size != -1:
         # (N, NG) grids fitted on the original, un-updated columns
         static_scale, static_zero = fit(W.reshape(n, k // G, G), bits=bits, sym=sym, v1_zeros=v1_zeros)
