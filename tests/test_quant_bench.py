@@ -22,16 +22,19 @@ def test_quant_quality_smoke(tmp_path):
     res = json.loads((tmp_path / "quant-quality-smoke.json").read_text())
     assert {"gpu", "torch", "triton", "date", "rows", "checks"} <= set(res)
     methods = {(r["method"], r["bits"]) for r in res["rows"]}
-    assert methods == {("float", 16)} | {(m, b) for m in ("rtn", "gptq", "gptq_act_order", "awq", "gptq_uniform")
+    assert methods == {("float", 16)} | {(m, b) for m in ("rtn", "gptq", "gptq_act_order", "awq", "gptq_paper")
                                          for b in (4, 3)}
     for r in res["rows"]:
         assert {"model", "method", "bits", "group_size", "eval", "ppl", "seconds"} <= set(r)
         assert r["eval"] == "moby_dick" and math.isfinite(r["ppl"]) and r["ppl"] > 1
-    # 4-bit: gptq, gptq_act_order, awq, gptq_uniform; 3-bit: the GPTQs (AWQ's 3-bit has no criterion)
+    # 4-bit: gptq, gptq_act_order, awq, gptq_paper; 3-bit: the GPTQs (AWQ's 3-bit has no criterion)
     assert len(res["checks"]) == 7
     weighting = {r["method"]: r.get("token_weighting") for r in res["rows"]}
     assert weighting == {"float": None, "rtn": None, "gptq": "attention", "gptq_act_order": "attention",
-                         "awq": "attention", "gptq_uniform": "uniform"}
+                         "awq": "attention", "gptq_paper": "uniform"}
+    grids = {r["method"]: r.get("grid_search") for r in res["rows"]}
+    assert grids == {"float": None, "rtn": None, "awq": None, "gptq": "hessian", "gptq_act_order": "hessian",
+                     "gptq_paper": "minmax"}
 
 
 def test_gptq_speed_smoke(tmp_path):

@@ -194,7 +194,7 @@ def test_grid_mse_is_the_reference_range_search():
         assert bool((err(scale, zero) <= err(plain_s, plain_z)).all())
         assert bool((scale < plain_s).any())
     x = torch.randn(512, 64, generator=g)
-    res = gptq_quantize(w, 2 * x.T @ x / 512, bits=3, group_size=32, sym=False, mse=True)
+    res = gptq_quantize(w, 2 * x.T @ x / 512, bits=3, group_size=32, sym=False, grid_search="mse")
     assert torch.equal(res.weight, res.qweight.dequantize())
 
 
@@ -234,3 +234,46 @@ def test_awq_clip_weights_v_proj_tokens_by_attention(monkeypatch):
                 assert v is None
             else:  # the float block's attention (the AWQ scales leave it unchanged)
                 torch.testing.assert_close(v, mass, rtol=1e-4, atol=1e-4)
+
+
+def test_grid_mse_column_weights_pick_the_least_weighted_error():
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(10, 32, generator=g)
+    cw = torch.rand(32, generator=g) * 5
+    scale, zero = grid_mse(w, bits=3, sym=False, norm=2.0, col_weight=cw)
+    for r in range(10):
+        best = None
+        for i in range(80):
+            s1, z1 = grid(w[r:r + 1] * (1 - i / 100), bits=3, sym=False)
+            e = float(((fake_quantize(w[r:r + 1], s1[:, None], z1[:, None], 3) - w[r:r + 1]) ** 2 * cw).sum())
+            if best is None or e < best[0]:
+                best = (e, float(s1), float(z1))
+        assert (float(scale[r]), float(zero[r])) == best[1:]
+
+
+@pytest.mark.parametrize("group,act_order,static,limit", [(-1, False, False, 0.85), (-1, True, False, 0.85),
+                                                          (64, True, False, 0.95), (64, False, True, 0.95)])
+def test_hessian_grid_search_beats_minmax_grids(group, act_order, static, limit):
+    """grid_search="hessian" (QuantizeConfig's default) against min/max grids, 3 bits, on layers with a
+    few large weights: held-out output error, mean ratio over 4 seeded layers (measured over 8: 0.71x
+    per row, 0.89x at g64, single layers 0.52-1.10x; at g32 0.68-1.16x, so small groups are not claimed).
+    Every variant still returns exactly what its codes say."""
+    k, ratios = 128, []
+    for seed in range(4):
+        g = torch.Generator().manual_seed(seed)
+        mix = torch.randn(k // 8, k, generator=g)
+        x, xt = (torch.randn(t, k // 8, generator=g) @ mix / math.sqrt(k // 8) + 0.1 * torch.randn(t, k, generator=g)
+                 for t in (4096, 2048))
+        w = torch.randn(48, k, generator=g) * 0.05
+        w[torch.rand(w.shape, generator=g) < 0.01] *= 8.0  # a few large weights: ranges worth shrinking
+        H = 2 * x.T @ x / x.shape[0]
+        err = {}
+        for gs in ("minmax", "hessian"):
+            res = gptq_quantize(w, H, bits=3, group_size=group, sym=False, act_order=act_order,
+                                static_groups=static, grid_search=gs)
+            assert torch.equal(res.weight, res.qweight.dequantize())
+            err[gs] = float((xt @ (res.weight - w).T).pow(2).mean())
+        ratios.append(err["hessian"] / err["minmax"])
+    assert sum(ratios) / len(ratios) < limit, ratios
+    with pytest.raises(ValueError, match="grid_search='l1' is not supported"):
+        gptq_quantize(w, H, bits=3, group_size=group, sym=False, grid_search="l1")

@@ -24,7 +24,7 @@ from torch import nn
 
 from flashscale.quant.awq import LINEARS, AWQConfig, awq_block
 from flashscale.quant.calibrate import RunStats, attention_mass, micro_batches, residual_weights, run_blockwise
-from flashscale.quant.gptq import HessianAccumulator, gptq_quantize
+from flashscale.quant.gptq import GRID_SEARCHES, HessianAccumulator, gptq_quantize
 from flashscale.quant.rtn import QuantizedWeight, check_bits, check_finite, check_group_size, quantize_rtn
 
 METHODS = ("rtn", "gptq", "awq")
@@ -61,7 +61,10 @@ class QuantizeConfig:
     # token's error by 1/mean(h²) of the residual stream it is added to (calibrate.residual_weights),
     # the k/v mass by that of the queries reading it.
     token_weighting: str = "attention"
-    mse_grid: bool = False  # GPTQ: grids by the reference quantizer's range-shrink search (rtn.grid_mse)
+    # GPTQ: how a group's grid is fitted (gptq.GRID_SEARCHES): "minmax" (the paper), "mse" (the
+    # reference quantizer's range-shrink search), "hessian" (that search scored by GPTQ's cost of each
+    # column's rounding, 1/[U_jj]²: the default, docs/quant_quality.md)
+    grid_search: str = "hessian"
     # GPTQ: aim each linear at the float model's output on the float model's input (W x_f) instead of
     # the float weight on the quantized input (W x, the paper's), so every layer also compensates the
     # error of the layers before it (GPTAQ's asymmetric calibration; gptq.gptq_quantize's shift). Costs
@@ -71,6 +74,9 @@ class QuantizeConfig:
     awq_clip: bool = True
     awq_duo_scaling: bool = False  # AWQ: also search AutoAWQ's duo-scaling candidates (awq.AWQConfig)
     awq_tokens: int = 65536  # calibration tokens AWQ's searches use (whole sequences, first ones)
+    # AWQ: search each block on the float model's activations (AutoAWQ's way: its inputs are computed
+    # before any layer is quantized) instead of the quantized blocks' outputs (GPTQ's way, the default)
+    awq_float_inputs: bool = False
     batch_tokens: int = 16384  # tokens a block forward processes at once
 
     def __post_init__(self) -> None:
@@ -82,12 +88,17 @@ class QuantizeConfig:
             self.sym = self.method != "awq"
         if not (isinstance(self.sink_weight, (int, float)) and self.sink_weight >= 1.0):
             raise ValueError(f"sink_weight={self.sink_weight!r} must be a number >= 1")
-        gptq_only = {"act_order": False, "static_groups": False, "sink_weight": 1.0, "mse_grid": False,
+        if self.awq_float_inputs and self.method != "awq":
+            raise ValueError(f"awq_float_inputs=True is an AWQ option, got method={self.method!r} "
+                             "(GPTQ's use of the float stream is float_target)")
+        gptq_only = {"act_order": False, "static_groups": False, "sink_weight": 1.0, "grid_search": "hessian",
                      "float_target": False}
         for opt, off in gptq_only.items():
             if self.method != "gptq" and getattr(self, opt) != off:
                 raise ValueError(f"{opt}={getattr(self, opt)!r} is a GPTQ option (one of {sorted(gptq_only)}), "
                                  f"got method={self.method!r}")
+        if self.grid_search not in GRID_SEARCHES:
+            raise ValueError(f"grid_search={self.grid_search!r} is not supported; takes one of {GRID_SEARCHES}")
         if self.token_weighting not in TOKEN_WEIGHTINGS:
             raise ValueError(f"token_weighting={self.token_weighting!r} is not supported; takes one of {TOKEN_WEIGHTINGS}")
         if self.checkpoint_format not in FORMATS:
@@ -231,7 +242,7 @@ def _gptq_linears(cfg: QuantizeConfig, mods: dict[str, nn.Module], names: tuple[
     w = torch.cat([lin.weight for lin in lins])  # (ΣN, K): rows of the group, one shared H
     res = gptq_quantize(w, H, bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym, act_order=cfg.act_order,
                         static_groups=cfg.static_groups, percdamp=cfg.damp_percent, block_size=cfg.block_size,
-                        v1_zeros=cfg.v1_zeros, mse=cfg.mse_grid, shift=shift, name=label)
+                        v1_zeros=cfg.v1_zeros, grid_search=cfg.grid_search, shift=shift, name=label)
     records, row = {}, 0
     for g, lin in zip(names, lins):
         n = lin.out_features
@@ -249,7 +260,12 @@ def awq_block_fn(cfg: QuantizeConfig):
                      batch_tokens=cfg.batch_tokens, v1_zeros=cfg.v1_zeros, token_weighting=cfg.token_weighting,
                      duo_scaling=cfg.awq_duo_scaling)
 
-    def run(block: nn.Module, x: torch.Tensor, cos, sin, name: str) -> dict[str, QuantizedWeight]:
+    def run(block: nn.Module, x: torch.Tensor, cos, sin, name: str, x_float: torch.Tensor | None = None
+            ) -> dict[str, QuantizedWeight]:
+        if cfg.awq_float_inputs:
+            if x_float is None:
+                raise ValueError("awq_float_inputs=True needs the float stream (run_blockwise(float_inputs=True))")
+            x = x_float
         n = max(1, cfg.awq_tokens // x.shape[1])
         return awq_block(block, x[:n], cos, sin, acfg, name=name)
 
@@ -329,7 +345,7 @@ def quantize_model(model: nn.Module, method: str = "gptq", *, bits: int = 4, gro
         records, stats = run_blockwise(model, calib_tokens, block_fn, device=device, batch_tokens=cfg.batch_tokens,
                                        work_dir=work_dir, settings=cfg.settings(), progress=progress,
                                        on_block_done=on_block_done, description=cfg.method,
-                                       float_inputs=cfg.float_target)
+                                       float_inputs=cfg.float_target or cfg.awq_float_inputs)
     total = time.perf_counter() - t0
     summary = QuantizeSummary(method=cfg.method, bits=cfg.bits, group_size=cfg.group_size,
                               block_seconds=stats.block_seconds, total_seconds=total,

@@ -36,6 +36,7 @@ from torch import nn
 from flashscale.quant.rtn import (QuantizedWeight, check_bits, check_finite, check_group_size, grid,
                                   grid_mse, quantize_codes)
 
+GRID_SEARCHES = ("minmax", "mse", "hessian")
 DAMP_GROWTH = 10.0  # each retry multiplies the dampening by this, up to the mean diagonal itself
 
 
@@ -147,11 +148,15 @@ def target_weight(W: torch.Tensor, H: torch.Tensor, R: torch.Tensor, *, percdamp
 
 def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, *, bits: int, group_size: int, sym: bool,
                   act_order: bool = False, static_groups: bool = False, percdamp: float = 0.01,
-                  block_size: int = 128, v1_zeros: bool = False, mse: bool = False,
+                  block_size: int = 128, v1_zeros: bool = False, grid_search: str = "minmax",
                   shift: torch.Tensor | None = None, name: str = "layer") -> GPTQResult:
     """GPTQ of weight (N, K) given its Hessian H (K, K). Runs on weight's device; math in float32.
-    mse: fit each grid with the reference quantizer's range-shrink search (rtn.grid_mse) instead of
-    plain min/max (the paper's runs leave it off).
+    grid_search: how each (row, group) grid is fitted when its group comes up (GRID_SEARCHES):
+    "minmax" the range [min, max] (the paper's runs); "mse" the reference quantizer's range-shrink
+    search (`Quantizer(mse=True)`: least Σ |q(w) - w|^2.4, rtn.grid_mse); "hessian" the same search
+    scored by GPTQ's own cost of each column's rounding, Σ_j (q_j - w_j)² / [U_jj]², U the Cholesky
+    factor of H⁻¹ (eq. 3 of the paper: what the error of column j costs once the columns after it are
+    updated), so a range is only shrunk where the clipped columns are cheap to get wrong.
     shift (K, K), optional: R = 2/T Σ (x_f - x) xᵀ (HessianAccumulator(cross=True)). The objective
     becomes the float model's output, Σ_t ||Q x_t - W x_f,t||² (GPTAQ's asymmetric calibration, Li et al.
     2025) instead of Σ_t ||(Q - W) x_t||²: with the ridge λ||Q - W||² of the dampening its minimizer is
@@ -172,24 +177,21 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, *, bits: int, group_siz
                          "each group's grid is fitted on up-to-date columns")
     check_finite(weight, name)
 
-    fit = grid_mse if mse else grid
+    if grid_search not in GRID_SEARCHES:
+        raise ValueError(f"grid_search={grid_search!r} is not supported; takes one of {GRID_SEARCHES}")
     W = weight.detach().to(device=H.device, dtype=torch.float32).clone()  # (N, K)
     H = H.to(torch.float32).clone()
     dead = torch.diag(H) == 0
     H[dead, dead] = 1.0
     W[:, dead] = 0.0
 
-    static_scale = static_zero = None
     if shift is not None:
         if shift.shape != H.shape:
             raise ValueError(f"{name}: shift {tuple(shift.shape)} must be (K, K) like H {tuple(H.shape)}")
         W = target_weight(W, H, shift.to(H.device, torch.float32), percdamp=percdamp, name=name)
         W[:, dead] = 0.0
 
-    if static_groups and group_size != -1:
-        # (N, NG) grids fitted on the original, un-updated columns
-        static_scale, static_zero = fit(W.reshape(n, k // G, G), bits=bits, sym=sym, v1_zeros=v1_zeros)
-
+    W_orig = W  # the columns in their own order, for static groups
     perm = None
     if act_order:
         perm = torch.argsort(torch.diag(H), descending=True, stable=True)  # stable: ties keep column order
@@ -198,6 +200,25 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, *, bits: int, group_siz
 
     U, damp_used = inverse_hessian_cholesky(H, percdamp=percdamp, name=name)
     del H
+    cost = torch.diag(U).pow(-2) if grid_search == "hessian" else None  # (K,) in quantization order
+
+    def fit(w, col_cost=None):
+        """grid of w (..., G) by grid_search; col_cost (G,) or broadcastable: each column's cost."""
+        if grid_search == "minmax":
+            return grid(w, bits=bits, sym=sym, v1_zeros=v1_zeros)
+        if grid_search == "mse":
+            return grid_mse(w, bits=bits, sym=sym, v1_zeros=v1_zeros)
+        return grid_mse(w, bits=bits, sym=sym, v1_zeros=v1_zeros, norm=2.0, col_weight=col_cost)
+
+    static_scale = static_zero = None
+    if static_groups and group_size != -1:
+        # (N, NG) grids fitted on the original, un-updated columns
+        orig_cost = None
+        if cost is not None:
+            orig_cost = cost if perm is None else cost[torch.argsort(perm)]
+            orig_cost = orig_cost.reshape(k // G, G)
+        static_scale, static_zero = fit(W_orig.reshape(n, k // G, G), orig_cost)
+    del W_orig
 
     codes = torch.empty(n, k, dtype=torch.uint8, device=W.device)  # (N, K), in quantization order
     losses = torch.zeros(n, device=W.device)
@@ -205,7 +226,7 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, *, bits: int, group_siz
     group_zeros: list[torch.Tensor] = []
     scale = zero = None
     if group_size == -1:
-        scale, zero = fit(W, bits=bits, sym=sym, v1_zeros=v1_zeros)  # (N,)
+        scale, zero = fit(W, cost)  # (N,)
     if static_scale is not None:  # the (original) group of each quantization position, as ints: no syncs
         orig_group = ((perm if perm is not None else torch.arange(k)).cpu() // G).tolist()
 
@@ -225,7 +246,7 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, *, bits: int, group_siz
             elif group_size != -1 and col % G == 0:
                 # the group's columns as updated so far (see the module docstring)
                 cols = W1[:, i:i + G] if i + G <= count else W[:, col:col + G]
-                scale, zero = fit(cols, bits=bits, sym=sym, v1_zeros=v1_zeros)
+                scale, zero = fit(cols, None if cost is None else cost[col:col + G])
                 group_scales.append(scale)
                 group_zeros.append(zero)
             w = W1[:, i]  # (N,)

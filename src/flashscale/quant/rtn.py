@@ -135,18 +135,26 @@ def grid(w: torch.Tensor, *, bits: int, sym: bool, v1_zeros: bool = False) -> tu
 
 
 def grid_mse(w: torch.Tensor, *, bits: int, sym: bool, v1_zeros: bool = False, norm: float = 2.4,
-             steps: int = 100, max_shrink: float = 0.8) -> tuple[torch.Tensor, torch.Tensor]:
+             steps: int = 100, max_shrink: float = 0.8, col_weight: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
     """`grid` with the range shrink search of the GPTQ reference quantizer (`Quantizer(mse=True)`):
     the range [min, max] scaled by p = 1, 1 - 1/steps, ... down to 1 - max_shrink (exclusive), keeping
-    per row the p with the least Σ |q(w) - w|^norm. Same return as `grid`; p = 1 is `grid` itself, so
-    the search never scores worse than plain min/max on that error."""
+    per row the p with the least Σ |q(w) - w|^norm (each column's term times col_weight, broadcast
+    against w's trailing dims, when given). Same return as `grid`; p = 1 is `grid` itself, so the
+    search never scores worse than plain min/max on that error."""
     w = w.float()
+    cw = None if col_weight is None else col_weight.to(w.device, torch.float32)
+
+    def err_of(scale, zero):
+        e = (fake_quantize(w, scale[..., None], zero[..., None], bits) - w).abs().pow(norm)
+        return (e if cw is None else e * cw).sum(-1)
+
     best_scale, best_zero = grid(w, bits=bits, sym=sym, v1_zeros=v1_zeros)
-    best = (fake_quantize(w, best_scale[..., None], best_zero[..., None], bits) - w).abs().pow(norm).sum(-1)
+    best = err_of(best_scale, best_zero)
     for i in range(1, int(max_shrink * steps)):
         # the range of p·w is p·[min, max]: its grid is the shrunk one, rounded as `grid` rounds
         scale, zero = grid(w * (1 - i / steps), bits=bits, sym=sym, v1_zeros=v1_zeros)
-        err = (fake_quantize(w, scale[..., None], zero[..., None], bits) - w).abs().pow(norm).sum(-1)
+        err = err_of(scale, zero)
         better = err < best
         best = torch.where(better, err, best)
         best_scale = torch.where(better, scale, best_scale)
