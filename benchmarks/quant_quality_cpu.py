@@ -39,7 +39,7 @@ def parse_variant(spec: str) -> tuple[str, int, int, dict]:
                 pass
         else:
             kw[key] = val
-        if key in ("act_order", "static_groups", "awq_clip", "awq_duo_scaling", "float_target", "awq_float_inputs"):
+        if key in ("act_order", "static_groups", "awq_clip", "awq_duo_scaling", "float_target", "awq_float_inputs", "awq_clip_qk"):
             kw[key] = bool(kw[key])
     return method, int(bits), int(group), kw
 

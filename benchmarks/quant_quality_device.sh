@@ -8,6 +8,7 @@
 #          [".gl/smollm2.partab", ".gl/smollm2.sha256", ".whl"]:        OUT=$OUT bash benchmarks/quant_quality_device.sh run
 # (.whl holds the gguf wheel: python3 -m pip download --no-deps gguf==0.19.0 -d .whl; numpy, pyyaml, tqdm and
 # requests are on the machine). The run writes quant-quality.json, its plot and the log into $OUT.
+# Knobs of `run`: T_RUN (seconds, 540), METHODS (e.g. rtn,gptq,awq,gptq_act_order).
 set -u
 cd "$(dirname "$0")/.."
 KEEP=/tmp/flashscale-keep
@@ -20,8 +21,10 @@ case "${1:-}" in
     echo "$(cat .gl/smollm2.sha256)  /tmp/smollm2.gguf" | sha256sum -c - || exit 1
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
     export PYTHONPATH=$PWD/src:/tmp/site PYTHONUNBUFFERED=1
+    # METHODS: a subset of quant_quality.py's rows (default: its own); the results file is rewritten after
+    # every row, so a run stopped by T_RUN keeps what it measured
     timeout "${T_RUN:-540}" python3 benchmarks/quant_quality.py --model /tmp/smollm2.gguf --device cuda --out "$OUT" \
-      > "$OUT/quant_quality.log" 2>&1
+      ${METHODS:+--methods "$METHODS"} > "$OUT/quant_quality.log" 2>&1
     echo "quant_quality exit: $?"
     tail -n 40 "$OUT/quant_quality.log" ;;
   *)

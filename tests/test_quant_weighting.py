@@ -277,3 +277,29 @@ def test_hessian_grid_search_beats_minmax_grids(group, act_order, static, limit)
     assert sum(ratios) / len(ratios) < limit, ratios
     with pytest.raises(ValueError, match="grid_search='l1' is not supported"):
         gptq_quantize(w, H, bits=3, group_size=group, sym=False, grid_search="l1")
+
+
+def test_awq_clip_qk_clips_q_uniform_and_k_by_attention(monkeypatch):
+    import flashscale.quant.awq as awq
+
+    g = torch.Generator().manual_seed(0)
+    model, block = _block(2)
+    xb = torch.randn(2, 32, 64, generator=g)
+    cos, sin = rope_for(model, 32, torch.float32, "cpu")
+    calls = []
+    real = awq.search_clip
+
+    def capture(w, x, cfg, token_weight=None):
+        calls.append((tuple(w.shape), token_weight))
+        return real(w, x, cfg, token_weight)
+
+    monkeypatch.setattr(awq, "search_clip", capture)
+    with torch.no_grad():
+        mass = attention_mass(block.self_attn, block.input_layernorm(xb), cos, sin)
+        awq.awq_block(copy.deepcopy(block), xb, cos, sin, awq.AWQConfig(group_size=32, clip_qk=True))
+    # LINEARS order: q (64 rows), k, v (32 rows each, 2 kv heads x 16), o, gate, up, down
+    assert [c[0] for c in calls][:3] == [(64, 64), (32, 64), (32, 64)] and len(calls) == 7
+    assert calls[0][1] is None  # q: read by its own token only
+    for _, tw in calls[1:3]:
+        torch.testing.assert_close(tw, mass, rtol=1e-4, atol=1e-4)
+    assert all(tw is None for _, tw in calls[3:])

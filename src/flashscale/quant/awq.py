@@ -41,7 +41,9 @@ from flashscale.quant.rtn import (QuantizedWeight, check_bits, check_group_size,
                                   fake_quantize_groups, grid, quantize_rtn)
 
 NO_CLIP = ("self_attn.q_proj", "self_attn.k_proj")
-WEIGHTED_CLIP = ("self_attn.v_proj",)  # clip losses weighted by attention mass (token_weighting)
+# clip losses weighted by attention mass (token_weighting): a key and a value reach every query in proportion
+# to the attention their token receives (k_proj is clipped only with clip_qk)
+WEIGHTED_CLIP = ("self_attn.k_proj", "self_attn.v_proj")
 
 
 @dataclass(kw_only=True)
@@ -57,6 +59,7 @@ class AWQConfig:
     batch_tokens: int = 16384  # tokens per forward in the scale search (bounds activation memory)
     v1_zeros: bool = False  # keep zero points >= 1 for the GPTQ v1 layout (see rtn.grid)
     duo_scaling: bool = False  # also try AutoAWQ's s = s_x^α / s_w^(1-α) (twice the candidates)
+    clip_qk: bool = False  # clip-search q_proj/k_proj too, on their own output error (AutoAWQ skips them)
     token_weighting: str = "attention"  # v_proj's clip loss: "attention" (tokens by attention mass) or "uniform"
 
     def __post_init__(self) -> None:
@@ -269,7 +272,7 @@ def awq_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
     records = {}
     for lin_name in LINEARS:
         lin = mods[lin_name]
-        if cfg.clip and lin_name not in NO_CLIP:
+        if cfg.clip and (cfg.clip_qk or lin_name not in NO_CLIP):
             if lin_name in WEIGHTED_CLIP:
                 weight = mass
             elif residual is not None:
