@@ -83,6 +83,14 @@ def generic_table(res: dict, name: str, title: str, columns: list[str]) -> list[
     out = [f"{title}. {_provenance(res, name)}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in res["rows"]:
         out.append("| " + " | ".join(_fmt(r.get(c), 3 if isinstance(r.get(c), float) and abs(r.get(c)) < 10 else 1) for c in cols) + " |")
+    if res.get("checks"):  # quant-quality files: each method's perplexity increase over RTN's, against the limit
+        out += ["", "| model | method | bits | group_size | ratio of RTN's increase | limit | passed |",
+                "|---|---|---|---|---|---|---|"]
+        for c in res["checks"]:
+            out.append(f"| {c['model']} | {c['method']} | {c['bits']} | {c['group_size']} | {c['ratio']:.3f} | "
+                       f"{c['limit']:.3f} | {'yes' if c['passed'] else 'no'} |")
+    if res.get("note"):
+        out += ["", f"Note: {res['note']}"]
     return out
 
 
@@ -149,7 +157,9 @@ SECTIONS = [
     ("train-reference-h200.json", "Training the ~125M reference model on one H200",
      ["impl", "model", "params", "steps", "tokens", "seconds", "tokens_per_s", "mfu", "val_ppl_moby_dick", "unigram_ppl"]),
     ("quant-quality.json", "Perplexity on moby_dick (held out) after 4/3-bit quantization",
-     ["model", "method", "bits", "group_size", "ppl", "seconds"]),
+     ["model", "method", "bits", "group_size", "token_weighting", "grid_search", "ppl", "seconds"]),
+    ("quant-quality-20261129-h200.json", "The same protocol before the sink and grid fixes (GPTQ as the paper runs "
+     "it: uniform tokens, min/max grids)", ["model", "method", "bits", "group_size", "ppl", "seconds"]),
     ("quant-quality-ref125M-h200.json", "Perplexity on moby_dick of the 125M reference model after 4/3-bit quantization",
      ["model", "method", "bits", "group_size", "ppl", "seconds"]),
     ("gptq-speed-h200.json", "GPTQ speed and memory, Llama-3-8B shape (128 x 2048 calibration tokens)",

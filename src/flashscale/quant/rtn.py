@@ -135,30 +135,37 @@ def grid(w: torch.Tensor, *, bits: int, sym: bool, v1_zeros: bool = False) -> tu
 
 
 def grid_mse(w: torch.Tensor, *, bits: int, sym: bool, v1_zeros: bool = False, norm: float = 2.4,
-             steps: int = 100, max_shrink: float = 0.8, col_weight: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+             steps: int = 100, max_shrink: float = 0.8, col_weight: torch.Tensor | None = None,
+             chunk_elements: int = 1 << 25) -> tuple[torch.Tensor, torch.Tensor]:
     """`grid` with the range shrink search of the GPTQ reference quantizer (`Quantizer(mse=True)`):
     the range [min, max] scaled by p = 1, 1 - 1/steps, ... down to 1 - max_shrink (exclusive), keeping
     per row the p with the least Σ |q(w) - w|^norm (each column's term times col_weight, broadcast
-    against w's trailing dims, when given). Same return as `grid`; p = 1 is `grid` itself, so the
-    search never scores worse than plain min/max on that error."""
+    against w's trailing dims, when given); ties keep the larger p. Same return as `grid`; p = 1 is
+    `grid` itself, so the search never scores worse than plain min/max on that error.
+
+    The candidates are scored in batches of about chunk_elements / w.numel() at once: GPTQ fits a grid
+    at every group boundary, and one small kernel launch per candidate made that the slow part on a GPU
+    (SmolLM2 4-bit g64: 27 -> 127 s with 79 candidates a fit, 2026-12-01)."""
     w = w.float()
     cw = None if col_weight is None else col_weight.to(w.device, torch.float32)
-
-    def err_of(scale, zero):
-        e = (fake_quantize(w, scale[..., None], zero[..., None], bits) - w).abs().pow(norm)
-        return (e if cw is None else e * cw).sum(-1)
-
-    best_scale, best_zero = grid(w, bits=bits, sym=sym, v1_zeros=v1_zeros)
-    best = err_of(best_scale, best_zero)
-    for i in range(1, int(max_shrink * steps)):
+    ps = [1.0 - i / steps for i in range(int(max_shrink * steps))]  # p = 1 first: `grid` itself
+    per = max(1, chunk_elements // max(1, w.numel()))
+    best = best_scale = best_zero = None
+    for c0 in range(0, len(ps), per):
+        p = torch.tensor(ps[c0:c0 + per], device=w.device, dtype=torch.float32).view(-1, *([1] * w.ndim))
         # the range of p·w is p·[min, max]: its grid is the shrunk one, rounded as `grid` rounds
-        scale, zero = grid(w * (1 - i / steps), bits=bits, sym=sym, v1_zeros=v1_zeros)
-        err = err_of(scale, zero)
-        better = err < best
-        best = torch.where(better, err, best)
-        best_scale = torch.where(better, scale, best_scale)
-        best_zero = torch.where(better, zero, best_zero)
+        scale, zero = grid(w[None] * p, bits=bits, sym=sym, v1_zeros=v1_zeros)  # (P, ...)
+        e = (fake_quantize(w[None], scale[..., None], zero[..., None], bits) - w[None]).abs().pow(norm)
+        err = (e if cw is None else e * cw).sum(-1)  # (P, ...)
+        val, idx = err.min(0)  # the first (largest p) of equal errors
+        sc, ze = scale.gather(0, idx[None])[0], zero.gather(0, idx[None])[0]
+        if best is None:
+            best, best_scale, best_zero = val, sc, ze
+        else:
+            better = val < best
+            best = torch.where(better, val, best)
+            best_scale = torch.where(better, sc, best_scale)
+            best_zero = torch.where(better, ze, best_zero)
     return best_scale, best_zero
 
 
