@@ -165,40 +165,11 @@ def main(argv=None) -> int:
 
 
 def plot(res: dict, path: Path) -> None:
-    """One panel per head dim: backward TFLOP/s of every fa3_bwd variant and SDPA flash (bars) per
-    (causal, seqlen) cell, SDPA cuDNN as a black line."""
-    try:
-        import matplotlib
+    """attention_fa3_sweep's bars: each fa3_bwd variant and SDPA flash per (causal, seqlen), cuDNN a line."""
+    from attention_fa3_sweep import plot as bars
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot (pip install matplotlib)")
-        return
-    rows = [r for r in res["rows"] if r.get("tflops")]
-    hdims = sorted({r["hdim"] for r in rows})
-    fig, axes = plt.subplots(1, len(hdims), figsize=(6 * len(hdims), 4.5), squeeze=False)
-    for ax, d in zip(axes[0], hdims):
-        rs = [r for r in rows if r["hdim"] == d]
-        name = {id(r): (r["variant"] if r["impl"] == "fa3_bwd" else r["impl"]) for r in rs}
-        cells = sorted({(r["causal"], r["seqlen"]) for r in rs})
-        bars = [v for v in dict.fromkeys(name[id(r)] for r in rs) if v != "sdpa_cudnn"]
-        width = 0.8 / max(len(bars), 1)
-        get = {(r["causal"], r["seqlen"], name[id(r)]): r["tflops"] for r in rs}
-        for j, v in enumerate(bars):
-            ax.bar([i + j * width for i in range(len(cells))], [get.get((c, s, v), 0) for c, s in cells],
-                   width=width, label=v)
-        for i, (c, s) in enumerate(cells):
-            if (c, s, "sdpa_cudnn") in get:
-                ax.hlines(get[(c, s, "sdpa_cudnn")], i - width / 2, i + 0.8 - width / 2, colors="k",
-                          label="sdpa_cudnn" if i == 0 else None)
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cells))],
-                      [f"{'causal' if c else 'full'}\n{s}" for c, s in cells])
-        ax.set_title(f"FA3 backward, head dim {d} ({res.get('gpu', '')})")
-        ax.set_ylabel("backward TFLOP/s")
-        ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    bars(res, path, label=lambda r: r["variant"] if r["impl"] == "fa3_bwd" else r["impl"], title="FA3 backward",
+         ylabel="backward TFLOP/s")
 
 
 if __name__ == "__main__":

@@ -385,14 +385,17 @@ def main():
     return 1 if bad else 0
 
 
-def plot(res: dict, path: Path) -> None:
-    """One panel per head dim: TFLOP/s of every variant (bars) per (causal, seqlen) cell, cuDNN as a line."""
+def plot(res: dict, path: Path, *, label=lambda r: r["variant"], title: str = "FA3 forward variants",
+         ylabel: str = "TFLOP/s") -> None:
+    """One panel per head dim: TFLOP/s of every variant (bars, named by label(row)) per (causal, seqlen)
+    cell, cuDNN (the label "sdpa_cudnn") as a black line. Also draws attention_fa3_bwd_sweep's plot."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        print("matplotlib missing: no plot (pip install matplotlib)")
         return
     rows = [r for r in res["rows"] if r.get("tflops")]
     hdims = sorted({r["hdim"] for r in rows})
@@ -400,9 +403,9 @@ def plot(res: dict, path: Path) -> None:
     for ax, d in zip(axes[0], hdims):
         rs = [r for r in rows if r["hdim"] == d]
         cells = sorted({(r["causal"], r["seqlen"]) for r in rs})
-        variants = [v for v in dict.fromkeys(r["variant"] for r in rs) if v != "sdpa_cudnn"]
+        variants = [v for v in dict.fromkeys(label(r) for r in rs) if v != "sdpa_cudnn"]
         width = 0.8 / max(len(variants), 1)
-        get = {(r["causal"], r["seqlen"], r["variant"]): r["tflops"] for r in rs}
+        get = {(r["causal"], r["seqlen"], label(r)): r["tflops"] for r in rs}
         for j, v in enumerate(variants):
             ax.bar([i + j * width for i in range(len(cells))], [get.get((c, s, v), 0) for c, s in cells],
                    width=width, label=v)
@@ -412,8 +415,8 @@ def plot(res: dict, path: Path) -> None:
                           label="sdpa_cudnn" if i == 0 else None)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cells))],
                       [f"{'causal' if c else 'full'}\n{s}" for c, s in cells])
-        ax.set_title(f"FA3 forward variants, head dim {d} ({res.get('gpu', '')})")
-        ax.set_ylabel("TFLOP/s")
+        ax.set_title(f"{title}, head dim {d} ({res.get('gpu', '')})")
+        ax.set_ylabel(ylabel)
         ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
