@@ -198,9 +198,16 @@ def test_awq_clip_never_worse_than_no_clip():
     w[:, 5] *= 30  # a heavy-tailed column: the grid wastes its range on it unless clipped
     x = torch.randn(300, 64, generator=g)
     cfg = AWQConfig(bits=4, group_size=32)
-    best = search_clip(w, x, cfg)  # (N, NG)
+    lo, best = search_clip(w, x, cfg)  # (N, NG) each: AutoAWQ's ±max clip
+    assert torch.equal(lo, -best)
     org = w.reshape(32, 2, 32).abs().amax(-1)
     assert best.shape == (32, 2) and bool((best <= org + 1e-7).all()) and bool((best < org).any())
+    # "range": both ends of [min, max] shrunk by the same factor, never beyond the weights' own range
+    lo, hi = search_clip(w, x, AWQConfig(bits=4, group_size=32, clip_mode="range"))
+    wg = w.reshape(32, 2, 32)
+    p_lo, p_hi = lo / wg.amin(-1), hi / wg.amax(-1)
+    torch.testing.assert_close(p_lo, p_hi)
+    assert bool((p_hi <= 1).all()) and bool((p_hi > 0.5).all()) and bool((p_hi < 1).any())
 
 
 def test_gptq_sink_weight_adds_the_first_tokens_to_the_hessian(monkeypatch):
@@ -282,3 +289,26 @@ def test_gptq_is_the_papers_algorithm(group, act_order, sym):
     same_rows = (ours == ref).all(1).float().mean().item()
     assert same_rows >= 0.95, f"only {same_rows:.1%} of the rows match Algorithm 1"
     assert torch.all(ours[:, 7] == 0)
+
+
+def test_awq_clip_both_is_the_better_of_max_and_range():
+    from flashscale.quant.rtn import fake_quantize, grid
+
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(24, 64, generator=g) * 0.02 + 0.01  # off-centre rows: asymmetric grids
+    w[:, 3] *= 25
+    x = torch.randn(400, 64, generator=g)
+
+    def err(lo, hi):  # (N, NG): each group's partial-output error, as search_clip scores it
+        wg = w.reshape(24, 2, 32)
+        cur = torch.maximum(torch.minimum(wg, hi[..., None]), lo[..., None])
+        s, z = grid(cur, bits=3, sym=False)
+        q = fake_quantize(cur, s[..., None], z[..., None], 3)
+        xg = x.reshape(-1, 2, 32).transpose(0, 1)  # (NG, T, G)
+        return (torch.bmm(xg, (q - wg).permute(1, 2, 0))).pow(2).mean(1).t()
+
+    e = {m: err(*search_clip(w, x, AWQConfig(bits=3, group_size=32, clip_mode=m))) for m in ("max", "range", "both")}
+    assert bool((e["both"] <= torch.minimum(e["max"], e["range"]) * (1 + 1e-5)).all())
+    assert bool((e["range"] < e["max"]).any()) and bool((e["max"] < e["range"]).any())  # each wins somewhere
+    with pytest.raises(ValueError, match="clip_mode='sym' takes one of"):
+        AWQConfig(clip_mode="sym")

@@ -77,6 +77,7 @@ class QuantizeConfig:
     # attention mass like v's; on SmolLM2's small protocol 4-bit ratio 0.512 -> 0.465 per-channel, 0.632 ->
     # 0.578 at g64 (docs/quant_quality.md)
     awq_clip_qk: bool = True
+    awq_clip_mode: str = "max"  # AWQ: "max" (AutoAWQ's ±max|w| shrink) or "range" (awq.AWQConfig.clip_mode)
     awq_tokens: int = 65536  # calibration tokens AWQ's searches use (whole sequences, first ones)
     # AWQ: search each block on the float model's activations (AutoAWQ's way: its inputs are computed
     # before any layer is quantized) instead of the quantized blocks' outputs (GPTQ's way, the default)
@@ -262,7 +263,8 @@ def _gptq_linears(cfg: QuantizeConfig, mods: dict[str, nn.Module], names: tuple[
 def awq_block_fn(cfg: QuantizeConfig):
     acfg = AWQConfig(bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym, grid=cfg.awq_grid, clip=cfg.awq_clip,
                      batch_tokens=cfg.batch_tokens, v1_zeros=cfg.v1_zeros, token_weighting=cfg.token_weighting,
-                     duo_scaling=cfg.awq_duo_scaling, clip_qk=cfg.awq_clip_qk)
+                     duo_scaling=cfg.awq_duo_scaling, clip_qk=cfg.awq_clip_qk,
+                     clip_mode=cfg.awq_clip_mode)
 
     def run(block: nn.Module, x: torch.Tensor, cos, sin, name: str, x_float: torch.Tensor | None = None
             ) -> dict[str, QuantizedWeight]:

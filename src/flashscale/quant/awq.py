@@ -40,6 +40,7 @@ from flashscale.quant.calibrate import attention_mass, residual_weights
 from flashscale.quant.rtn import (QuantizedWeight, check_bits, check_group_size, fake_quantize,
                                   fake_quantize_groups, grid, quantize_rtn)
 
+CLIP_MODES = ("max", "range", "both")
 NO_CLIP = ("self_attn.q_proj", "self_attn.k_proj")
 # clip losses weighted by attention mass (token_weighting): a key and a value reach every query in proportion
 # to the attention their token receives (k_proj is clipped only with clip_qk)
@@ -60,6 +61,10 @@ class AWQConfig:
     v1_zeros: bool = False  # keep zero points >= 1 for the GPTQ v1 layout (see rtn.grid)
     duo_scaling: bool = False  # also try AutoAWQ's s = s_x^α / s_w^(1-α) (twice the candidates)
     clip_qk: bool = False  # clip-search q_proj/k_proj too, on their own output error (AutoAWQ skips them)
+    # "max": AutoAWQ's clip, w clamped to ±p·max|w| (an asymmetric grid's smaller side is clipped only once p·max
+    # falls below it); "range": w clamped to p·[min, max], both sides shrunk alike (the range the grid spans);
+    # "both": the candidates of either, per (row, group) the one with the least error
+    clip_mode: str = "max"
     token_weighting: str = "attention"  # v_proj's clip loss: "attention" (tokens by attention mass) or "uniform"
 
     def __post_init__(self) -> None:
@@ -72,6 +77,8 @@ class AWQConfig:
         if self.token_weighting not in ("attention", "uniform", "attention_residual"):
             raise ValueError(f"AWQConfig.token_weighting={self.token_weighting!r} takes 'attention', 'uniform' "
                              "or 'attention_residual'")
+        if self.clip_mode not in CLIP_MODES:
+            raise ValueError(f"AWQConfig.clip_mode={self.clip_mode!r} takes one of {CLIP_MODES}")
         if not 0.0 <= self.max_shrink < 1.0:
             raise ValueError(f"AWQConfig.max_shrink={self.max_shrink!r} must be in [0, 1)")
 
@@ -158,9 +165,12 @@ def apply_scales(prev: nn.Module, linears: list[nn.Linear], s: torch.Tensor) -> 
 
 
 @torch.no_grad()
-def search_clip(w: torch.Tensor, x: torch.Tensor, cfg: AWQConfig, token_weight: torch.Tensor | None = None) -> torch.Tensor:
-    """The best clipping max |w| per (row, group) of w (N, K) for inputs x (..., K) -> (N, NG) float32.
-    token_weight (...), optional: a weight per token of x in the error (default: all alike)."""
+def search_clip(w: torch.Tensor, x: torch.Tensor, cfg: AWQConfig, token_weight: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The best clipping range per (row, group) of w (N, K) for inputs x (..., K) -> (lo, hi), each (N, NG)
+    float32 (cfg.clip_mode: ±p·max|w| or p·[min, max], p = 1, 1 - 1/clip_grid, ...), scored by the group's
+    partial output error Σ_j x_j (w_j - q_j) over sampled tokens. token_weight (...), optional: a weight per
+    token of x in the error (default: all alike)."""
     n, k = w.shape
     g = check_group_size(cfg.group_size, k)
     ng = k // g
@@ -173,33 +183,39 @@ def search_clip(w: torch.Tensor, x: torch.Tensor, cfg: AWQConfig, token_weight: 
         if tw.shape[1] != x.shape[0]:
             raise ValueError(f"token_weight: {token_weight.numel()} weights for {x.shape[0] * step} tokens")
     xg = x.reshape(-1, ng, g).transpose(0, 1)  # (NG, T, G)
-    best_all = []
+    best_lo, best_hi = [], []
     rows = max(1, (1 << 24) // max(1, ng * x.shape[0]))  # output rows a step: (NG, T, rows) stays ~64 MB
     for wb in w.float().split(rows):  # (R, K)
         wg = wb.reshape(-1, ng, g)  # (R, NG, G)
-        org_max = wg.abs().amax(-1)  # (R, NG)
+        top = wg.abs().amax(-1)  # (R, NG)
+        origins = {"max": [(-top, top)], "range": [(wg.amin(-1), wg.amax(-1))],
+                   "both": [(-top, top), (wg.amin(-1), wg.amax(-1))]}[cfg.clip_mode]
         ref = torch.bmm(xg, wg.permute(1, 2, 0))  # (NG, T, R): each group's partial outputs
-        best_max, min_err = org_max.clone(), torch.full_like(org_max, float("inf"))
-        for i in range(int(cfg.max_shrink * cfg.clip_grid)):
-            max_val = org_max * (1 - i / cfg.clip_grid)  # (R, NG)
-            cur = torch.maximum(torch.minimum(wg, max_val[..., None]), -max_val[..., None])
+        lo_b, hi_b = origins[0][0].clone(), origins[0][1].clone()
+        min_err = torch.full_like(top, float("inf"))
+        shrinks = [1 - i / cfg.clip_grid for i in range(int(cfg.max_shrink * cfg.clip_grid))]
+        for (org_lo, org_hi), p in ((o, p) for o in origins for p in shrinks):
+            lo, hi = org_lo * p, org_hi * p  # (R, NG)
+            cur = torch.maximum(torch.minimum(wg, hi[..., None]), lo[..., None])
             scale, zero = grid(cur, bits=cfg.bits, sym=cfg.sym, v1_zeros=cfg.v1_zeros)
             q = fake_quantize(cur, scale[..., None], zero[..., None], cfg.bits)
             err = (torch.bmm(xg, q.permute(1, 2, 0)) - ref).pow(2)  # (NG, T, R)
             err = (err if tw is None else err * tw).mean(1).t()  # (R, NG)
             better = err < min_err
             min_err = torch.where(better, err, min_err)
-            best_max = torch.where(better, max_val, best_max)
-        best_all.append(best_max)
-    return torch.cat(best_all)
+            lo_b, hi_b = torch.where(better, lo, lo_b), torch.where(better, hi, hi_b)
+        best_lo.append(lo_b)
+        best_hi.append(hi_b)
+    return torch.cat(best_lo), torch.cat(best_hi)
 
 
 @torch.no_grad()
-def apply_clip(lin: nn.Linear, max_val: torch.Tensor) -> None:
+def apply_clip(lin: nn.Linear, lo: torch.Tensor, hi: torch.Tensor) -> None:
+    """Clamp lin's weight to [lo, hi] per (row, group), lo/hi (N, NG) from search_clip."""
     n, k = lin.weight.shape
-    m = max_val.to(lin.weight.device, lin.weight.dtype)[..., None]  # (N, NG, 1)
-    w = lin.weight.reshape(n, m.shape[1], -1)
-    lin.weight.copy_(torch.maximum(torch.minimum(w, m), -m).reshape(n, k))
+    lo, hi = (t.to(lin.weight.device, lin.weight.dtype)[..., None] for t in (lo, hi))  # (N, NG, 1)
+    w = lin.weight.reshape(n, lo.shape[1], -1)
+    lin.weight.copy_(torch.maximum(torch.minimum(w, hi), lo).reshape(n, k))
 
 
 def _capture_inputs(block: nn.Module, x: torch.Tensor, cos, sin, names: list[str], batch_tokens: int) -> dict[str, torch.Tensor]:
@@ -279,7 +295,7 @@ def awq_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
                 weight = residual[0] if lin_name == "self_attn.o_proj" else residual[1]
             else:
                 weight = None
-            apply_clip(lin, search_clip(lin.weight, feats[_INPUT_OF[lin_name]], cfg, weight))
+            apply_clip(lin, *search_clip(lin.weight, feats[_INPUT_OF[lin_name]], cfg, weight))
         rec = quantize_rtn(lin.weight, bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym,
                            v1_zeros=cfg.v1_zeros, name=f"{name}.{lin_name}")
         lin.weight.copy_(rec.dequantize(lin.weight.dtype))
