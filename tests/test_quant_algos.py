@@ -312,3 +312,52 @@ def test_awq_clip_both_is_the_better_of_max_and_range():
     assert bool((e["range"] < e["max"]).any()) and bool((e["max"] < e["range"]).any())  # each wins somewhere
     with pytest.raises(ValueError, match="clip_mode='sym' takes one of"):
         AWQConfig(clip_mode="sym")
+
+
+def test_awq_clip_gram_is_the_brute_force_search_over_tokens():
+    """search_clip scores a clip by d_gᵀ H_g d_g (clip_gram): the same choice as computing every token's partial
+    output error directly, over all tokens with clip_tokens=0 and over the evenly spaced sample otherwise."""
+    from flashscale.quant.awq import clip_gram
+    from flashscale.quant.rtn import fake_quantize, grid
+
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(16, 64, generator=g) * 0.02 + 0.005
+    w[:, 7] *= 20
+    x = torch.randn(2, 300, 64, generator=g)
+    x[..., 7] *= 0.1  # the outlier weight meets a weak input: clipping it pays
+    tw = torch.rand(2, 300, generator=g) + 0.5
+
+    def brute(xs, m, cfg):  # (N, NG) lo/hi by an explicit loop over the candidates, every token's output error
+        wg = w.reshape(16, 2, 32)
+        best, lo_b, hi_b = None, None, None
+        for i in range(int(cfg.max_shrink * cfg.clip_grid)):
+            p = 1 - i / cfg.clip_grid
+            hi = wg.abs().amax(-1) * p
+            cur = torch.maximum(torch.minimum(wg, hi[..., None]), -hi[..., None])
+            s, z = grid(cur, bits=cfg.bits, sym=False)
+            d = (fake_quantize(cur, s[..., None], z[..., None], cfg.bits) - wg).double()  # (N, NG, G)
+            per_tok = torch.einsum("tkg,nkg->tnk", xs.reshape(-1, 2, 32).double(), d).pow(2)  # (T, N, NG)
+            err = (per_tok * m.reshape(-1, 1, 1).double()).mean(0)
+            if best is None:
+                best, lo_b, hi_b = err, -hi, hi
+            else:
+                better = err < best
+                best, lo_b, hi_b = torch.where(better, err, best), torch.where(better, -hi, lo_b), torch.where(better, hi, hi_b)
+        return lo_b, hi_b
+
+    for tokens in (0, 100):
+        cfg = AWQConfig(bits=3, group_size=32, clip_tokens=tokens)
+        step = 1 if tokens == 0 else 600 // tokens
+        lo, hi = search_clip(w, x, cfg, tw)
+        want_lo, want_hi = brute(x.reshape(-1, 64)[::step], tw.reshape(-1)[::step], cfg)
+        torch.testing.assert_close(hi, want_hi.float())
+        torch.testing.assert_close(lo, want_lo.float())
+    h = clip_gram(x, 32, 0, tw)
+    xs = x.reshape(-1, 2, 32)
+    torch.testing.assert_close(h, torch.einsum("tkg,tkh,t->kgh", xs, xs, tw.reshape(-1)) / 600, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(search_clip(w, x, AWQConfig(bits=3, group_size=32, clip_tokens=0))[1],
+                           search_clip(w, x, AWQConfig(bits=3, group_size=32, clip_tokens=20))[1])
+    lo, hi = search_clip(w, x, AWQConfig(bits=4, group_size=-1, clip_tokens=0))  # per-channel: one (K, K) Gram
+    assert lo.shape == hi.shape == (16, 1) and bool((hi <= w.abs().amax(-1, keepdim=True)).all())
+    with pytest.raises(ValueError, match="clip_tokens=-1 must be a positive int \\(or 0"):
+        AWQConfig(clip_tokens=-1)

@@ -79,6 +79,10 @@ class QuantizeConfig:
     awq_clip_qk: bool = True
     awq_clip_mode: str = "max"  # AWQ: "max" (AutoAWQ's ±max|w| shrink) or "range" (awq.AWQConfig.clip_mode)
     awq_tokens: int = 65536  # calibration tokens AWQ's searches use (whole sequences, first ones)
+    # AWQ: tokens of those the clip search's error is measured on (awq.AWQConfig.clip_tokens): 0 (default) all
+    # of them, exactly, through each group's Gram matrix (so more tokens cost no memory); 512: AutoAWQ's
+    # evenly spaced sample, whose 512 tokens a group of 64 weights can overfit (docs/quant_quality.md)
+    awq_clip_tokens: int = 0
     # AWQ: search each block on the float model's activations (AutoAWQ's way: its inputs are computed
     # before any layer is quantized) instead of the quantized blocks' outputs (GPTQ's way, the default)
     awq_float_inputs: bool = False
@@ -121,6 +125,9 @@ class QuantizeConfig:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"{f}={v!r} must be a positive int")
+        v = self.awq_clip_tokens
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"awq_clip_tokens={v!r} must be a positive int, or 0 for every calibration token")
 
     @property
     def v1_zeros(self) -> bool:
@@ -264,7 +271,7 @@ def awq_block_fn(cfg: QuantizeConfig):
     acfg = AWQConfig(bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym, grid=cfg.awq_grid, clip=cfg.awq_clip,
                      batch_tokens=cfg.batch_tokens, v1_zeros=cfg.v1_zeros, token_weighting=cfg.token_weighting,
                      duo_scaling=cfg.awq_duo_scaling, clip_qk=cfg.awq_clip_qk,
-                     clip_mode=cfg.awq_clip_mode)
+                     clip_mode=cfg.awq_clip_mode, clip_tokens=cfg.awq_clip_tokens)
 
     def run(block: nn.Module, x: torch.Tensor, cos, sin, name: str, x_float: torch.Tensor | None = None
             ) -> dict[str, QuantizedWeight]:

@@ -56,7 +56,9 @@ class AWQConfig:
     clip: bool = True
     clip_grid: int = 20  # shrink steps of 1/clip_grid ...
     max_shrink: float = 0.5  # ... below this fraction of the max, exclusive
-    clip_tokens: int = 512  # tokens sampled (evenly) for the clip search
+    # tokens sampled (evenly) for the clip search's error (AutoAWQ's 512); 0: every calibration token, exactly
+    # (the error is computed from each group's Gram matrix, so more tokens cost no more memory)
+    clip_tokens: int = 512
     batch_tokens: int = 16384  # tokens per forward in the scale search (bounds activation memory)
     v1_zeros: bool = False  # keep zero points >= 1 for the GPTQ v1 layout (see rtn.grid)
     duo_scaling: bool = False  # also try AutoAWQ's s = s_x^α / s_w^(1-α) (twice the candidates)
@@ -72,8 +74,9 @@ class AWQConfig:
         check_group_size(self.group_size)
         for f in ("grid", "clip_grid", "clip_tokens", "batch_tokens"):
             v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"AWQConfig.{f}={v!r} must be a positive int")
+            least = 0 if f == "clip_tokens" else 1
+            if not isinstance(v, int) or isinstance(v, bool) or v < least:
+                raise ValueError(f"AWQConfig.{f}={v!r} must be a positive int" + (" (or 0: every token)" if least == 0 else ""))
         if self.token_weighting not in ("attention", "uniform", "attention_residual"):
             raise ValueError(f"AWQConfig.token_weighting={self.token_weighting!r} takes 'attention', 'uniform' "
                              "or 'attention_residual'")
@@ -164,33 +167,51 @@ def apply_scales(prev: nn.Module, linears: list[nn.Linear], s: torch.Tensor) -> 
         lin.weight.mul_(s[None, :].to(lin.weight.dtype))
 
 
+def clip_gram(x: torch.Tensor, group_size: int, clip_tokens: int, token_weight: torch.Tensor | None = None,
+              chunk: int = 8192) -> torch.Tensor:
+    """The clip search's per-group Gram matrices of x (..., K) -> (NG, G, G) float32: H_g = Σ_t m_t x_tg x_tgᵀ / T
+    over every token (clip_tokens=0) or clip_tokens of them evenly spaced (AutoAWQ's sampling), m_t the
+    token's weight (default 1). The partial output error of a group, Σ_t m_t (x_tg · d_g)², is d_gᵀ H_g d_g."""
+    k = x.shape[-1]
+    g = check_group_size(group_size, k)
+    ng = k // g
+    x = x.reshape(-1, k)
+    tw = None
+    if token_weight is not None:
+        tw = token_weight.reshape(-1).to(x.device, torch.float32)
+        if tw.numel() != x.shape[0]:
+            raise ValueError(f"token_weight: {tw.numel()} weights for {x.shape[0]} tokens")
+    if clip_tokens:
+        step = max(1, x.shape[0] // clip_tokens)
+        x = x[::step]
+        tw = None if tw is None else tw[::step]
+    h = torch.zeros(ng, g, g, dtype=torch.float32, device=x.device)
+    for i in range(0, x.shape[0], chunk):  # bounded float32 copies of x
+        xc = x[i:i + chunk].float()
+        xw = xc if tw is None else xc * tw[i:i + chunk, None]
+        h.baddbmm_(xw.reshape(-1, ng, g).transpose(0, 1).transpose(1, 2), xc.reshape(-1, ng, g).transpose(0, 1))
+    return h / max(1, x.shape[0])
+
+
 @torch.no_grad()
 def search_clip(w: torch.Tensor, x: torch.Tensor, cfg: AWQConfig, token_weight: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The best clipping range per (row, group) of w (N, K) for inputs x (..., K) -> (lo, hi), each (N, NG)
     float32 (cfg.clip_mode: ±p·max|w| or p·[min, max], p = 1, 1 - 1/clip_grid, ...), scored by the group's
-    partial output error Σ_j x_j (w_j - q_j) over sampled tokens. token_weight (...), optional: a weight per
-    token of x in the error (default: all alike)."""
+    partial output error Σ_t m_t (Σ_{j in g} x_tj (w_j - q_j))² over cfg.clip_tokens sampled tokens (0: all),
+    computed as d_gᵀ H_g d_g from the group's Gram matrix (clip_gram). token_weight (...), optional: the
+    weight m_t of each token of x (default: all alike)."""
     n, k = w.shape
     g = check_group_size(cfg.group_size, k)
     ng = k // g
-    x = x.reshape(-1, k)
-    step = max(1, x.shape[0] // cfg.clip_tokens)
-    x = x[::step].float()  # (T, K), evenly spaced tokens
-    tw = None
-    if token_weight is not None:
-        tw = token_weight.reshape(-1)[::step].to(x.device, torch.float32)[None, :, None]  # (1, T, 1)
-        if tw.shape[1] != x.shape[0]:
-            raise ValueError(f"token_weight: {token_weight.numel()} weights for {x.shape[0] * step} tokens")
-    xg = x.reshape(-1, ng, g).transpose(0, 1)  # (NG, T, G)
+    hg = clip_gram(x, cfg.group_size, cfg.clip_tokens, token_weight)  # (NG, G, G)
     best_lo, best_hi = [], []
-    rows = max(1, (1 << 24) // max(1, ng * x.shape[0]))  # output rows a step: (NG, T, rows) stays ~64 MB
+    rows = max(1, (1 << 24) // max(1, k))  # output rows a step: a few (R, K) float32 temporaries of ~64 MB
     for wb in w.float().split(rows):  # (R, K)
         wg = wb.reshape(-1, ng, g)  # (R, NG, G)
         top = wg.abs().amax(-1)  # (R, NG)
         origins = {"max": [(-top, top)], "range": [(wg.amin(-1), wg.amax(-1))],
                    "both": [(-top, top), (wg.amin(-1), wg.amax(-1))]}[cfg.clip_mode]
-        ref = torch.bmm(xg, wg.permute(1, 2, 0))  # (NG, T, R): each group's partial outputs
         lo_b, hi_b = origins[0][0].clone(), origins[0][1].clone()
         min_err = torch.full_like(top, float("inf"))
         shrinks = [1 - i / cfg.clip_grid for i in range(int(cfg.max_shrink * cfg.clip_grid))]
@@ -198,9 +219,8 @@ def search_clip(w: torch.Tensor, x: torch.Tensor, cfg: AWQConfig, token_weight: 
             lo, hi = org_lo * p, org_hi * p  # (R, NG)
             cur = torch.maximum(torch.minimum(wg, hi[..., None]), lo[..., None])
             scale, zero = grid(cur, bits=cfg.bits, sym=cfg.sym, v1_zeros=cfg.v1_zeros)
-            q = fake_quantize(cur, scale[..., None], zero[..., None], cfg.bits)
-            err = (torch.bmm(xg, q.permute(1, 2, 0)) - ref).pow(2)  # (NG, T, R)
-            err = (err if tw is None else err * tw).mean(1).t()  # (R, NG)
+            d = (fake_quantize(cur, scale[..., None], zero[..., None], cfg.bits) - wg).transpose(0, 1)  # (NG, R, G)
+            err = (torch.bmm(d, hg) * d).sum(-1).t()  # (R, NG)
             better = err < min_err
             min_err = torch.where(better, err, min_err)
             lo_b, hi_b = torch.where(better, lo, lo_b), torch.where(better, hi, hi_b)
