@@ -133,15 +133,16 @@ def attention_mass(attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: tor
     Every row of P sums to 1, so m averages 1 over a window; an attention sink gets a large share (up
     to ~S/2 in SmolLM2). query_weight (n, S), optional: row i of P counts query_weight[i] times
     (m_j = mean over heads of Σ_i w_i P_ij). Computed from the module's weights directly (F.linear, no forward hooks fire),
-    in float32, one head and `query_chunk` queries at a time so memory stays (n, chunk, S).
+    q/k in x's dtype as the module's forward computes them, the rest in float32, one head and `query_chunk`
+    queries at a time so memory stays (n, chunk, S).
     """
     if x.ndim != 3:
         raise ValueError(f"x: takes the attention input (n, S, E), got shape {tuple(x.shape)}")
     n, s, _ = x.shape
     d = attn.head_dim
-    xf = x.float()
-    q = F.linear(xf, attn.q_proj.weight.float(), None if attn.q_proj.bias is None else attn.q_proj.bias.float())
-    k = F.linear(xf, attn.k_proj.weight.float(), None if attn.k_proj.bias is None else attn.k_proj.bias.float())
+    # q/k in the module's own precision (what its forward computes; tensor cores for a bf16 model), then float32
+    q = F.linear(x.to(attn.q_proj.weight.dtype), attn.q_proj.weight, attn.q_proj.bias).float()
+    k = F.linear(x.to(attn.k_proj.weight.dtype), attn.k_proj.weight, attn.k_proj.bias).float()
     q = apply_rope(q.view(n, s, -1, d), cos.float(), sin.float())  # (n, S, H, D)
     k = apply_rope(k.view(n, s, -1, d), cos.float(), sin.float())  # (n, S, G, D)
     heads, kv_heads = q.shape[2], k.shape[2]

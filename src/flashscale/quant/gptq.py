@@ -27,7 +27,9 @@ Shapes: N output rows, K input columns, T tokens, B the lazy block size.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +47,10 @@ class HessianAccumulator:
 
     The running mean keeps H's magnitude independent of the sample count (only its conditioning matters
     to GPTQ, as the dampening is relative), and float32 accumulation keeps bf16 activations exact enough.
+    bf16/fp16 activations on a GPU are multiplied on TF32 tensor cores: TF32 holds their 7/10 mantissa bits
+    exactly, so the products and the float32 sums are those of a float32 GEMM, at ~8x its speed (the
+    down_proj Hessian of an 8B block is 108 TFLOP: ~2 s in float32). Per-token weights are applied in
+    float32 first, so that factor alone is rounded to TF32's 10 bits (relative 2^-11).
     With `cross=True` it also keeps R = 2/T Σ (x_f - x) xᵀ, x_f the float model's input for the same
     token (add_batch's x_float): what gptq_quantize's `shift` takes to aim at the float outputs.
     """
@@ -71,6 +77,7 @@ class HessianAccumulator:
             raise ValueError(f"{self.name}: x_float is given exactly when the accumulator has cross=True")
         if x_float is not None and x_float.shape != x.shape:
             raise ValueError(f"{self.name}: x_float of shape {tuple(x_float.shape)} does not match x {tuple(x.shape)}")
+        exact_tf32 = x.dtype in (torch.bfloat16, torch.float16) and self.H.is_cuda
         x = x.reshape(-1, self.in_features).to(self.H.device, torch.float32)  # (T, K)
         t = x.shape[0]
         if t == 0:
@@ -84,8 +91,9 @@ class HessianAccumulator:
             if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
                 raise ValueError(f"{self.name}: token weights must be finite and >= 0")
             xw = x * w
-        self.H.addmm_(x.t(), xw, alpha=2.0 / self.nsamples)
-        if self.R is not None:
+        with _tf32(exact_tf32):
+            self.H.addmm_(x.t(), xw, alpha=2.0 / self.nsamples)
+        if self.R is not None:  # x_f - x is no 16-bit value: a float32 GEMM
             d = x_float.reshape(-1, self.in_features).to(self.H.device, torch.float32) - x  # (T, K)
             self.R *= decay
             self.R.addmm_(d.t(), xw, alpha=2.0 / self.nsamples)
@@ -93,6 +101,20 @@ class HessianAccumulator:
     def hook(self, module: nn.Module) -> torch.utils.hooks.RemovableHandle:
         """Registers a forward hook on `module` (a linear) that feeds its inputs here."""
         return module.register_forward_hook(lambda _m, args, _out: self.add_batch(args[0].detach()))
+
+
+@contextlib.contextmanager
+def _tf32(enabled: bool):
+    """float32 matmuls on TF32 tensor cores inside the block when enabled (restored after)."""
+    if not enabled:
+        yield
+        return
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(old)
 
 
 @dataclass(kw_only=True)
@@ -144,6 +166,79 @@ def target_weight(W: torch.Tensor, H: torch.Tensor, R: torch.Tensor, *, percdamp
                          "definite; the float-target correction needs it (try a larger damp_percent)")
     # (H + λI) is symmetric: W R (H + λI)⁻¹ = ((H + λI)⁻¹ Rᵀ Wᵀ)ᵀ
     return W + torch.cholesky_solve((W @ R).t(), L).t()
+
+
+def _column_step(W1: torch.Tensor, Q1: torch.Tensor, Err1: torch.Tensor, U1: torch.Tensor, i: int,
+                 scale: torch.Tensor, zero: torch.Tensor, bits: int) -> None:
+    """Quantize column i of the lazy block W1 (N, B) with the grid (scale, zero) (N,), its code into Q1, its
+    error over U_ii into Err1, and feed the error into the block's later columns (eq. 5, lazily batched).
+    The loop runs K times a layer, ~850k times for an 8B model: on a GPU its cost is kernel launches, so
+    it is as few ops as possible, in place where it can be (and replayed from a CUDA graph: _ColumnGraphs)."""
+    w = W1[:, i]  # (N,)
+    q = quantize_codes(w, scale, zero, bits)
+    Q1[:, i] = q
+    torch.div(w - (q - zero) * scale, U1[i, i], out=Err1[:, i])
+    W1[:, i:].addr_(Err1[:, i], U1[i, i:], alpha=-1.0)  # (N, B - i)
+
+
+def _graphs_enabled() -> bool:
+    """FLASHSCALE_GPTQ_GRAPHS=0 runs the column loop eagerly on a GPU too (same kernels, same results)."""
+    v = os.environ.get("FLASHSCALE_GPTQ_GRAPHS", "1")
+    if v not in ("0", "1"):
+        raise ValueError(f"FLASHSCALE_GPTQ_GRAPHS={v!r} takes 0 or 1")
+    return v == "1"
+
+
+class _ColumnGraphs:
+    """CUDA graphs of _column_step over the columns [a, b) of a lazy block of `count` columns and N rows,
+    on static buffers: one replay launches what ~10 launches a column did (an 8B block quantizes 35k columns:
+    ~2 s of launch overhead). Built once per (device, N, count, bits, a, b) and kept for the process (the
+    shapes repeat every block); the kernels are the eager ones, so the results are bitwise the same."""
+
+    _cache: dict[tuple, "_ColumnGraphs"] = {}
+    MAX = 16  # buffer sets kept (each holds its graphs); a new shape past that drops the oldest
+
+    def __init__(self, device: torch.device, n: int, count: int, bits: int):
+        self.bits = bits
+        f32 = dict(device=device, dtype=torch.float32)
+        self.W1, self.Q1, self.Err1 = (torch.zeros(n, count, **f32) for _ in range(3))
+        self.U1 = torch.eye(count, **f32)
+        self.scale, self.zero = torch.ones(n, **f32), torch.zeros(n, **f32)
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+
+    @classmethod
+    def get(cls, device: torch.device, n: int, count: int, bits: int) -> "_ColumnGraphs":
+        key = (str(device), n, count, bits)
+        if key not in cls._cache:
+            if len(cls._cache) >= cls.MAX:
+                cls._cache.pop(next(iter(cls._cache)))
+            cls._cache[key] = cls(device, n, count, bits)
+        return cls._cache[key]
+
+    def _steps(self, a: int, b: int) -> None:
+        for j in range(a, b):
+            _column_step(self.W1, self.Q1, self.Err1, self.U1, j, self.scale, self.zero, self.bits)
+
+    def replay(self, a: int, b: int, scale: torch.Tensor, zero: torch.Tensor) -> None:
+        """Columns [a, b) of the buffers with grid (scale, zero) (N,)."""
+        g = self.graphs.get((a, b))
+        if g is None:  # warm up on a side stream, then capture (torch.cuda.graphs' recipe); this runs the steps
+            # on the buffers once more, so their contents are saved around it
+            saved = [t.clone() for t in (self.W1, self.Q1, self.Err1)]
+            side = torch.cuda.Stream(self.W1.device)
+            side.wait_stream(torch.cuda.current_stream(self.W1.device))
+            with torch.cuda.stream(side):
+                self._steps(a, b)
+            torch.cuda.current_stream(self.W1.device).wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                self._steps(a, b)
+            for t, v in zip((self.W1, self.Q1, self.Err1), saved):
+                t.copy_(v)
+            self.graphs[(a, b)] = g
+        self.scale.copy_(scale)
+        self.zero.copy_(zero)
+        g.replay()
 
 
 def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, *, bits: int, group_size: int, sym: bool,
@@ -230,30 +325,39 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, *, bits: int, group_siz
     if static_scale is not None:  # the (original) group of each quantization position, as ints: no syncs
         orig_group = ((perm if perm is not None else torch.arange(k)).cpu() // G).tolist()
 
+    graphs = W.is_cuda and static_scale is None and _graphs_enabled()
     for i1 in range(0, k, block_size):
         i2 = min(i1 + block_size, k)
         count = i2 - i1
-        W1 = W[:, i1:i2].clone()  # (N, B)
-        Q1 = torch.empty_like(W1)  # float codes
-        Err1 = torch.empty_like(W1)
-        U1 = U[i1:i2, i1:i2]  # (B, B)
-        # The column loop runs K times a layer, ~850k times for an 8B model: on a GPU its cost is kernel
-        # launches, so each step is written as few ops as possible (10), in place where it can be.
-        for i in range(count):
+        cols = None if not graphs else _ColumnGraphs.get(W.device, n, count, bits)
+        if cols is None:
+            W1 = W[:, i1:i2].clone()  # (N, B)
+            Q1 = torch.empty_like(W1)  # float codes
+            Err1 = torch.empty_like(W1)
+            U1 = U[i1:i2, i1:i2]  # (B, B)
+        else:  # the graphs' static buffers
+            W1, Q1, Err1, U1 = cols.W1, cols.Q1, cols.Err1, cols.U1
+            W1.copy_(W[:, i1:i2])
+            U1.copy_(U[i1:i2, i1:i2])
+        i = 0
+        while i < count:  # segments of columns that share one grid
             col = i1 + i
-            if static_scale is not None:
-                scale, zero = static_scale[:, orig_group[col]], static_zero[:, orig_group[col]]
-            elif group_size != -1 and col % G == 0:
+            end = count if group_size == -1 or static_scale is not None else min(count, i + G - col % G)
+            if static_scale is None and group_size != -1 and col % G == 0:
                 # the group's columns as updated so far (see the module docstring)
-                cols = W1[:, i:i + G] if i + G <= count else W[:, col:col + G]
-                scale, zero = fit(cols, None if cost is None else cost[col:col + G])
+                cols_g = W1[:, i:i + G] if i + G <= count else W[:, col:col + G]
+                scale, zero = fit(cols_g, None if cost is None else cost[col:col + G])
                 group_scales.append(scale)
                 group_zeros.append(zero)
-            w = W1[:, i]  # (N,)
-            q = quantize_codes(w, scale, zero, bits)
-            Q1[:, i] = q
-            torch.div(w - (q - zero) * scale, U1[i, i], out=Err1[:, i])
-            W1[:, i:].addr_(Err1[:, i], U1[i, i:], alpha=-1.0)  # (N, B - i): eq. 5's update, lazily batched
+            if cols is not None:
+                cols.replay(i, end, scale, zero)
+            else:
+                for j in range(i, end):
+                    if static_scale is not None:
+                        og = orig_group[i1 + j]
+                        scale, zero = static_scale[:, og], static_zero[:, og]
+                    _column_step(W1, Q1, Err1, U1, j, scale, zero, bits)
+            i = end
         codes[:, i1:i2] = Q1.to(torch.uint8)
         losses += Err1.pow(2).sum(1)
         W[:, i2:] -= Err1 @ U[i1:i2, i2:]  # the block's accumulated updates to the columns right of it
