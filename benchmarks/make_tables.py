@@ -157,7 +157,7 @@ SECTIONS = [
     ("train-reference-h200.json", "Training the ~125M reference model on one H200",
      ["impl", "model", "params", "steps", "tokens", "seconds", "tokens_per_s", "mfu", "val_ppl_moby_dick", "unigram_ppl"]),
     ("quant-quality.json", "Perplexity on moby_dick (held out) after 4/3-bit quantization",
-     ["model", "method", "bits", "group_size", "token_weighting", "grid_search", "ppl", "seconds"]),
+     ["model", "method", "bits", "group_size", "token_weighting", "grid_search", "clip_tokens", "ppl", "seconds"]),
     ("quant-quality-20261129-h200.json", "The same protocol before the sink and grid fixes (GPTQ as the paper runs "
      "it: uniform tokens, min/max grids)", ["model", "method", "bits", "group_size", "ppl", "seconds"]),
     ("quant-quality-ref125M-h200.json", "Perplexity on moby_dick of the 125M reference model after 4/3-bit quantization",

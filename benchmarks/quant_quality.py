@@ -42,6 +42,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = {"rtn": ("rtn", {}), "gptq": ("gptq", {}), "gptq_act_order": ("gptq", {"act_order": True}),
            "awq": ("awq", {}),
+           # AWQ with AutoAWQ's clip error on 512 sampled tokens (the default measures it on every
+           # calibration token, through each group's Gram matrix: awq.AWQConfig.clip_tokens)
+           "awq_sampled": ("awq", {"awq_clip_tokens": 512}),
            # not one of the issue's methods: GPTQ exactly as the paper runs it (every token alike in every
            # Hessian, min/max grids), where the defaults weight k/v's tokens by the attention they receive
            # and fit each grid by GPTQ's own cost of the rounding (grid_search="hessian")
@@ -100,7 +103,7 @@ def eval_ppl(model, ids, window, device) -> tuple[float, float]:
 
 def run_model(name, model, tok, configs, args, device, rows, work: Path, emit) -> None:
     from flashscale.data.corpus import EVAL_NAME, bundled_files, eval_text, read_text
-    from flashscale.quant.api import quantize_model
+    from flashscale.quant.api import QuantizeConfig, quantize_model
     from flashscale.quant.calibrate import calibration_tokens
     from flashscale.quant.io import load_quantized, save_quantized
 
@@ -158,6 +161,8 @@ def run_model(name, model, tok, configs, args, device, rows, work: Path, emit) -
                              **({"token_weighting": extra.get("token_weighting", "attention")}
                                 if method != "rtn" else {}),
                              **({"grid_search": extra.get("grid_search", "hessian")} if method == "gptq" else {}),
+                             **({"clip_tokens": extra.get("awq_clip_tokens", QuantizeConfig.awq_clip_tokens)}
+                                if method == "awq" else {}),
                              **({"sink_weight": extra["sink_weight"]} if "sink_weight" in extra else {})))
             emit()
             print(f"{name} {label} {bits}-bit g{group}: ppl {ppl:.3f} ({qsecs:.1f} s)", flush=True)
@@ -172,7 +177,7 @@ def acceptance(rows: list[dict]) -> list[dict]:
         if method == "rtn":
             continue
         rtn = cells.get((model, bits, group, "rtn"))
-        if rtn is None or (bits == 3 and method == "awq"):
+        if rtn is None or (bits == 3 and method.startswith("awq")):
             continue
         limit = 0.5 if bits == 4 else 1 / 3
         inc, rtn_inc = ppl - floats[model], rtn - floats[model]
@@ -222,6 +227,28 @@ def smoke_model(tmp: Path) -> str:
     return str(tmp / "tiny")
 
 
+def merge(paths: list[Path], out: Path) -> int:
+    """Rows of several results files -> one (atomic write), the header of the last file, checks recomputed."""
+    cells: dict[tuple, dict] = {}
+    result = None
+    for path in paths:
+        if not path.is_file():
+            sys.exit(f"--merge: {path} is not a file")
+        result = json.loads(path.read_text())
+        for r in result["rows"]:
+            cells[(r["model"], r["method"], r["bits"], r["group_size"])] = r
+    result["rows"] = list(cells.values())
+    result["checks"] = acceptance(result["rows"])
+    result["merged_from"] = [p.name for p in paths]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(out)
+    plot(result["rows"], out.with_suffix(".png"))
+    print(f"{out}: {len(result['rows'])} rows from {len(paths)} files")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", action="append", default=None, help="a .gguf file or HF folder (repeatable; "
@@ -240,7 +267,13 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="CPU, tiny random model, small calibration")
     p.add_argument("--name", default=None, help="results file stem (default quant-quality, or "
                    "quant-quality-smoke with --smoke)")
+    p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
+                   help="measure nothing: combine these results files (e.g. one device call per config) into "
+                   "OUT/NAME.json and its plot; a row of a later file replaces the same (model, method, bits, "
+                   "group_size) row of an earlier one")
     args = p.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.out / f"{args.name or 'quant-quality'}.json")
     unknown = set(args.methods.split(",")) - set(METHODS)
     if unknown:
         p.error(f"--methods: unknown {sorted(unknown)}; choose from {','.join(METHODS)}")

@@ -19,7 +19,8 @@
 #   SMOKE=1 OUT=/tmp/q125 bash benchmarks/quant_quality_125m.sh
 #
 # Knobs (seconds are wall from this script's start): T_TOTAL (570: under the call's 600 s, so the logs
-# come back), T_QUANT (kept for the quantization stage, 200: the last table's run took ~130 s of GPU work
+# come back), T_QUANT (kept for the quantization stage, 160: one process per config, in parallel on the one
+# GPU, each ~100 s; the last table's sequential run took ~130 s of GPU work
 # with 4 methods), COMPILE (0; 1 torch.compiles the forward, and trains again without it if that fails:
 # in a 5-minute run its ~40-60 s of compilation eat most of what it saves, unmeasured here), PYTHON.
 set -u
@@ -30,7 +31,7 @@ START=$(date +%s)
 PY=${PYTHON:-python3}
 SMOKE=${SMOKE:-0}
 T_TOTAL=${T_TOTAL:-570}
-T_QUANT=${T_QUANT:-200}
+T_QUANT=${T_QUANT:-160}
 COMPILE=${COMPILE:-0}
 MODEL_DIR=${MODEL_DIR:-/tmp/flashscale/ref125M}  # the folder name is the rows' model name
 rm -rf "$MODEL_DIR"  # never quantize a model an earlier run left there
@@ -58,7 +59,8 @@ if [ "$SMOKE" = 1 ]; then
   # the tiny preset (intermediate 192: 3-bit packing takes multiples of 32), CPU, 15 s of steps
   CORPUS_ARGS=(--smoke)
   TRAIN_S=15
-  QUANT=(--device cpu --configs 4:32,3:32 --nsamples 4 --seqlen 64 --max-eval-tokens 3000)
+  QUANT=(--device cpu --nsamples 4 --seqlen 64 --max-eval-tokens 3000)
+  QCONFIGS="4:32 3:32"
   OVR=(--model.intermediate_size 192)
 else
   if [ -n "$CORPUS" ]; then
@@ -71,7 +73,8 @@ else
   fi
   # what is left after the quant stage and ~60 s of start-up, tokenizer (~14 s), moby_dick eval and save
   TRAIN_S=$(( T_TOTAL - T_QUANT - 60 - $(elapsed) ))
-  QUANT=(--device cuda --configs 4:128,3:128)
+  QUANT=(--device cuda)
+  QCONFIGS="4:128 3:128"
   OVR=(--train.micro_batches 1)
 fi
 
@@ -106,9 +109,21 @@ fi
 LEFT=$(( T_TOTAL - $(elapsed) ))
 [ "$SMOKE" = 1 ] && LEFT=600
 note "quant_quality: ${LEFT}s left"
-timeout --signal=TERM --kill-after=10 "$LEFT" "$PY" benchmarks/quant_quality.py --model "$MODEL_DIR" \
-  "${QUANT[@]}" --name quant-quality-ref125M --out "$OUT" > "$OUT/quant_quality.log" 2>&1
-RC=$?
+# one process per config (a 125M model leaves the GPU mostly idle), merged into one table
+mkdir -p "$OUT/parts"
+# each process its share of the cores (unbounded torch thread pools oversubscribe them: see quant_quality_device.sh)
+THREADS=$(( $(nproc) / $(echo $QCONFIGS | wc -w) )); [ "$THREADS" -ge 1 ] || THREADS=1
+for c in $QCONFIGS; do
+  n=quant-quality-ref125M-$(echo "$c" | tr ':-' '_m')
+  OMP_NUM_THREADS=$THREADS timeout --signal=TERM --kill-after=10 "$LEFT" "$PY" benchmarks/quant_quality.py --model "$MODEL_DIR" \
+    "${QUANT[@]}" --configs "$c" --name "$n" --out "$OUT/parts" > "$OUT/parts/$n.log" 2>&1 &
+done
+RC=0
+for pid in $(jobs -p); do wait "$pid" || RC=$?; done
 note "quant_quality exit $RC"
-tail -n 30 "$OUT/quant_quality.log"
+for f in "$OUT"/parts/*.log; do echo "== $f"; cat "$f"; done > "$OUT/quant_quality.log"
+rm -f "$OUT"/parts/*.log "$OUT"/parts/*.png
+"$PY" benchmarks/quant_quality.py --merge "$OUT"/parts/*.json --out "$OUT" --name quant-quality-ref125M \
+  && rm -rf "$OUT/parts"  # the merged file holds every row (at most 8 files come back from a device call)
+tail -n 40 "$OUT/quant_quality.log"
 exit $RC

@@ -8,7 +8,9 @@
 #          [".gl/smollm2.partab", ".gl/smollm2.sha256", ".whl"]:        OUT=$OUT bash benchmarks/quant_quality_device.sh run
 # (.whl holds the gguf wheel: python3 -m pip download --no-deps gguf==0.19.0 -d .whl; numpy, pyyaml, tqdm and
 # requests are on the machine). The run writes quant-quality.json, its plot and the log into $OUT.
-# Knobs of `run`: T_RUN (seconds, 540), METHODS (e.g. rtn,gptq,awq,gptq_act_order).
+# Knobs of `run` (DEVICE, default cuda, and EXTRA, more quant_quality.py arguments, are for a CPU check): T_RUN (seconds, 540), METHODS (e.g. rtn,gptq,awq,gptq_act_order), CONFIGS (e.g. 3:64) and
+# NAME (results stem): a table too long for one call runs as several `run` calls to the same warm machine,
+# one NAME each, combined here by `python benchmarks/quant_quality.py --merge A.json B.json`.
 set -u
 cd "$(dirname "$0")/.."
 KEEP=/tmp/flashscale-keep
@@ -22,11 +24,31 @@ case "${1:-}" in
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
     export PYTHONPATH=$PWD/src:/tmp/site PYTHONUNBUFFERED=1
     # METHODS: a subset of quant_quality.py's rows (default: its own); the results file is rewritten after
-    # every row, so a run stopped by T_RUN keeps what it measured
-    timeout "${T_RUN:-540}" python3 benchmarks/quant_quality.py --model /tmp/smollm2.gguf --device cuda --out "$OUT" \
-      ${METHODS:+--methods "$METHODS"} > "$OUT/quant_quality.log" 2>&1
+    # every row, so a run stopped by T_RUN keeps what it measured. PARALLEL=1: one process per config of
+    # CONFIGS (a 135M model leaves the GPU mostly idle, so three configs take about the time of the longest),
+    # their files in $OUT/parts, merged into $OUT/NAME.json (default quant-quality) and its plot.
+    q() { timeout "${T_RUN:-540}" python3 benchmarks/quant_quality.py --model /tmp/smollm2.gguf --device "${DEVICE:-cuda}" \
+            ${METHODS:+--methods "$METHODS"} ${EXTRA:-} "$@"; }
+    if [ "${PARALLEL:-0}" = 1 ]; then
+      mkdir -p "$OUT/parts"
+      cfgs=$(echo "${CONFIGS:-4:-1,4:64,3:64}" | tr ',' ' ')
+      # each process its share of the cores: unbounded, three torch thread pools of nproc threads each ran the
+      # CPU-side steps ~100x slower (RTN 0.5 -> 94 s, 2026-12-02)
+      threads=$(( $(nproc) / $(echo $cfgs | wc -w) )); [ "$threads" -ge 1 ] || threads=1
+      for c in $cfgs; do
+        n=qq-$(echo "$c" | tr ':-' '_m')
+        OMP_NUM_THREADS=$threads q --configs "$c" --name "$n" --out "$OUT/parts" > "$OUT/parts/$n.log" 2>&1 &
+      done
+      wait
+      rm -f "$OUT"/parts/*.png
+      for f in "$OUT"/parts/*.log; do echo "== $f"; cat "$f"; done > "$OUT/quant_quality.log"
+      rm -f "$OUT"/parts/*.log
+      python3 benchmarks/quant_quality.py --merge "$OUT"/parts/*.json --out "$OUT" --name "${NAME:-quant-quality}"
+    else
+      q --out "$OUT" ${CONFIGS:+--configs "$CONFIGS"} ${NAME:+--name "$NAME"} > "$OUT/quant_quality.log" 2>&1
+    fi
     echo "quant_quality exit: $?"
-    tail -n 40 "$OUT/quant_quality.log" ;;
+    tail -n 60 "$OUT/quant_quality.log" ;;
   *)
     echo "usage: bash benchmarks/quant_quality_device.sh stash|run (see the header)"; exit 2 ;;
 esac

@@ -42,3 +42,28 @@ def test_gptq_speed_smoke(tmp_path):
     (row,) = json.loads((tmp_path / "gptq-speed-smoke.json").read_text())["rows"]
     assert row["layers"] == 2 and row["seconds"] > 0 and row["peak_gpu_gb"] is None
     assert row["seconds_per_block"] == pytest.approx(row["seconds"] / 2, rel=0.5)
+
+
+def test_quant_quality_merge(tmp_path):
+    """--merge: rows of one file per device call -> one table; a later file's cell replaces an earlier one's,
+    one float row per model, the criteria recomputed over the merged rows."""
+    def row(method, bits, group, ppl, model="m"):
+        return dict(model=model, method=method, bits=bits, group_size=group, eval="moby_dick", ppl=ppl, seconds=1.0)
+
+    head = dict(gpu="g", torch="t", triton="3.6.0", date="2026-12-02")
+    a = dict(head, rows=[row("float", 16, None, 10.0), row("rtn", 4, 64, 14.0), row("gptq", 4, 64, 13.0)], checks=[])
+    b = dict(head, rows=[row("float", 16, None, 10.0), row("gptq", 4, 64, 11.0), row("rtn", 3, 64, 22.0),
+                         row("gptq", 3, 64, 13.0)], checks=[])
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    mod = _load("quant_quality")
+    assert mod.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(tmp_path),
+                     "--name", "merged"]) == 0
+    res = json.loads((tmp_path / "merged.json").read_text())
+    assert sorted((r["method"], r["bits"], r["ppl"]) for r in res["rows"]) == [
+        ("float", 16, 10.0), ("gptq", 3, 13.0), ("gptq", 4, 11.0), ("rtn", 3, 22.0), ("rtn", 4, 14.0)]
+    checks = {(c["method"], c["bits"]): (round(c["ratio"], 6), c["passed"]) for c in res["checks"]}
+    assert checks == {("gptq", 4): (0.25, True), ("gptq", 3): (0.25, True)}
+    assert res["merged_from"] == ["a.json", "b.json"] and not (tmp_path / "merged.json.tmp").exists()
+    with pytest.raises(SystemExit, match="is not a file"):
+        mod.main(["--merge", str(tmp_path / "missing.json"), "--out", str(tmp_path)])
