@@ -9,6 +9,10 @@ attention_fa3_fp8.TUNING_CONFIGS with triton.testing.do_bench (median):
     e4m3 block quantization, V transposed; 256-row K/V blocks for the 256-key tiles, 128 otherwise);
   * end to end (tflops_e2e): the quantization pre-pass + the kernel, from the bf16 q, k, v.
 The Triton FP8 kernel (its default tile, 128-row blocks) is timed the same two ways, SDPA-cuDNN once.
+The variants include the MUFU-relief configs of issue #5 (D 128: pp_fma2 / pp_fma3 = exp2_fma, 2 or 3 eighths of
+P's exp2 as FMA-pipe polynomials; pp_late = late_pv_wait, the softmax under the PV product in the SASS too;
+pp_late_fma2 / pp_late_fma3 both; D 256: pp_n64_s4_late), each checked against the emulation like every other
+(their P differs from exp2 by <= 1.02e-4 relative: well inside --tol), and timed beside the default pp.
 FLOPs: 4 * B * S^2 * H * D, halved when causal (the pre-pass counts as time, not FLOPs).
 
 Correctness first: before a kernel is timed its output is compared with the emulation
@@ -25,6 +29,7 @@ Stages, each time-limited (a broken config must not cost the rest of the sweep):
      it was running is recorded as "hang" (and not run again at that head dim), and a fresh worker continues.
 
     python benchmarks/attention_fa3_fp8_sweep.py --out $OUT/attention-fa3-fp8-sweep-h200.json
+    python benchmarks/attention_fa3_fp8_sweep.py --hdims 128 --variants pp,pp_late,pp_late_fma2 --out ...  # a subset
 
 Writes --out: {gpu, torch, triton, date, tol, setting, compile, rows, wall_s}; rows are flat: impl
 ("flashscale_fa3_fp8", "triton_fp8", "sdpa_cudnn"), variant, the config fields, hdim, causal, seqlen, batch,

@@ -33,7 +33,17 @@ import json, re, sys
 from triton._C.libtriton import ir, gluon_ir
 from triton.experimental.gluon import language as gl
 from flashscale.kernels import attention_fa3_fp8 as fp8
-from flashscale.kernels.aot import ptxas_stats, sass
+from flashscale.kernels.aot import ptxas_stats, sass, sass_key_loops, sass_opcode
+
+
+def loop_stats(body):
+    ops = [sass_opcode(t) for _, t in body]
+    # the softmax's exp2 that run while this consumer's PV is in flight: between the wait for S
+    # (DEPBAR.LE gsb0, 0x1) and the wait for PV (DEPBAR.LE gsb0, 0x0)
+    w1 = next((i for i, (_, t) in enumerate(body) if "DEPBAR.LE gsb0, 0x1" in t), None)
+    w0 = next((i for i, (_, t) in enumerate(body) if "DEPBAR.LE gsb0, 0x0" in t and w1 is not None and i > w1), None)
+    return dict(n=len(ops), mufu_ex2=ops.count("MUFU.EX2"), ffma=ops.count("FFMA"),
+                mufu_ex2_under_pv=None if w0 is None else ops[w1:w0].count("MUFU.EX2"))
 out, extra, res = sys.argv[1], json.loads(sys.argv[2]), {}
 jobs = [(f"d{d}_{'causal' if c else 'full'}", d, c, None) for d in fp8.HEAD_DIMS for c in (False, True)]
 jobs += [(name, d, c, fp8.FA3Fp8Config(**kw)) for name, (d, c, kw) in extra.items()]
@@ -42,7 +52,8 @@ for name, d, causal, cfg in jobs:
     open(f"{out}/{name}.ptx", "w").write(k.asm["ptx"])
     sa = sass(k.asm["cubin"])
     res[name] = dict(shared=k.metadata.shared, cubin_bytes=len(k.asm["cubin"]), stats=ptxas_stats(k.asm["ptx"]),
-                     qgmma=re.findall(r"QGMMA\\.\\S+", sa), hgmma=len(re.findall(r"\\bHGMMA\\.", sa)))
+                     qgmma=re.findall(r"QGMMA\\.\\S+", sa), hgmma=len(re.findall(r"\\bHGMMA\\.", sa)),
+                     key_loops=[loop_stats(b) for b in sass_key_loops(sa)])
 # the linear layouts of P: wgmma accumulator (as S comes out) and FP8 A operand (as PV takes it), 64 rows
 ctx = ir.context()
 ir.load_dialects(ctx)
@@ -66,6 +77,11 @@ EXTRA = {
     "free_d128_causal": (128, True, dict(block_m=128, block_n=128, stages=3, pingpong=False)),
     "pp3c_d64_causal": (64, True, dict(block_m=192, block_n=128, stages=3, consumers=3)),
     "n256_serial_d128_full": (128, False, dict(block_m=128, block_n=256, stages=2, overlap=False)),
+    # MUFU relief at D 128 (exp2_fma: k/8 of P's exp2 on the FMA pipe; late_pv_wait: softmax_j under PV_{j-1})
+    "fma2_d128_full": (128, False, dict(block_m=128, block_n=128, stages=3, exp2_fma=2)),
+    "late_d128_full": (128, False, dict(block_m=128, block_n=128, stages=3, late_pv_wait=True)),
+    "late_fma3_d128_causal": (128, True, dict(block_m=128, block_n=128, stages=3, late_pv_wait=True, exp2_fma=3)),
+    "n64_s4_late_d256_full": (256, False, dict(block_m=128, block_n=64, stages=4, late_pv_wait=True)),
 }
 
 
@@ -134,6 +150,41 @@ def test_alternative_configs_compile_without_spills(compiled, name):
     head_dim, _, kw = EXTRA[name]
     ptx, meta = compiled(name)
     _check_machine_code(ptx, meta, head_dim, fp8.FA3Fp8Config(**kw))
+
+
+# exp2_fma: per consumer thread and key block, (exp2_fma / 8) of P's BLOCK_M / 2 * BLOCK_N / 128 exp2 leave the MUFU
+# for the polynomial (3 FFMA each); the default config of the same (head dim, causal) is the reference
+FMA_CASES = {"fma2_d128_full": "d128_full", "late_fma3_d128_causal": "d128_causal"}
+
+
+@pytest.mark.parametrize("name", sorted(FMA_CASES))
+def test_exp2_fma_moves_exp2_off_the_mufu(compiled, name):
+    head_dim, causal, kw = EXTRA[name]
+    cfg = fp8.FA3Fp8Config(**kw)
+    per_thread = cfg.sub_m * cfg.block_n // 128  # P elements of one consumer thread a key block
+    moved = per_thread * cfg.exp2_fma // 8
+    _, base = compiled(FMA_CASES[name])
+    _, meta = compiled(name)
+    assert len(meta["key_loops"]) == len(base["key_loops"]) == 2, "one key loop a consumer partition"
+    for lb, lf in zip(base["key_loops"], meta["key_loops"]):
+        # the default: P's exp2 and the two rows' alpha = exp2(m_old - m_new) on the MUFU
+        assert lb["mufu_ex2"] == per_thread + 2, lb
+        assert lf["mufu_ex2"] == lb["mufu_ex2"] - moved, (lb, lf)
+        assert lf["ffma"] >= lb["ffma"] + 3 * moved, (lb, lf)
+
+
+@pytest.mark.parametrize("name", [n for n, (_, _, kw) in EXTRA.items() if kw.get("late_pv_wait")])
+def test_late_pv_wait_runs_the_softmax_under_the_pv_product(compiled, name):
+    # ptxas hoists the wait for PV_{j-1} (WARPGROUP.DEPBAR.LE gsb0, 0x0) above the softmax of block j when both
+    # sit in one basic block (the default's SASS: no MUFU.EX2 between the two waits); late_pv_wait's mbarrier wait
+    # keeps it after: every exp2 of P that stays on the MUFU issues while this consumer's PV is in flight
+    head_dim, causal, kw = EXTRA[name]
+    cfg = fp8.FA3Fp8Config(**kw)
+    on_mufu = cfg.sub_m * cfg.block_n // 128 * (8 - cfg.exp2_fma) // 8
+    _, meta = compiled(name)
+    assert len(meta["key_loops"]) == 2
+    for lp in meta["key_loops"]:
+        assert lp["mufu_ex2_under_pv"] is not None and lp["mufu_ex2_under_pv"] >= on_mufu, lp
 
 
 # ---- the accumulator -> FP8 A-operand register exchange, replayed on Triton's own linear layouts ----------------
@@ -238,3 +289,7 @@ def test_config_errors():
     import torch
     assert "shared memory" in fp8.config_error(256, C(block_n=128, stages=2), out_dtype=torch.float32)
     assert fp8.default_config(128, 256).block_n == 128 and fp8.default_config(128, 64).block_n == 64
+    assert "exp2_fma" in fp8.config_error(128, C(exp2_fma=9))
+    assert "overlap" in fp8.config_error(128, C(late_pv_wait=True, overlap=False))
+    for (d, _), cfg in fp8.DEFAULT_CONFIGS.items():  # the new knobs are opt-in
+        assert cfg.exp2_fma == 0 and not cfg.late_pv_wait

@@ -42,3 +42,31 @@ def sass(cubin: bytes) -> str:
         with open(path, "wb") as f:
             f.write(cubin)
         return subprocess.run([_tool("cuobjdump"), "-sass", path], capture_output=True, text=True, check=True).stdout
+
+
+def sass_instructions(sass_text: str) -> list[tuple[int, str]]:
+    """(address, instruction text without the trailing ';') of every instruction of a `cuobjdump -sass` listing."""
+    pattern = r"/\*([0-9a-f]{4,})\*/\s+([^;]*);"
+    return [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(pattern, sass_text)]
+
+
+def sass_opcode(instruction: str) -> str:
+    """The opcode with its modifiers ('MUFU.EX2', 'FFMA', ...) of one instruction, its predicate dropped."""
+    return re.sub(r"^@!?U?P\w+\s+", "", instruction).split()[0]
+
+
+def sass_key_loops(sass_text: str, marker: str = "GMMA") -> list[list[tuple[int, str]]]:
+    """The innermost loops whose body holds an instruction with `marker` in its opcode (the key loops of an
+    attention kernel: one per consumer partition), each as its instructions from the back edge's target to the back
+    edge. A loop is a backward BRA; the out-of-line retry stubs of mbarrier waits also branch backwards, into the
+    middle of a loop, from beyond the partition's EXIT: regions holding an EXIT are not loops."""
+    ins = sass_instructions(sass_text)
+    loops = []
+    for addr, text in ins:
+        m = re.search(r"\bBRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < addr:
+            body = [x for x in ins if int(m.group(1), 16) <= x[0] <= addr]
+            ops = [sass_opcode(t) for _, t in body]
+            if any(marker in o for o in ops) and "EXIT" not in ops:
+                loops.append(body)
+    return [b for b in loops if not any(o is not b and b[0][0] <= o[0][0] and o[-1][0] <= b[-1][0] for o in loops)]

@@ -81,6 +81,40 @@ HEAD_DIMS = (64, 128, 256)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SMEM_LIMIT = 232_448  # H100/H200: 227 KB the most one block may take
 
+# Software exp2 on the FMA pipe (FA3Fp8Config.exp2_fma; FlashAttention-4's exp2 emulation, written here with
+# round-to-nearest so it needs no directed-rounding add): x = max(x, -127); t = x + 1.5 * 2^23 holds j = round(x)
+# in its low mantissa bits (exact for |x| < 2^22); f = x - (t - 1.5 * 2^23) in [-0.5, 0.5] (exact);
+# 2^f ~ 1 + f (c1 + f (c2 + f c3)) (3 FFMA, Horner); 2^x = bits(2^f) + (bits(t) << 23) as integers (the shift
+# keeps j's low 9 bits: bits(1.5 * 2^23) << 23 == 0 mod 2^32). Coefficients: minimax of the relative error on
+# [-0.5, 0.5] with the constant term pinned to 1 (so that x <= -127, masked -inf included, gives exactly +0:
+# bits(1.0) + (-127 << 23) == 0). Relative error <= 1.02e-4 for x in [-126, 8] (1.013e-4 the polynomial, the rest
+# fp32 rounding; tests/kernels/test_attention_fa3_fp8_exp2.py); for x in (-127, -126) a denormal-range value
+# within 2^-126 of 2^x, for x <= -127 exactly 0; never negative, never NaN. P is rounded to e4m3 (relative
+# spacing 2^-4..2^-3) afterwards: 1e-4 moves an e4m3 rounding of P for ~0.03 % of the elements it touches, by one
+# step (in the CPU emulation the output moves by ~3 % of the FP8 error at exp2_fma=3).
+EXP2_FMA_CLAMP = -127.0
+EXP2_FMA_ROUND = 12582912.0  # 1.5 * 2^23
+EXP2_FMA_POLY = (0.6932829022407532, 0.2422110140323639, 0.05500895157456398)  # c1, c2, c3 (float32 values)
+EXP2_FMA_REL_ERR = 1.02e-4
+
+
+def exp2_fma_emulated(x: torch.Tensor) -> torch.Tensor:
+    """The kernel's software exp2 (_exp2_fma) replayed op by op in float32 with torch (CPU or GPU): the same
+    clamp, round-to-nearest split, Horner polynomial (fma as one float64 multiply-add rounded once to float32: the
+    float32 product is exact in float64, so this differs from a fused float32 fma only by a rare double rounding)
+    and integer exponent add. For tests and error studies; the kernel's result is this up to that double rounding."""
+    x = torch.clamp_min(x.float(), EXP2_FMA_CLAMP)  # -inf -> -127 (NaN never occurs: scores are finite or -inf)
+    t = x + EXP2_FMA_ROUND
+    f = x - (t - EXP2_FMA_ROUND)
+
+    def fma(a, b, c):
+        return (a.double() * b.double() + c).float()
+
+    c1, c2, c3 = EXP2_FMA_POLY
+    p = fma(fma(fma(f, torch.full_like(f, c3), c2), f, c1), f, 1.0)
+    bits = p.view(torch.int32) + (t.view(torch.int32) << 23)  # int32 arithmetic wraps, as the GPU's
+    return bits.view(torch.float32)
+
 
 @dataclass(frozen=True, kw_only=True)
 class FA3Fp8Config:
@@ -97,6 +131,17 @@ class FA3Fp8Config:
     producer_regs: int = 24  # setmaxnreg of the TMA warp
     consumer_regs: int = 0  # setmaxnreg of the worker consumers; 0: 240 / 160 for 2 / 3 consumers
     persistent: bool = False  # one program an SM looping over the tiles, heaviest first
+    # Software exp2 (FlashAttention-4's trick) for part of P: of every 8 groups of 8 keys of the S tile, this many
+    # (spread: group g when (g * exp2_fma) % 8 < exp2_fma) compute P = 2^x as a degree-3 polynomial on the FMA
+    # pipe (_exp2_fma) instead of MUFU.EX2, whose 16 ops/clk/SM limit the D 128 softmax. 0 (default): all MUFU.
+    # The choice is by column index, static per register: no branch, the compiler drops the unused path.
+    exp2_fma: int = 0
+    # With overlap: wait for V_j's tile (an mbarrier try-wait loop, i.e. a basic-block boundary) between the softmax of
+    # block j and the wait for PV_{j-1}. Without it ptxas (12.8, Triton 3.6's) hoists that WARPGROUP.DEPBAR (with the
+    # V slot's release) above the whole softmax, so each consumer waits for its own PV before its softmax and the
+    # intra-warpgroup overlap is lost (SASS of the default). V_j is needed by the next PV anyway; the later wait on it
+    # passes at once.
+    late_pv_wait: bool = False
 
     @property
     def sub_m(self) -> int:
@@ -116,9 +161,11 @@ class FA3Fp8Config:
 _C = FA3Fp8Config
 # Variants worth timing (benchmarks/attention_fa3_fp8_sweep.py; the GPU tests run each one). Names: pp = ping-pong,
 # n<keys> / s<stages> = tile / ring, free = no turns, serial = no intra-warpgroup overlap, 3c = 3 consumers,
-# persist = persistent grid. n256 tiles need K/V quantized in 256-row blocks (quantize_fp8(..., block_n=256)).
+# persist = persistent grid, fma<k> = exp2_fma=k (k/8 of P's exp2 on the FMA pipe), late = late_pv_wait (softmax_j
+# overlaps PV_{j-1} in the SASS too). n256 tiles need K/V quantized in 256-row blocks (quantize_fp8(..., block_n=256)).
 # Left out because ptxas spills in the key loop (sm_90a, 240 registers a consumer thread): 128 x 256 with overlap
-# at D 128 (~360 B), 3 consumers at D 128 (160 registers: ~400 B), the persistent grid at D 256 (~300 B).
+# at D 128 (~360 B), 3 consumers at D 128 (160 registers: ~400 B), the persistent grid at D 256 (~300 B), and
+# late_pv_wait at D 256 with 128-key tiles (184 B; 304 B causal: O's 128 registers + S + P stay live together).
 TUNING_CONFIGS = {
     64: {
         "pp": _C(block_m=128, block_n=128, stages=3),
@@ -134,6 +181,13 @@ TUNING_CONFIGS = {
         "pp_serial": _C(block_m=128, block_n=128, stages=3, overlap=False),
         "pp_n256_serial": _C(block_m=128, block_n=256, stages=2, overlap=False),
         "pp_n64_s4": _C(block_m=128, block_n=64, stages=4),
+        # MUFU relief (issue #5): 16 / 24 of the 64 exp2 a thread and block as FMA-pipe polynomials (MUFU.EX2 66 ->
+        # 50 / 42 a loop iteration, +114 / +172 instructions), the PV wait kept after the softmax, and both
+        "pp_fma2": _C(block_m=128, block_n=128, stages=3, exp2_fma=2),
+        "pp_fma3": _C(block_m=128, block_n=128, stages=3, exp2_fma=3),
+        "pp_late": _C(block_m=128, block_n=128, stages=3, late_pv_wait=True),
+        "pp_late_fma2": _C(block_m=128, block_n=128, stages=3, late_pv_wait=True, exp2_fma=2),
+        "pp_late_fma3": _C(block_m=128, block_n=128, stages=3, late_pv_wait=True, exp2_fma=3),
     },
     256: {
         "pp": _C(block_m=128, block_n=128, stages=2),  # causal: 44 B spilled (the diagonal block's mask)
@@ -141,6 +195,8 @@ TUNING_CONFIGS = {
         "free": _C(block_m=128, block_n=128, stages=2, pingpong=False),  # causal: as pp
         "pp_serial": _C(block_m=128, block_n=128, stages=2, overlap=False),
         "pp_n64_s3_serial": _C(block_m=128, block_n=64, stages=3, overlap=False),
+        # the one spill-free late_pv_wait tile at D 256 (S is 32 registers), 4 stages (229,912 B of shared memory)
+        "pp_n64_s4_late": _C(block_m=128, block_n=64, stages=4, late_pv_wait=True),
     },
 }
 # Defaults, (head dim, causal) -> config, for the default quantization (128-row K/V blocks): spill-free (the compile
@@ -187,6 +243,10 @@ def config_error(head_dim: int, cfg: FA3Fp8Config, *, quant_block_n: int | None 
         return f"2 or 3 consumer warpgroups, not {cfg.consumers}"
     if cfg.block_m % cfg.consumers or cfg.sub_m not in (64, 128):
         return f"block_m {cfg.block_m}: {cfg.consumers} slices of 64 or 128 rows"
+    if cfg.late_pv_wait and not cfg.overlap:
+        return "late_pv_wait orders the overlapped loop (overlap=True)"
+    if not 0 <= cfg.exp2_fma <= 8:
+        return f"exp2_fma {cfg.exp2_fma}: eighths of P's key groups on the FMA pipe, 0..8"
     if smem_bytes(head_dim, cfg, out_dtype) > SMEM_LIMIT:
         return f"{smem_bytes(head_dim, cfg, out_dtype)} B of shared memory > {SMEM_LIMIT}"
     return None
@@ -328,9 +388,26 @@ if HAS_GLUON:
                                           pack=16)
         return gl.convert_layout(_relabel_a(x, SUB_M, BN), p_layout, assert_trivial=True)
 
+    _E2_CLAMP = gl.constexpr(EXP2_FMA_CLAMP)
+    _E2_ROUND = gl.constexpr(EXP2_FMA_ROUND)
+    _E2_C1 = gl.constexpr(EXP2_FMA_POLY[0])
+    _E2_C2 = gl.constexpr(EXP2_FMA_POLY[1])
+    _E2_C3 = gl.constexpr(EXP2_FMA_POLY[2])
+
+    @gluon.jit
+    def _exp2_fma(x):
+        """2^x (fp32, x <= 8 here; valid below 128) without MUFU: FMNMX, 3 FADD, 3 FFMA and an integer
+        shift-add (module constants EXP2_FMA_*, replayed by exp2_fma_emulated). x <= -127 (-inf) gives +0."""
+        x = gl.maximum(x, _E2_CLAMP)
+        t = x + _E2_ROUND  # round(x) in the low mantissa bits (round to nearest, |x| < 2^22)
+        f = x - (t - _E2_ROUND)  # in [-0.5, 0.5], exact
+        p = gl.fma(gl.fma(gl.fma(f, _E2_C3, _E2_C2), f, _E2_C1), f, 1.0)  # 2^f, relative error <= 1.02e-4
+        bits = p.to(gl.int32, bitcast=True) + (t.to(gl.int32, bitcast=True) << 23)  # exponent += round(x)
+        return bits.to(gl.float32, bitcast=True)
+
     @gluon.jit
     def _softmax(s, j, m_i, l_i, rs, rows, off, seqlen_k, cols0, n_full, CAUSAL: gl.constexpr,
-                 BLOCK_N: gl.constexpr):
+                 BLOCK_N: gl.constexpr, EXP2_FMA: gl.constexpr):
         """Online-softmax step on raw scores s (SUB_M, BN) fp32 with the per-row scale rs (log2 units)
         -> p = exp2(s * rs - m + 8) (fp32), alpha, new m, new l. Blocks j >= n_full (the ragged last block, the
         causal diagonal band) mask keys >= Sk and, if CAUSAL, past the diagonal (key > row + Sk - Sq)."""
@@ -343,7 +420,15 @@ if HAS_GLUON:
         # rs > 0 and rounding is monotonic: rowmax(s) * rs == rowmax(s * rs), bit for bit
         m_new = gl.maximum(m_i, gl.reduce(s, 1, _max_combine) * rs)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # nothing visible yet: no -inf - -inf
-        p = gl.exp2(s * gl.expand_dims(rs, 1) - gl.expand_dims(m_use - 8.0, 1))  # one FFMA + MUFU an element
+        x = s * gl.expand_dims(rs, 1) - gl.expand_dims(m_use - 8.0, 1)  # one FFMA an element
+        if EXP2_FMA > 0:
+            # key groups of 8 (g = col // 8) with (g * EXP2_FMA) % 8 < EXP2_FMA on the FMA pipe: the column bits
+            # >= 3 of the accumulator layout are register bits, so the predicate is a constant per register and
+            # each element keeps one of the two paths (the compile test counts MUFU.EX2 in the key loop)
+            emu = ((cols0 // 8) * EXP2_FMA) % 8 < EXP2_FMA
+            p = gl.where(gl.expand_dims(emu, 0), _exp2_fma(x), gl.exp2(x))
+        else:
+            p = gl.exp2(x)  # MUFU.EX2
         alpha = gl.exp2(m_i - m_use)
         l_i = l_i * alpha + gl.reduce(p, 1, _sum_combine)
         return p, alpha, m_new, l_i
@@ -355,7 +440,8 @@ if HAS_GLUON:
                        qk_scale, C: gl.constexpr, FIRST: gl.constexpr, HEAD_DIM: gl.constexpr,
                        BLOCK_M: gl.constexpr, SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                        QBLOCK_M: gl.constexpr, QBLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                       OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
+                       OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
+                       EXP2_FMA: gl.constexpr, LATE_PV_WAIT: gl.constexpr):
         """One tile of consumer C (attention_fa3._consumer_pp_tile with FP8 operands and descales). `it` / `t_i`:
         K/V blocks and tiles before this one. Returns the updated it."""
         # FP8 wgmma: instruction K = 32 (256 bits of e4m3); the accumulators are the bf16 kernel's
@@ -409,7 +495,7 @@ if HAS_GLUON:
                 if n_blocks == 1:
                     mbarrier.arrive(q_empty.index(C))  # last QK^T of the tile retired: Q slice free
                 p, alpha, m_i, l_i = _softmax(s, 0, m_i, l_i, row_scale * kd, rows, off, seqlen_k, cols0,
-                                              n_full, CAUSAL, BLOCK_N)
+                                              n_full, CAUSAL, BLOCK_N, EXP2_FMA)
                 # P is carried in fp32 and converted at the top of the next iteration (before its waits): an e4m3
                 # tensor carried around the loop would be unpacked to one byte a register by the compiler
                 for j in range(1, n_blocks):
@@ -434,7 +520,9 @@ if HAS_GLUON:
                     if j == n_blocks - 1:
                         mbarrier.arrive(q_empty.index(C))
                     p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, row_scale * kd, rows, off, seqlen_k,
-                                                  cols0, n_full, CAUSAL, BLOCK_N)
+                                                  cols0, n_full, CAUSAL, BLOCK_N, EXP2_FMA)
+                    if LATE_PV_WAIT:  # a block boundary: keeps the wgmma wait below after the softmax
+                        mbarrier.wait(v_ready.index(st), ((it + j) // STAGES) & 1)
                     acc = warpgroup_mma_wait(0, deps=(tok_o, ))
                     mbarrier.arrive(v_empty.index(sv))
                     # O = O alpha + (P V) vd, with acc = O / vd_{current}: one multiply an element
@@ -466,7 +554,7 @@ if HAS_GLUON:
                 s = warpgroup_mma_wait(0, deps=(tok, ))
                 mbarrier.arrive(k_empty.index(st))
                 p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, row_scale * kd, rows, off, seqlen_k, cols0,
-                                              n_full, CAUSAL, BLOCK_N)
+                                              n_full, CAUSAL, BLOCK_N, EXP2_FMA)
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha * (vd_last / vd), row_o), 1)
                 vd_last = vd
                 p8 = _p_to_a(p, p_layout, SUB_M, BLOCK_N, f8)
@@ -504,7 +592,8 @@ if HAS_GLUON:
                   svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k, qk_scale,
                   C: gl.constexpr, CONSUMERS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, QBLOCK_M: gl.constexpr, QBLOCK_N: gl.constexpr,
-                  CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
+                  CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
+                  EXP2_FMA: gl.constexpr, LATE_PV_WAIT: gl.constexpr):
         """Consumer C: rows [m0 + C * SUB_M, m0 + (C + 1) * SUB_M) of each tile; turn protocol of
         attention_fa3 (turn t of consumer c waits turn[c] on parity (t & 1) ^ (c == 0))."""
         SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
@@ -521,7 +610,8 @@ if HAS_GLUON:
                                     v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h,
                                     sqd_n, KD, skd_b, skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile, it, t_i, n_m, BH,
                                     H, GROUP, seqlen_q, seqlen_k, qk_scale, C, FIRST, HEAD_DIM, BLOCK_M, SUB_M,
-                                    BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL, OVERLAP, PINGPONG, PERSISTENT)
+                                    BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
+                                    EXP2_FMA, LATE_PV_WAIT)
                 t_i += 1
             tma.store_wait(pendings=0)
         else:  # one tile a program: constant counters (fewer live registers)
@@ -529,7 +619,7 @@ if HAS_GLUON:
                            my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b,
                            skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile0, 0, 0, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
                            qk_scale, C, FIRST, HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                           OVERLAP, PINGPONG, PERSISTENT)
+                           OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT)
 
     # One binary per (config, head dim, causal, quantization blocks, out dtype): no integer specialisation.
     @gluon.jit(do_not_specialize=["stride_lb", "stride_lh", "sqd_b", "sqd_h", "sqd_n", "skd_b", "skd_h", "skd_n",
@@ -539,7 +629,8 @@ if HAS_GLUON:
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             STAGES: gl.constexpr, QBLOCK_M: gl.constexpr, QBLOCK_N: gl.constexpr,
                             CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-                            CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                            CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, EXP2_FMA: gl.constexpr,
+                            LATE_PV_WAIT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                             CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         f8: gl.constexpr = q_desc.dtype
         n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
@@ -575,12 +666,12 @@ if HAS_GLUON:
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
                              VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT)),
+                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
                              VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT)),
+                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
                              HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL)),
@@ -592,17 +683,17 @@ if HAS_GLUON:
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
                              VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT)),
+                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
                              VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT)),
+                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
                              VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 2, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT)),
+                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
                              HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL)),
@@ -745,6 +836,7 @@ def _constexprs(head_dim: int, causal: bool, cfg: FA3Fp8Config, block_m: int, bl
     return {"HEAD_DIM": head_dim, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
             "QBLOCK_M": block_m, "QBLOCK_N": block_n, "CAUSAL": causal, "OVERLAP": cfg.overlap,
             "PINGPONG": cfg.pingpong, "CONSUMERS": cfg.consumers, "PERSISTENT": cfg.persistent,
+            "EXP2_FMA": cfg.exp2_fma, "LATE_PV_WAIT": cfg.late_pv_wait,
             "PRODUCER_REGS": cfg.producer_regs, "CONSUMER_REGS": cfg.worker_consumer_regs, "num_warps": cfg.num_warps}
 
 
