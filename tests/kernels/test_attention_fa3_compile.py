@@ -1,7 +1,9 @@
 """The FA3-style Gluon forward compiles for sm_90 without a GPU (Triton ships ptxas), and the machine code
 has what the design promises: wgmma (warpgroup MMA), TMA bulk tensor copies, register reallocation between
 the producer and consumer warpgroups, no register spills, and shared memory within an H100/H200 SM; with
-ping-pong (the default) the consumer warpgroups are separate partitions (no barrier spans two of them)."""
+ping-pong (the default) the consumer warpgroups are separate partitions (no barrier spans two of them).
+The packed varlen kernel too, with the dense kernel's key loops; and the dense kernel's SASS is what it was
+before varlen was added (instruction counts recorded with triton 3.6.0)."""
 
 from __future__ import annotations
 
@@ -26,13 +28,15 @@ SMEM_PER_BLOCK = 227 * 1024  # H100/H200: 228 KB an SM, 227 KB the most one bloc
 _COMPILE = """
 import json, sys
 from flashscale.kernels import attention_fa3 as fa3
-from flashscale.kernels.aot import ptxas_stats
+from flashscale.kernels.aot import ptxas_stats, sass
 out, extra, res = sys.argv[1], json.loads(sys.argv[2]), {}
-jobs = [(f"d{d}_{'causal' if c else 'full'}", d, c, None) for d in fa3.HEAD_DIMS for c in (False, True)]
-jobs += [(name, d, c, fa3.FA3Config(**kw)) for name, (d, c, kw) in extra.items()]
-for name, d, causal, cfg in jobs:
-    k = fa3.compile_sm90(d, causal, config=cfg)
+jobs = [(f"{pre}d{d}_{'causal' if c else 'full'}", d, c, None, pre == "varlen_") for pre in ("", "varlen_")
+        for d in fa3.HEAD_DIMS for c in (False, True)]
+jobs += [(name, d, c, fa3.FA3Config(**kw), False) for name, (d, c, kw) in extra.items()]
+for name, d, causal, cfg, varlen in jobs:
+    k = fa3.compile_sm90(d, causal, config=cfg, varlen=varlen)
     open(f"{out}/{name}.ptx", "w").write(k.asm["ptx"])
+    open(f"{out}/{name}.sass", "w").write(sass(k.asm["cubin"]))
     res[name] = dict(shared=k.metadata.shared, cubin_bytes=len(k.asm["cubin"]), stats=ptxas_stats(k.asm["ptx"]))
 json.dump(res, open(f"{out}/compiled.json", "w"))
 """
@@ -56,7 +60,9 @@ def compiled(tmp_path_factory):
     assert proc.returncode == 0, f"sm_90 compile failed:\n{proc.stderr[-4000:]}"
     meta = json.loads((out / "compiled.json").read_text())
 
-    def get(name):
+    def get(name, sass=False):
+        if sass:
+            return (out / f"{name}.sass").read_text()
         return (out / f"{name}.ptx").read_text(), meta[name]
 
     return get
@@ -93,6 +99,64 @@ def test_compiles_to_wgmma_and_tma_without_spills(compiled, head_dim, causal):
     assert cfg.is_pingpong, "the defaults are the ping-pong schedule"
     ptx, meta = compiled(f"d{head_dim}_{'causal' if causal else 'full'}")
     _check_machine_code(ptx, meta, head_dim, cfg)
+
+
+# SASS instructions of the dense defaults (cuobjdump of compile_sm90's cubin, triton 3.6.0's ptxas), recorded
+# before the varlen kernel was added: the dense kernel shares its partitions, and must not change.
+DENSE_SASS_INSTRUCTIONS = {"d64_full": 5480, "d64_causal": 6288, "d128_full": 4272, "d128_causal": 4800,
+                           "d256_full": 4480, "d256_causal": 4768}
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", fa3.HEAD_DIMS)
+def test_dense_sass_unchanged(compiled, head_dim, causal):
+    import triton
+
+    from flashscale.kernels.aot import sass_instructions
+
+    if triton.__version__ != "3.6.0":
+        pytest.skip(f"counts recorded with triton 3.6.0, this is {triton.__version__}")
+    name = f"d{head_dim}_{'causal' if causal else 'full'}"
+    assert len(sass_instructions(compiled(name, sass=True))) == DENSE_SASS_INSTRUCTIONS[name]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", fa3.HEAD_DIMS)
+def test_varlen_compiles_to_wgmma_and_tma_without_spills(compiled, head_dim, causal):
+    # The packed-layout kernel at the defaults: the same machine-code checks as dense (TMA loads, the output
+    # TMA store for slices inside their sequence, mbarriers, setmaxnreg, partition-local barriers, no spills),
+    # plus the masked 16-byte stores of a slice a sequence ends in and the loads of cu_seqlens.
+    name = f"d{head_dim}_{'causal' if causal else 'full'}"
+    ptx, meta = compiled("varlen_" + name)
+    _check_machine_code(ptx, meta, head_dim, fa3.DEFAULT_CONFIGS[head_dim])
+    assert re.search(r"st\.global(\.\w+)*\.v4\.b32", ptx), "no 16-byte masked output stores"
+    assert re.search(r"ld\.global(\.\w+)*\.b32", ptx), "no cu_seqlens loads"
+    _, dense_meta = compiled(name)
+    assert meta["stats"]["registers"] == dense_meta["stats"]["registers"]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", fa3.HEAD_DIMS)
+def test_varlen_key_loops_are_the_dense_ones(compiled, head_dim, causal):
+    # Varlen changes where tiles come from and how the last slice is stored, not the key loop: one loop a
+    # consumer, the same wgmmas and exp2s in each, and about the same length (uniform vs vector registers
+    # for a few addresses differ; seen: within 2%).
+    from collections import Counter
+
+    from flashscale.kernels.aot import sass_key_loops, sass_opcode
+
+    name = f"d{head_dim}_{'causal' if causal else 'full'}"
+    ops = {v: [Counter(sass_opcode(t) for _, t in loop) for loop in sass_key_loops(compiled(v + name, sass=True))]
+           for v in ("", "varlen_")}
+    dense, varlen = ops[""], ops["varlen_"]
+    assert len(dense) == len(varlen) == fa3.DEFAULT_CONFIGS[head_dim].consumers
+    def key(c):  # (wgmmas, exp2s)
+        return sum(n for o, n in c.items() if "GMMA" in o), c["MUFU.EX2"]
+
+    assert sorted(map(key, dense)) == sorted(map(key, varlen))
+    assert all(key(c)[0] > 0 and key(c)[1] > 0 for c in varlen)
+    for d, v in zip(sorted(dense, key=lambda c: sum(c.values())), sorted(varlen, key=lambda c: sum(c.values()))):
+        assert abs(sum(v.values()) - sum(d.values())) <= 0.05 * sum(d.values())
 
 
 @pytest.mark.parametrize("name", sorted(EXTRA))

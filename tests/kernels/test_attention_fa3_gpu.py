@@ -181,3 +181,168 @@ def test_ops_attention_fa3_path_forward_and_fa2_backward(causal, monkeypatch):
         else:
             ours = run(lambda q, k, v: attention(q, k, v, causal=causal, return_lse=True, impl="fa3"), dtype)
         assert_close_rule({"ours": ours, "oracle": oracle, "base": low})
+
+
+# ---- varlen: packed q (Tq, H, D), k/v (Tk, Hkv, D) with int32 cu_seqlens (ping-pong path only) -------------
+
+def _packed(lens_q, lens_k, H, Hkv, D, dtype, seed=0):
+    torch.manual_seed(seed)
+    cu = [torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=CUDA)
+          for lens in (lens_q, lens_k)]
+    q = torch.randn(sum(lens_q), H, D, dtype=dtype, device=CUDA)
+    k = torch.randn(sum(lens_k), Hkv, D, dtype=dtype, device=CUDA)
+    v = torch.randn(sum(lens_k), Hkv, D, dtype=dtype, device=CUDA)
+    return q, k, v, cu[0], cu[1]
+
+
+def _check_varlen(lens_q, lens_k, H, Hkv, D, dtype, causal, *, config=None):
+    """fa3 varlen against the float64 varlen reference by the file's rule, out filled with a NaN sentinel
+    first: every row of every sequence must be written (and rows past Tq cannot exist)."""
+    if not _hopper():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, H, Hkv, D, dtype)
+    assert fa3.supported(q, k, v, varlen=True)
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
+    sentinel = torch.full_like(q, float("nan"))
+    out, lse = fa3.attention_fa3_fwd(q, k, v, causal=causal, config=config, out=sentinel, **kw)
+    torch.cuda.synchronize()
+    assert out.data_ptr() == sentinel.data_ptr() and lse.shape == (H, q.shape[0]) and lse.dtype == torch.float32
+    assert not torch.isnan(out).any(), "a row of some sequence was never written"
+    res = {"ours": (out, lse)}
+    for name, cast in (("oracle", torch.float64), ("base", dtype)):
+        res[name] = attention_ref(q.to(cast), k.to(cast), v.to(cast), causal=causal, return_lse=True, upcast=False,
+                                  **kw)
+    assert_close_rule(res, names=("out", "lse"))
+    return q, k, v, cu_q, cu_k, out, lse
+
+
+# (lens_q, lens_k, H, Hkv, D, dtype, causal)
+VARLEN_CASES = [
+    # empty and length-1 sequences, ragged ones, one of exactly a block; GQA 4:1
+    ([0, 1, 300, 77, 1000, 128, 5], [0, 1, 300, 77, 1000, 128, 5], 8, 2, 128, torch.bfloat16, True),
+    ([0, 1, 300, 77, 1000, 128, 5], [0, 1, 300, 77, 1000, 128, 5], 8, 2, 128, torch.bfloat16, False),
+    # seqlen_q != seqlen_k both ways (causal bottom-right per sequence), queries with no key at all, keys with
+    # no query; MQA
+    ([513, 0, 1, 2048, 31, 7], [700, 5, 0, 1500, 31, 1], 4, 1, 64, torch.bfloat16, True),
+    ([513, 0, 1, 2048, 31, 7], [700, 5, 0, 1500, 31, 1], 4, 1, 64, torch.float16, False),
+    ([1, 257, 64, 1100, 0], [40, 257, 300, 1100, 3], 4, 1, 256, torch.bfloat16, True),
+    ([3000, 2, 129], [2500, 900, 129], 8, 2, 256, torch.float16, False),
+    # long sequences, many tiles (several a program on the persistent grid), GQA 4:1
+    ([4096, 17, 2500, 1], [4096, 4000, 2500, 1], 16, 4, 128, torch.bfloat16, True),
+    # more sequences than a warp's chunk of the in-kernel search (32), single-row ones among them
+    ([1] * 40 + [200, 65], [3] * 40 + [1, 300], 4, 4, 64, torch.bfloat16, True),
+]
+VARLEN_VARIANTS = {"default": lambda d: fa3.DEFAULT_CONFIGS[d],
+                   "persistent": lambda d: replace(fa3.DEFAULT_CONFIGS[d], persistent=True)}
+
+
+def _varlen_id(c):
+    return (f"{len(c[0])}seq_q{sum(c[0])}_k{sum(c[1])}_h{c[2]}x{c[3]}_d{c[4]}_{str(c[5])[6:]}_"
+            f"{'causal' if c[6] else 'full'}")
+
+
+@pytest.mark.parametrize("variant", sorted(VARLEN_VARIANTS))
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=_varlen_id)
+def test_varlen_matches_reference(case, variant):
+    _check_varlen(*case, config=VARLEN_VARIANTS[variant](case[4]))
+
+
+@pytest.mark.parametrize("variant", sorted(VARLEN_VARIANTS))
+@pytest.mark.parametrize("head_dim", fa3.HEAD_DIMS)
+def test_varlen_writes_only_its_rows(head_dim, variant):
+    """One sequence at a time out of a packed batch (offsets cu_seqlens[b], cu_seqlens[b + 1]: the kernel
+    takes offsets that start above 0 and end below Tq), out filled with a NaN sentinel: the sequence's rows
+    match the dense reference of that slice, and every other row, the ones just past its end first, keeps
+    the sentinel (a slice the sequence ends in must not be TMA-stored: the next sequence's rows follow)."""
+    if not _hopper():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    lens_q, lens_k = [1, 130, 64, 0, 300, 2], [5, 100, 64, 7, 300, 1]
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, 4, 2, head_dim, torch.bfloat16)
+    cfg = VARLEN_VARIANTS[variant](head_dim)
+    oq, ok = cu_q.tolist(), cu_k.tolist()
+    for causal in (False, True):
+        for b in range(len(lens_q)):
+            out = torch.full_like(q, float("nan"))
+            got, lse = fa3.attention_fa3_fwd(q, k, v, causal=causal, config=cfg, out=out,
+                                             cu_seqlens_q=cu_q[b:b + 2].clone(), cu_seqlens_k=cu_k[b:b + 2].clone(),
+                                             max_seqlen_q=lens_q[b], max_seqlen_k=lens_k[b])
+            torch.cuda.synchronize()
+            s, e = oq[b], oq[b + 1]
+            assert torch.isnan(got[:s]).all() and torch.isnan(got[e:]).all(), f"sequence {b} wrote outside its rows"
+            if e == s:
+                continue
+            sl_q, sl_k = q[s:e][None], k[ok[b]:ok[b + 1]][None]
+            sl_v = v[ok[b]:ok[b + 1]][None]
+            res = {"ours": (got[s:e][None], lse[:, s:e][None])}
+            for name, cast in (("oracle", torch.float64), ("base", torch.bfloat16)):
+                res[name] = attention_ref(sl_q.to(cast), sl_k.to(cast), sl_v.to(cast), causal=causal,
+                                          return_lse=True, upcast=False)
+            assert_close_rule(res, names=("out", "lse"))
+
+
+@pytest.mark.parametrize("name,head_dim", [(n, d) for d, cfgs in fa3.TUNING_CONFIGS.items() for n in cfgs
+                                            if fa3.TUNING_CONFIGS[d][n].is_pingpong])
+def test_varlen_tuning_configs(name, head_dim):
+    # Every ping-pong config the sweep times (2 or 3 consumers, 64/128-row slices, 64..256-key blocks, ring
+    # depths, serial pipeline, persistent): ragged, GQA, causal with Sq < Sk and Sq > Sk in one batch.
+    cfg = fa3.TUNING_CONFIGS[head_dim][name]
+    _check_varlen([700, 1, 0, 333, 1100], [1300, 9, 4, 200, 1100], 4, 2, head_dim, torch.bfloat16, True, config=cfg)
+
+
+def test_varlen_refusals_and_empty_inputs():
+    if not _hopper():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    q, k, v, cu_q, cu_k = _packed([5, 3], [4, 0], 2, 1, 64, torch.bfloat16)
+    with pytest.raises(ValueError, match="ping-pong"):
+        fa3.attention_fa3_fwd(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, config=fa3.TUNING_CONFIGS[64]["coop"])
+    with pytest.raises(ValueError, match="int32"):
+        fa3.attention_fa3_fwd(q, k, v, cu_seqlens_q=cu_q.long(), cu_seqlens_k=cu_k)
+    # no key token at all: every row is empty
+    out, lse = fa3.attention_fa3_fwd(q, k[:0], v[:0], cu_seqlens_q=cu_q, cu_seqlens_k=torch.zeros_like(cu_k))
+    assert torch.all(out == 0) and torch.all(lse == float("-inf"))
+    # no query token
+    out, lse = fa3.attention_fa3_fwd(q[:0], k, v, cu_seqlens_q=torch.zeros_like(cu_q), cu_seqlens_k=cu_k)
+    assert out.shape == (0, 2, 64) and lse.shape == (2, 0)
+    # max_seqlen_q left out: read from cu_seqlens_q
+    _, lse_a = fa3.attention_fa3_fwd(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True)
+    _, lse_b = fa3.attention_fa3_fwd(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True, max_seqlen_q=5)
+    assert torch.equal(lse_a, lse_b) and torch.isinf(lse_a[:, 5:]).all()  # sequence 1 has no key
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_ops_attention_fa3_varlen_backward_matches_triton(causal):
+    """ops.attention(impl="fa3") on the packed layout: the fa3 varlen forward, FA2's varlen backward on its
+    out/lse (lse (H, Tq), as FA2's forward returns it), gradients through out and lse. fa3 and impl="triton"
+    each against float64 by the file's rule, and fa3's against triton's by the same rule."""
+    if not _hopper():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    try:
+        from .attention_checks import run_all
+    except ImportError:
+        from attention_checks import run_all
+
+    lens_q, lens_k = [0, 1, 257, 700, 64], [3, 1, 300, 700, 0]
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, 8, 2, 128, torch.bfloat16)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    kw = dict(causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
+    res = {impl: run_all(q, k, v, dlse=True, impl=impl, **kw) for impl in ("fa3", "triton")}
+    for impl in res:
+        assert_close_rule(res[impl])
+    assert_close_rule({"ours": res["fa3"]["ours"], "oracle": res["triton"]["ours"], "base": res["fa3"]["base"],
+                       "delta_term": res["fa3"]["delta_term"]})
+
+
+def test_ops_attention_auto_keeps_varlen_on_fa2(monkeypatch):
+    # impl="auto" (FLASHSCALE_FA3=1 included) does not send the packed layout to fa3 yet (FA3_AUTO_VARLEN).
+    if not _hopper():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    from flashscale.ops import attention
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("auto sent varlen to the fa3 forward")
+
+    monkeypatch.setattr(fa3, "attention_fa3_fwd", refuse)
+    monkeypatch.setenv("FLASHSCALE_FA3", "1")
+    q, k, v, cu_q, cu_k = _packed([300, 4000], [300, 4000], 4, 2, 128, torch.bfloat16)
+    out = attention(q, k, v, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=4000, max_seqlen_k=4000)
+    assert out.shape == q.shape

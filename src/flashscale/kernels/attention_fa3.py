@@ -1,8 +1,10 @@
 """FlashAttention-3-style forward for Hopper (sm_90) in Gluon: TMA, mbarriers, warp specialization, wgmma.
 
-Same semantics as flashscale.reference.attention (dense layout, no extras): q (B, Sq, H, D),
-k/v (B, Sk, Hkv, D) with H % Hkv == 0, out like q, lse (B, H, Sq) float32 in natural log; causal aligned
-bottom-right (query i sees key j iff j <= i + Sk - Sq); rows that see no key give out = 0, lse = -inf.
+Same semantics as flashscale.reference.attention (no extras): q (B, Sq, H, D), k/v (B, Sk, Hkv, D) with
+H % Hkv == 0, out like q, lse (B, H, Sq) float32 in natural log; causal aligned bottom-right (query i sees
+key j iff j <= i + Sk - Sq); rows that see no key give out = 0, lse = -inf. Varlen (flash-attn's packed
+layout, ping-pong path only): q (Tq, H, D), k/v (Tk, Hkv, D), int32 cu_seqlens_q/k (B + 1,), out like q,
+lse (H, Tq); every sequence with its own Sq, Sk (causal bottom-right in each), see "Varlen" below.
 
 One program = one (BLOCK_M, D) query tile of one (batch, head) (or, persistent, a strided list of tiles).
 Two consumer layouts (FA3Config.pingpong):
@@ -51,6 +53,20 @@ fresh barrier passes a wait on parity 1 at once. No waiter below can fall two co
     {O += P_j V_j} are two turns, 2 idx and 2 idx + 1. Every consumer takes the same turns for every
     tile (all see the same key blocks; a slice wholly past Sq computes on rows loaded from Sq - 1 and
     stores nothing), so the rotation never skews, and a tile with no visible key block takes none.
+
+Varlen (_fa3_fwd_varlen_kernel: the same partitions and protocol, VARLEN=True). Tiles are (query block,
+head, sequence) with each sequence's own lengths, in a compact list: sequence b has cdiv(len_q_b, BLOCK_M)
+blocks, numbered after those of sequences 0..b-1, last block first; tile t is head t % H of compact block
+t // H. Every partition maps its tile to (b, block) itself (_varlen_find: a prefix sum of the block counts
+over cu_seqlens_q, 32 sequences a warp at a time). The one-tile-a-program grid is H times a host-side bound
+on the block count (varlen_block_bound: no device sync); programs past the real count find no sequence and
+do nothing (no partition touches a barrier). Persistent: the exact count (_varlen_total) bounds the loop.
+Descriptors are the packed tensors as (1, T, heads * D) (the dense boxes and layouts), boxes at row
+cu_seqlens[b] + block start; TMA bounds are the packed tensor's, so rows past a sequence's end hold the next
+sequence's tokens: as keys they are masked (cols >= len_k, the ragged-block mask), as queries computed and
+never stored. The epilogue TMA-stores a consumer's slice only when it lies wholly inside its sequence; a
+slice the sequence ends in goes through shared memory to masked 16-byte stores of its rows < len_q, so no
+tile writes another sequence's rows. lse (H, Tq) at [h, cu_seqlens_q[b] + row], as FA2's varlen forward.
 """
 
 from __future__ import annotations
@@ -159,8 +175,8 @@ def smem_bytes(head_dim: int, cfg: FA3Config, elem: int = 2) -> int:
     return elem * head_dim * (cfg.block_m + 2 * cfg.stages * cfg.block_n) + 8 * n_bars
 
 
-def config_error(head_dim: int, cfg: FA3Config) -> str | None:
-    """Why this config cannot compile (or cannot fit an SM) at this head dim, or None."""
+def config_error(head_dim: int, cfg: FA3Config, *, varlen: bool = False) -> str | None:
+    """Why this config cannot compile (or cannot fit an SM) at this head dim (for the varlen kernel), or None."""
     pow2 = lambda x: x > 0 and x & (x - 1) == 0  # noqa: E731
     if head_dim not in HEAD_DIMS:
         return f"head_dim {head_dim} not in {HEAD_DIMS}"
@@ -177,6 +193,8 @@ def config_error(head_dim: int, cfg: FA3Config) -> str | None:
         return f"block_m {cfg.block_m}: a power of two, >= 64 rows a consumer warpgroup"
     if cfg.persistent and not cfg.is_pingpong:
         return "persistent needs the ping-pong path (pingpong=True, consumers >= 2)"
+    if varlen and not cfg.is_pingpong:
+        return "varlen runs the ping-pong path (pingpong=True, consumers >= 2)"
     if smem_bytes(head_dim, cfg) > SMEM_LIMIT:
         return f"{smem_bytes(head_dim, cfg)} B of shared memory > {SMEM_LIMIT}"
     return None
@@ -335,58 +353,199 @@ if HAS_GLUON:
             hi = seqlen_k
         return bh // H, h, h // GROUP, m0, (hi + BLOCK_N - 1) // BLOCK_N
 
+    # ---- varlen (packed q (Tq, H, D), k/v (Tk, Hkv, D), int32 cu_seqlens): the compact tile list -----------
+    # Sequence b has nb_b = cdiv(len_q_b, BLOCK_M) query blocks; they take the compact block numbers
+    # [S_b, S_b + nb_b), S_b = nb_0 + ... + nb_{b-1}, last block first (heaviest under causal, as the dense
+    # order). Tile t = (compact block t // H, head t % H). varlen_schedule() is this in Python (tested).
+
+    @gluon.jit
+    def _varlen_find(i, CU_Q, n_seq, BLOCK_M: gl.constexpr, WARPS: gl.constexpr):
+        """Compact query block i -> (sequence b, its query block (last first), first token, length); b = n_seq
+        when i is past the last block. A prefix sum of the block counts over 32 * WARPS sequences at a time
+        (one a thread), from sequence 0, until the chunk that holds i (FA3's varlen scheduler does the same
+        a warp at a time)."""
+        CHUNK: gl.constexpr = 32 * WARPS
+        lay: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+        zero = i * 0
+        base = zero  # blocks of the sequences before the chunk
+        b = zero + n_seq
+        m_blk = zero
+        start = zero
+        length = zero
+        c0 = zero
+        while c0 < n_seq:
+            offs = c0 + gl.arange(0, CHUNK, layout=lay)
+            inb = offs < n_seq
+            lo = gl.load(CU_Q + offs, mask=inb, other=0)
+            hi = gl.load(CU_Q + offs + 1, mask=inb, other=0)
+            nb = (hi - lo + (BLOCK_M - 1)) // BLOCK_M  # 0 past n_seq and for empty sequences
+            end = base + gl.associative_scan(nb, 0, _sum_combine)  # S_b + nb_b
+            hit = (i < end) & (i >= end - nb)  # at most one lane (an empty sequence never hits)
+            hb = gl.reduce(gl.where(hit, offs, -1), 0, _max_combine)
+            if hb >= 0:
+                b = hb
+                m_blk = gl.reduce(gl.where(hit, end - 1 - i, 0), 0, _sum_combine)  # nb_b - 1 - (i - S_b)
+                start = gl.reduce(gl.where(hit, lo, 0), 0, _sum_combine)
+                length = gl.reduce(gl.where(hit, hi - lo, 0), 0, _sum_combine)
+                c0 = zero + n_seq
+            else:
+                base = gl.reduce(gl.where(inb, end, 0), 0, _max_combine)
+                c0 = c0 + CHUNK
+        return b, m_blk, start, length
+
+    @gluon.jit
+    def _varlen_total(CU_Q, n_seq, BLOCK_M: gl.constexpr, WARPS: gl.constexpr):
+        """Query blocks of all sequences, sum of cdiv(len_q_b, BLOCK_M) (the persistent grid's tile count / H)."""
+        CHUNK: gl.constexpr = 32 * WARPS
+        lay: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+        total = n_seq * 0
+        for c0 in range(0, n_seq, CHUNK):
+            offs = c0 + gl.arange(0, CHUNK, layout=lay)
+            inb = offs < n_seq
+            lo = gl.load(CU_Q + offs, mask=inb, other=0)
+            hi = gl.load(CU_Q + offs + 1, mask=inb, other=0)
+            total += gl.reduce((hi - lo + (BLOCK_M - 1)) // BLOCK_M, 0, _sum_combine)
+        return total
+
+    @gluon.jit
+    def _tile_info_varlen(tile, CU_Q, CU_K, n_seq, H, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                          CAUSAL: gl.constexpr, WARPS: gl.constexpr):
+        """Tile t -> (valid, b, h, K/V head, first query row in the sequence, key blocks to visit, q start, len_q,
+        k start, len_k): _tile_info with each sequence's own lengths (causal aligned bottom-right per sequence)."""
+        h = tile % H
+        b, m_blk, q_start, len_q = _varlen_find(tile // H, CU_Q, n_seq, BLOCK_M, WARPS)
+        bk = gl.minimum(b, n_seq - 1)  # a tile past the end (b = n_seq) reads a valid entry; it does nothing
+        k_start = gl.load(CU_K + bk)
+        len_k = gl.load(CU_K + bk + 1) - k_start
+        m0 = m_blk * BLOCK_M
+        if CAUSAL:  # keys [0, hi) are visible to some row of the tile
+            hi = gl.maximum(gl.minimum(len_k, m0 + BLOCK_M + len_k - len_q), 0)
+        else:
+            hi = len_k
+        return b < n_seq, b, h, h // GROUP, m0, (hi + BLOCK_N - 1) // BLOCK_N, q_start, len_q, k_start, len_k
+
+    @gluon.jit
+    def _producer_pp_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
+                          v_ready, v_empty, it, t_i, qb, q_start, q_len, m0, k_start, h, hk, n_blocks,
+                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                          STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+        """The producer's loads for one tile: Q box of batch qb at rows q_start + .., K/V boxes at rows
+        k_start + j * BLOCK_N (dense: qb = b, starts 0; varlen: qb = 0, starts = the sequence's first token)."""
+        SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
+        k_col = hk * HEAD_DIM
+        if n_blocks > 0:
+            s = it % STAGES
+            mbarrier.wait(k_empty.index(s), ((it // STAGES) & 1) ^ 1)  # a fresh slot passes at once
+            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [qb, k_start, k_col], k_ready.index(s), k_smem.index(s))
+        for c in gl.static_range(CONSUMERS):
+            # completion t of q_empty[c]: consumer c stored tile t's output from its Q slice
+            mbarrier.wait(q_empty.index(c), (t_i & 1) ^ 1)
+            mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
+            # a slice wholly past the sequence's end (last tile) loads rows from its last row instead: its rows are
+            # never stored, and no box starts outside the tensor (partly outside is the usual ragged case)
+            q_row = q_start + gl.minimum(m0 + c * SUB_M, q_len - 1)
+            tma.async_copy_global_to_shared(q_desc, [qb, q_row, h * HEAD_DIM], q_ready.index(c), q_smem.index(c))
+        for j in range(n_blocks):
+            s = (it + j) % STAGES
+            free = (((it + j) // STAGES) & 1) ^ 1
+            if j > 0:
+                mbarrier.wait(k_empty.index(s), free)
+                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(k_desc, [qb, k_start + j * BLOCK_N, k_col], k_ready.index(s),
+                                                k_smem.index(s))
+            mbarrier.wait(v_empty.index(s), free)
+            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [qb, k_start + j * BLOCK_N, k_col], v_ready.index(s),
+                                            v_smem.index(s))
+
     @gluon.jit
     def _producer_pp(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
                      v_empty, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                     CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr):
+                     CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, CU_Q, CU_K, n_seq, VARLEN: gl.constexpr):
         """TMA warp of the ping-pong path. Per tile: K of its first block (prefetched while the consumers
         still run the previous tile's epilogue), then each consumer's Q slice once that consumer has released
-        it (q_empty), then the K/V blocks. Counters run on across tiles: `it` counts K/V blocks, `t_i` tiles."""
-        SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
+        it (q_empty), then the K/V blocks. Counters run on across tiles: `it` counts K/V blocks, `t_i` tiles.
+        Varlen: a tile past the last query block (the one-tile-a-program grid is sized by a bound) loads
+        nothing and counts nothing; the consumers skip it alike."""
         it = 0
         t_i = 0
         for tile in range(tile0, n_tiles, tile_step):
-            b, h, hk, m0, n_blocks = _tile_info(tile, n_m, BH, H, GROUP, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N,
-                                                CAUSAL)
-            k_col = hk * HEAD_DIM
-            if n_blocks > 0:
-                s = it % STAGES
-                mbarrier.wait(k_empty.index(s), ((it // STAGES) & 1) ^ 1)  # a fresh slot passes at once
-                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(k_desc, [b, 0, k_col], k_ready.index(s), k_smem.index(s))
-            for c in gl.static_range(CONSUMERS):
-                # completion t of q_empty[c]: consumer c stored tile t's output from its Q slice
-                mbarrier.wait(q_empty.index(c), (t_i & 1) ^ 1)
-                mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
-                # a slice wholly past Sq (last tile) loads rows from Sq - 1 instead: its rows are never stored,
-                # and no box starts outside the tensor (partly outside is the usual ragged case)
-                q_row = gl.minimum(m0 + c * SUB_M, seqlen_q - 1)
-                tma.async_copy_global_to_shared(q_desc, [b, q_row, h * HEAD_DIM], q_ready.index(c), q_smem.index(c))
-            for j in range(n_blocks):
-                s = (it + j) % STAGES
-                free = (((it + j) // STAGES) & 1) ^ 1
-                if j > 0:
-                    mbarrier.wait(k_empty.index(s), free)
-                    mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-                    tma.async_copy_global_to_shared(k_desc, [b, j * BLOCK_N, k_col], k_ready.index(s),
-                                                    k_smem.index(s))
-                mbarrier.wait(v_empty.index(s), free)
-                mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(v_desc, [b, j * BLOCK_N, k_col], v_ready.index(s), v_smem.index(s))
-            it += n_blocks
-            t_i += 1
+            if VARLEN:
+                ok, b, h, hk, m0, n_blocks, q_start, len_q, k_start, len_k = _tile_info_varlen(
+                    tile, CU_Q, CU_K, n_seq, H, GROUP, BLOCK_M, BLOCK_N, CAUSAL, 1)
+                if ok:
+                    _producer_pp_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                      k_empty, v_ready, v_empty, it, t_i, 0, q_start, len_q, m0, k_start, h, hk,
+                                      n_blocks, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)
+                    it += n_blocks
+                    t_i += 1
+            else:
+                b, h, hk, m0, n_blocks = _tile_info(tile, n_m, BH, H, GROUP, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N,
+                                                    CAUSAL)
+                _producer_pp_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                  k_empty, v_ready, v_empty, it, t_i, b, 0, seqlen_q, m0, 0, h, hk, n_blocks,
+                                  HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)
+                it += n_blocks
+                t_i += 1
+
+    @gluon.jit
+    def _store_rows_masked(q, O, q_start, r0, len_q, H, h, HEAD_DIM: gl.constexpr, SUB_M: gl.constexpr):
+        """Rows r0 + i < len_q of the output slice staged in shared memory (q, (SUB_M, D)) to O (Tq, H, D) at
+        token q_start + r0 + i, head h: 8 contiguous elements (16 bytes) a thread, rows past len_q masked."""
+        TPR: gl.constexpr = HEAD_DIM // 8  # threads along a row
+        st_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPR, TPR], [4, 1], [1, 0])
+        vals = q.load(st_layout)  # Triton puts the partition's barrier between q.store and this load
+        ri = gl.arange(0, SUB_M, layout=gl.SliceLayout(1, st_layout))
+        ci = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, st_layout))
+        row = (q_start + r0 + ri).to(gl.int64) * (H * HEAD_DIM) + h * HEAD_DIM
+        ptrs = O + gl.expand_dims(row, 1) + gl.expand_dims(ci, 0)
+        gl.store(ptrs, vals, mask=gl.expand_dims(r0 + ri < len_q, 1))
 
     @gluon.jit
     def _consumer_pp_tile(q_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, my_turn,
                           next_turn, o_desc, LSE, stride_lb, stride_lh, tile, it, t_i, n_m, BH, H, GROUP,
                           seqlen_q, seqlen_k, qk_scale, C: gl.constexpr, FIRST: gl.constexpr,
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, SUB_M: gl.constexpr,
-                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
+                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+                          CU_Q, CU_K, n_seq, O, VARLEN: gl.constexpr):
         """One tile of ping-pong consumer C. `it` / `t_i`: K/V blocks and tiles before this one (phases run on
         across the tiles of a persistent program). Turns: one a block with OVERLAP, so the turn number of
         block j is it + j; two without (2 (it + j) and 2 (it + j) + 1, parities FIRST and FIRST ^ 1).
-        Returns the updated it."""
+        Returns the updated it. Varlen: seqlen_q/k are the tile's sequence's lengths; a tile past the last
+        query block (ok false) does nothing, as in the producer."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        q = q_tile.reshape([SUB_M, HEAD_DIM])
+        zero_s = gl.zeros([SUB_M, BLOCK_N], gl.float32, layout=s_layout)
+        cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        if VARLEN:
+            ok, b, h, hk, m0, n_blocks, q_start, len_q, k_start, len_k = _tile_info_varlen(
+                tile, CU_Q, CU_K, n_seq, H, GROUP, BLOCK_M, BLOCK_N, CAUSAL, 4)
+            it = gl.to_tensor(it)  # a constant 0 in the one-tile-a-program grid; a tensor on both branches
+            if ok:
+                it = _consumer_pp_work(q_tile, q, zero_s, cols0, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
+                                       v_ready, v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, it,
+                                       t_i, b, h, m0, n_blocks, len_q, len_k, len_k - len_q, qk_scale, C, FIRST,
+                                       HEAD_DIM, SUB_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, q_start, O, H, True)
+        else:
+            off = seqlen_k - seqlen_q
+            b, h, hk, m0, n_blocks = _tile_info(tile, n_m, BH, H, GROUP, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N,
+                                                CAUSAL)
+            it = _consumer_pp_work(q_tile, q, zero_s, cols0, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
+                                   v_ready, v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, it, t_i,
+                                   b, h, m0, n_blocks, seqlen_q, seqlen_k, off, qk_scale, C, FIRST, HEAD_DIM, SUB_M,
+                                   BLOCK_N, STAGES, CAUSAL, OVERLAP, None, None, None, False)
+        return it
+
+    @gluon.jit
+    def _consumer_pp_work(q_tile, q, zero_s, cols0, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+                          v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, it, t_i, b, h, m0, n_blocks,
+                          seqlen_q, seqlen_k, off, qk_scale, C: gl.constexpr, FIRST: gl.constexpr,
+                          HEAD_DIM: gl.constexpr, SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                          CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, q_start, O, H, VARLEN: gl.constexpr):
+        """The key loop and epilogue of one tile (see _consumer_pp_tile); off = seqlen_k - seqlen_q."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -395,12 +554,6 @@ if HAS_GLUON:
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         dtype: gl.constexpr = q_tile.dtype
-        q = q_tile.reshape([SUB_M, HEAD_DIM])
-        zero_s = gl.zeros([SUB_M, BLOCK_N], gl.float32, layout=s_layout)
-        cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        off = seqlen_k - seqlen_q
-
-        b, h, hk, m0, n_blocks = _tile_info(tile, n_m, BH, H, GROUP, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
         r0 = m0 + C * SUB_M
         if CAUSAL:  # blocks [0, n_full) are visible to every row of this slice: no mask there
             n_full = gl.maximum(gl.minimum(seqlen_k, r0 + off + 1), 0) // BLOCK_N
@@ -478,14 +631,27 @@ if HAS_GLUON:
         empty = l_i == 0.0
         l_safe = gl.where(empty, 1.0, l_i)
         lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
-        lse_ptr = LSE + b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
+        if VARLEN:  # lse (H, Tq): row q_start + i of head h; H * Tq < 2**31 (the launcher checks it), and
+            # int32 here keeps ptxas from hoisting a sign-extended stride_lh to the kernel entry (a spill at D 256)
+            lse_ptr = LSE + (h * stride_lh + q_start)
+        else:
+            lse_ptr = LSE + b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
         gl.store(lse_ptr + rows, lse, mask=rows < seqlen_q)
         out = acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)
         if r0 < seqlen_q:  # a slice wholly past Sq (last tile, its Q loaded from row Sq - 1) stores nothing
             q.store(out.to(dtype))  # this slice's Q is dead (its wgmmas retired): it stages the output
-            fence_async_shared()
-            tma.async_copy_shared_to_global(o_desc, [b, r0, h * HEAD_DIM], q_tile)  # clips rows >= Sq
-            tma.store_wait(pendings=0)
+            if VARLEN:
+                if r0 + SUB_M <= seqlen_q:  # the whole slice inside its sequence: the TMA store, as dense
+                    fence_async_shared()
+                    tma.async_copy_shared_to_global(o_desc, [0, q_start + r0, h * HEAD_DIM], q_tile)
+                    tma.store_wait(pendings=0)
+                else:  # the sequence ends inside the slice: the rows after it are the next sequence's, so
+                    # masked 16-byte stores of the rows < len_q only (a TMA box would clip only at Tq)
+                    _store_rows_masked(q, O, q_start, r0, seqlen_q, H, h, HEAD_DIM, SUB_M)
+            else:
+                fence_async_shared()
+                tma.async_copy_shared_to_global(o_desc, [b, r0, h * HEAD_DIM], q_tile)  # clips rows >= Sq
+                tma.store_wait(pendings=0)
         mbarrier.arrive(q_empty.index(C))  # the producer may load the next tile's Q slice into it
         return it
 
@@ -494,7 +660,8 @@ if HAS_GLUON:
                      LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
                      qk_scale, C: gl.constexpr, CONSUMERS: gl.constexpr, HEAD_DIM: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                     OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr):
+                     OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr, CU_Q, CU_K, n_seq, O,
+                     VARLEN: gl.constexpr):
         """Ping-pong consumer C: one warpgroup, rows [m0 + C * SUB_M, m0 + (C + 1) * SUB_M) of each tile
         against all its key blocks. K/V block `idx` (counted across tiles) sits in slot idx % STAGES and
         completes phase (idx // STAGES) & 1 of k/v_ready; consumer c's tensor-core turn number t (counted
@@ -512,13 +679,80 @@ if HAS_GLUON:
                 it = _consumer_pp_tile(q_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
                                        v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, tile, it,
                                        t_i, n_m, BH, H, GROUP, seqlen_q, seqlen_k, qk_scale, C, FIRST,
-                                       HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)
+                                       HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, CU_Q, CU_K,
+                                       n_seq, O, VARLEN)
                 t_i += 1
         else:  # one tile a program: no loop, so the counters are constants (fewer live registers)
             _consumer_pp_tile(q_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, my_turn,
                               next_turn, o_desc, LSE, stride_lb, stride_lh, tile0, 0, 0, n_m, BH, H, GROUP,
                               seqlen_q, seqlen_k, qk_scale, C, FIRST, HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES,
-                              CAUSAL, OVERLAP)
+                              CAUSAL, OVERLAP, CU_Q, CU_K, n_seq, O, VARLEN)
+
+    @gluon.jit
+    def _pp_run(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
+                GROUP, seqlen_q, seqlen_k, qk_scale, CU_Q, CU_K, n_seq, O, HEAD_DIM: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                CONSUMER_REGS: gl.constexpr, VARLEN: gl.constexpr):
+        """The ping-pong program (dense and varlen): shared memory, barriers, the partitions. Programs take the
+        tiles tile0, tile0 + tile_step, ... < n_tiles."""
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(CONSUMERS):
+            mbarrier.init(q_ready.index(i), count=1)  # the producer's expect-tx arrive
+            mbarrier.init(q_empty.index(i), count=1)  # consumer i's arrive after its output store
+            mbarrier.init(turn.index(i), count=1)  # the previous consumer's hand-over
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=CONSUMERS)  # every consumer reads every K/V block
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=CONSUMERS)
+        # consumer 0 is the default partition (num_warps = 4), the others 4-warp workers; Triton packs the
+        # producer warp with padding warps into the last warpgroup, which gives registers back
+        if CONSUMERS == 2:
+            gl.warp_specialize([
+                (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                                turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
+                                GROUP, seqlen_q, seqlen_k, qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN)),
+                (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                                turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
+                                GROUP, seqlen_q, seqlen_k, qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN)),
+                (_producer_pp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                k_empty, v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q,
+                                seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, CU_Q, CU_K,
+                                n_seq, VARLEN)),
+            ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        else:
+            gl.static_assert(CONSUMERS == 3, "ping-pong takes 2 or 3 consumer warpgroups")
+            gl.warp_specialize([
+                (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                                turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
+                                GROUP, seqlen_q, seqlen_k, qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN)),
+                (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                                turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
+                                GROUP, seqlen_q, seqlen_k, qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN)),
+                (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                                turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
+                                GROUP, seqlen_q, seqlen_k, qk_scale, 2, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN)),
+                (_producer_pp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                k_empty, v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q,
+                                seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, CU_Q, CU_K,
+                                n_seq, VARLEN)),
+            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
     # No value specialisation of the integer arguments (Triton would otherwise compile one kernel per
     # divisibility-by-16 / == 1 class of each): one binary per (config, head dim, causal), the same one that
@@ -539,60 +773,9 @@ if HAS_GLUON:
                 tile_step = gl.num_programs(0)
             else:
                 tile_step = n_tiles  # one tile a program
-            q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
-            k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-            v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-            q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-            q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-            turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-            k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-            k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-            v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-            v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-            for i in gl.static_range(CONSUMERS):
-                mbarrier.init(q_ready.index(i), count=1)  # the producer's expect-tx arrive
-                mbarrier.init(q_empty.index(i), count=1)  # consumer i's arrive after its output store
-                mbarrier.init(turn.index(i), count=1)  # the previous consumer's hand-over
-            for i in gl.static_range(STAGES):
-                mbarrier.init(k_ready.index(i), count=1)
-                mbarrier.init(k_empty.index(i), count=CONSUMERS)  # every consumer reads every K/V block
-                mbarrier.init(v_ready.index(i), count=1)
-                mbarrier.init(v_empty.index(i), count=CONSUMERS)
-            # consumer 0 is the default partition (num_warps = 4), the others 4-warp workers; Triton packs the
-            # producer warp with padding warps into the last warpgroup, which gives registers back
-            if CONSUMERS == 2:
-                gl.warp_specialize([
-                    (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                                    turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
-                                    GROUP, seqlen_q, seqlen_k, qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                    STAGES, CAUSAL, OVERLAP, PERSISTENT)),
-                    (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                                    turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
-                                    GROUP, seqlen_q, seqlen_k, qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                    STAGES, CAUSAL, OVERLAP, PERSISTENT)),
-                    (_producer_pp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                                    k_empty, v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q,
-                                    seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL)),
-                ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-            else:
-                gl.static_assert(CONSUMERS == 3, "ping-pong takes 2 or 3 consumer warpgroups")
-                gl.warp_specialize([
-                    (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                                    turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
-                                    GROUP, seqlen_q, seqlen_k, qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                    STAGES, CAUSAL, OVERLAP, PERSISTENT)),
-                    (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                                    turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
-                                    GROUP, seqlen_q, seqlen_k, qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                    STAGES, CAUSAL, OVERLAP, PERSISTENT)),
-                    (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                                    turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
-                                    GROUP, seqlen_q, seqlen_k, qk_scale, 2, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                    STAGES, CAUSAL, OVERLAP, PERSISTENT)),
-                    (_producer_pp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                                    k_empty, v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q,
-                                    seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL)),
-                ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+            _pp_run(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
+                    GROUP, seqlen_q, seqlen_k, qk_scale, None, None, None, None, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                    CAUSAL, OVERLAP, CONSUMERS, PERSISTENT, PRODUCER_REGS, CONSUMER_REGS, False)
         else:
             # Heaviest query tiles first: under a causal mask the last tiles see the most keys.
             pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
@@ -636,6 +819,29 @@ if HAS_GLUON:
                              v_empty, b, m0, q_col, k_col, n_blocks, BLOCK_N, STAGES)),
             ], [1], [PRODUCER_REGS])
 
+    # Packed varlen layout (ping-pong only): q/out as (1, Tq, H * D), k/v as (1, Tk, Hkv * D) descriptors (the
+    # packed 2-D tensor with a unit batch dimension, so boxes and shared layouts are the dense path's), boxes at
+    # row cu_seqlens[b] + block start; rows past a sequence's end read the next sequence's (masked keys, query
+    # rows never stored). Grid: one program per tile of a bound n_tiles = H * (bound on sum cdiv(len_q_b,
+    # BLOCK_M)) (tiles past the last block do nothing), or persistent: the exact count from cu_seqlens_q.
+    @gluon.jit(do_not_specialize=["stride_lh", "H", "GROUP", "n_seq", "n_tiles"])
+    def _fa3_fwd_varlen_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, CU_Q, CU_K, stride_lh, H, GROUP, n_seq,
+                               n_tiles, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                               OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr,
+                               PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                               num_warps: gl.constexpr):
+        gl.static_assert(PINGPONG, "the varlen forward runs the ping-pong schedule")
+        tile0 = gl.program_id(0)
+        if PERSISTENT:
+            n_tiles = _varlen_total(CU_Q, n_seq, BLOCK_M, num_warps) * H  # every tile below it is a real one
+            tile_step = gl.num_programs(0)
+        else:
+            tile_step = n_tiles  # one tile a program
+        _pp_run(q_desc, k_desc, v_desc, o_desc, LSE, 0, stride_lh, tile0, tile_step, n_tiles, 0, 0, H, GROUP, 0, 0,
+                qk_scale, CU_Q, CU_K, n_seq, O, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, CONSUMERS,
+                PERSISTENT, PRODUCER_REGS, CONSUMER_REGS, True)
+
 
 def _gl_dtype(dtype: torch.dtype):
     return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
@@ -646,18 +852,28 @@ def tile_layout(block_rows: int, head_dim: int, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for([1, block_rows, head_dim], _gl_dtype(dtype))
 
 
-def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, need_contiguous: bool = True) -> str | None:
-    """Why attention_fa3_fwd cannot run these inputs, or None (dense, 16-bit, Hopper, D in 64/128/256,
-    16-byte aligned as TMA reads them, and with need_contiguous: contiguous)."""
+def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, need_contiguous: bool = True,
+                varlen: bool = False) -> str | None:
+    """Why attention_fa3_fwd cannot run these inputs, or None (dense, or with varlen the packed layout; 16-bit,
+    Hopper, D in 64/128/256, 16-byte aligned as TMA reads them, and with need_contiguous: contiguous)."""
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         return "q, k, v must be tensors"
-    if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
-        return "fa3 takes the dense layout q (B, Sq, H, D), k and v (B, Sk, Hkv, D)"
-    B, Sq, H, D = q.shape
-    if D not in HEAD_DIMS:
-        return f"head_dim={D}: fa3 takes 64, 128 or 256"
-    if k.shape[0] != B or k.shape[3] != D or k.shape[2] == 0 or H % k.shape[2]:
-        return f"k/v {tuple(k.shape)} do not fit q {tuple(q.shape)} (same batch and head_dim, H % Hkv == 0)"
+    if varlen:
+        if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
+            return "fa3 varlen takes the packed layout q (Tq, H, D), k and v (Tk, Hkv, D)"
+        H, D = q.shape[1:]
+        if D not in HEAD_DIMS:
+            return f"head_dim={D}: fa3 takes 64, 128 or 256"
+        if k.shape[2] != D or k.shape[1] == 0 or H % k.shape[1]:
+            return f"k/v {tuple(k.shape)} do not fit q {tuple(q.shape)} (same head_dim, H % Hkv == 0)"
+    else:
+        if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
+            return "fa3 takes the dense layout q (B, Sq, H, D), k and v (B, Sk, Hkv, D)"
+        B, Sq, H, D = q.shape
+        if D not in HEAD_DIMS:
+            return f"head_dim={D}: fa3 takes 64, 128 or 256"
+        if k.shape[0] != B or k.shape[3] != D or k.shape[2] == 0 or H % k.shape[2]:
+            return f"k/v {tuple(k.shape)} do not fit q {tuple(q.shape)} (same batch and head_dim, H % Hkv == 0)"
     if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"dtype {q.dtype}: fa3 takes float16 or bfloat16"
     if not (q.is_cuda and k.is_cuda and v.is_cuda) or torch.cuda.get_device_capability(q.device)[0] != 9:
@@ -671,6 +887,51 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, need_conti
     return None
 
 
+# ---- varlen bookkeeping (pure Python; the kernel's _varlen_find / _tile_info_varlen do the same on the GPU) ----
+
+def varlen_block_bound(total_q: int, n_seq: int, max_seqlen_q: int, block_m: int) -> int:
+    """An upper bound on the query blocks of a packed batch, sum_b cdiv(len_q_b, block_m), from what the host
+    knows without reading cu_seqlens_q (no device sync): sum_b floor(len_b / block_m) <= total_q // block_m plus
+    at most one partial block a sequence; and at most cdiv(max_seqlen_q, block_m) a sequence. Exact when every
+    sequence has max_seqlen_q tokens. The one-tile-a-program grid is H times this."""
+    return min(total_q // block_m + n_seq, n_seq * -(-max_seqlen_q // block_m))
+
+
+def varlen_schedule(cu_seqlens_q, n_heads: int, block_m: int) -> list[tuple[int, int, int]]:
+    """(sequence, head, query block) of tile t = 0, 1, ... as the kernel orders them: sequence by sequence,
+    each one's query blocks last first (the most keys under a causal mask), all heads of a block together
+    (t % n_heads is the head). Empty sequences have no tile. For tests and tools."""
+    cu = [int(x) for x in cu_seqlens_q]
+    tiles = []
+    for b in range(len(cu) - 1):
+        for blk in reversed(range(-(-(cu[b + 1] - cu[b]) // block_m))):
+            tiles += [(b, h, blk) for h in range(n_heads)]
+    return tiles
+
+
+def varlen_find(i: int, cu_seqlens_q, block_m: int, chunk: int = 128) -> tuple[int, int, int, int]:
+    """What the kernel's _varlen_find computes for compact query block i (tile // H), step by step as it does
+    (a prefix sum over `chunk` sequences at a time, 32 per warp): (sequence b, its query block, first token,
+    length); b = number of sequences when i is past the last block. For the unit test of that arithmetic."""
+    cu = [int(x) for x in cu_seqlens_q]
+    n_seq = len(cu) - 1
+    base, c0 = 0, 0
+    while c0 < n_seq:
+        offs = [o for o in range(c0, c0 + chunk)]
+        lo = [cu[o] if o < n_seq else 0 for o in offs]
+        hi = [cu[o + 1] if o < n_seq else 0 for o in offs]
+        nb = [(h - l + block_m - 1) // block_m for l, h in zip(lo, hi)]
+        end = [base + sum(nb[:j + 1]) for j in range(chunk)]
+        hit = [j for j in range(chunk) if end[j] - nb[j] <= i < end[j]]
+        assert len(hit) <= 1
+        if hit:
+            j = hit[0]
+            return offs[j], end[j] - 1 - i, lo[j], hi[j] - lo[j]
+        base = max(e for e, o in zip(end, offs) if o < n_seq)
+        c0 += chunk
+    return n_seq, 0, 0, 0
+
+
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -680,19 +941,61 @@ def _num_sms(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, varlen: bool = False) -> bool:
     """Whether attention_fa3_fwd can run these inputs (see unsupported)."""
-    return unsupported(q, k, v) is None
+    return unsupported(q, k, v, varlen=varlen) is None
+
+
+def _check_cu(q, cu_seqlens_q, cu_seqlens_k) -> str | None:
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2:
+            return f"{name} must be a 1-D int32 tensor of batch + 1 >= 2 offsets"
+        if cu.device != q.device:
+            return f"{name} is on {cu.device} but q is on {q.device}"
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        return "cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1)"
+    return None
 
 
 def attention_fa3_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                      softmax_scale: float | None = None, config: FA3Config | None = None):
-    """out (B, Sq, H, D), lse (B, H, Sq) fp32 of softmax(scale * q k^T) v; see the module docstring."""
-    why = unsupported(q, k, v)
+                      softmax_scale: float | None = None, config: FA3Config | None = None,
+                      cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
+                      max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+                      out: torch.Tensor | None = None):
+    """out (B, Sq, H, D), lse (B, H, Sq) fp32 of softmax(scale * q k^T) v; see the module docstring.
+
+    Varlen (cu_seqlens_q/k given, flash-attn's packed layout, as ops.attention): q (Tq, H, D), k/v (Tk, Hkv, D),
+    cu_seqlens int32 (B + 1,) on q's device -> out (Tq, H, D), lse (H, Tq). Sequence b is tokens
+    [cu_seqlens[b], cu_seqlens[b + 1]); causal aligned bottom-right in each; rows of a sequence with no key give
+    0 and lse -inf. The offsets are trusted as they are (ops.attention checks them: non-decreasing from 0 to
+    Tq / Tk); they may also start above 0 or end below Tq / Tk: the rows outside are neither attended nor
+    written (unless k has no token at all: then out is zeroed, lse -inf, whole). max_seqlen_q must be at
+    least the longest query sequence (it sizes the grid; None: read from cu_seqlens_q, a device sync).
+    max_seqlen_k is unused.
+    out: written in place when given (q's shape and dtype, contiguous); rows no sequence covers keep their
+    values (the GPU tests fill it with a sentinel)."""
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    why = unsupported(q, k, v, varlen=varlen) or (_check_cu(q, cu_seqlens_q, cu_seqlens_k) if varlen else None)
+    if why is None and out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device
+                                            or not out.is_contiguous() or out.data_ptr() % 16):
+        why = f"out must be a contiguous, 16-byte aligned tensor like q {tuple(q.shape)} {q.dtype}"
     if why is not None:
         raise ValueError(f"attention_fa3_fwd: {why}")
+    if out is None:
+        out = torch.empty_like(q)
+    if varlen:
+        Tq, H, _ = q.shape
+        lse = torch.empty((H, Tq), device=q.device, dtype=torch.float32)
+        if Tq == 0 or H == 0:
+            return out, lse
+        if k.shape[0] == 0:  # no keys anywhere: every row is empty (and a TMA box needs a non-empty tensor)
+            return out.zero_(), lse.fill_(float("-inf"))
+        grid, args, constexprs = _launch_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal,
+                                                softmax_scale, config)
+        if grid[0] > 0:  # 0: every sequence is empty
+            _fa3_fwd_varlen_kernel[grid](*args, **constexprs)
+        return out, lse
     B, Sq, H, D = q.shape
-    out = torch.empty_like(q)
     lse = torch.empty((B, H, Sq), device=q.device, dtype=torch.float32)
     if B == 0 or Sq == 0 or H == 0:
         return out, lse
@@ -704,13 +1007,21 @@ def attention_fa3_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
 
 
 def precompile(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-               config: FA3Config | None = None) -> None:
+               config: FA3Config | None = None, cu_seqlens_q: torch.Tensor | None = None,
+               cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: int | None = None) -> None:
     """Compile (into Triton's cache, without launching) the kernel attention_fa3_fwd would run on inputs
-    like these; only dtype, head dim, causal and the config matter (no integer is specialised)."""
-    why = unsupported(q, k, v)
+    like these; only dtype, head dim, causal, varlen and the config matter (no integer is specialised)."""
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    why = unsupported(q, k, v, varlen=varlen) or (_check_cu(q, cu_seqlens_q, cu_seqlens_k) if varlen else None)
     if why is not None:
         raise ValueError(f"precompile: {why}")
     out = torch.empty_like(q)
+    if varlen:
+        lse = torch.empty(q.shape[1], q.shape[0], device=q.device, dtype=torch.float32)
+        grid, args, constexprs = _launch_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal,
+                                                None, config)
+        _fa3_fwd_varlen_kernel.warmup(*args, grid=grid, **constexprs)
+        return
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32)
     grid, args, constexprs = _launch(q, k, v, out, lse, causal, None, config)
     _fa3_fwd_kernel.warmup(*args, grid=grid, **constexprs)
@@ -744,15 +1055,45 @@ def _launch(q, k, v, out, lse, causal, softmax_scale, config):
     return grid, args, _constexprs(D, bool(causal), cfg)
 
 
+def _launch_varlen(q, k, v, out, lse, cu_q, cu_k, max_q, causal, softmax_scale, config):
+    """(grid, arguments, constexprs) of the varlen kernel for non-empty packed inputs."""
+    Tq, H, D = q.shape
+    Tk, Hkv = k.shape[0], k.shape[1]
+    n_seq = cu_q.numel() - 1
+    scale = softmax_scale if softmax_scale is not None else D ** -0.5
+    cfg = config or DEFAULT_CONFIGS[D]
+    bad = config_error(D, cfg, varlen=True)
+    if bad is not None:
+        raise ValueError(f"attention_fa3_fwd: {cfg}: {bad}")
+    if max_q is None:
+        max_q = int((cu_q[1:] - cu_q[:-1]).max())
+    q_lay, kv_lay = tile_layout(cfg.q_rows, D, q.dtype), tile_layout(cfg.block_n, D, q.dtype)
+    # The packed (T, heads * D) tensors with a unit batch dimension: the dense path's boxes and layouts, at
+    # row cu_seqlens[b] + block start. TMA bounds are the whole packed tensor's (zero-fill past T only): rows
+    # past a sequence's end are the next sequence's, masked as keys and never stored as queries.
+    q_desc = TensorDescriptor(q, [1, Tq, H * D], [Tq * H * D, H * D, 1], [1, cfg.q_rows, D], q_lay)
+    o_desc = TensorDescriptor(out, [1, Tq, H * D], [Tq * H * D, H * D, 1], [1, cfg.q_rows, D], q_lay)
+    k_desc = TensorDescriptor(k, [1, Tk, Hkv * D], [Tk * Hkv * D, Hkv * D, 1], [1, cfg.block_n, D], kv_lay)
+    v_desc = TensorDescriptor(v, [1, Tk, Hkv * D], [Tk * Hkv * D, Hkv * D, 1], [1, cfg.block_n, D], kv_lay)
+    if H * Tq >= 2**31:  # the kernel indexes lse (H, Tq) in int32 (a q that big is > 256 GB)
+        raise ValueError(f"attention_fa3_fwd: {H} heads x {Tq} tokens: more than 2**31 lse entries")
+    n_tiles = varlen_block_bound(Tq, n_seq, max_q, cfg.block_m) * H
+    grid = (min(n_tiles, _num_sms(q.device)), ) if cfg.persistent else (n_tiles, )
+    args = (q_desc, k_desc, v_desc, o_desc, out, lse, cu_q.contiguous(), cu_k.contiguous(), lse.stride(0), H,
+            H // Hkv, n_seq, n_tiles, float(scale) * LOG2E)
+    return grid, args, _constexprs(D, bool(causal), cfg)
+
+
 def compile_sm90(head_dim: int, causal: bool, *, dtype: torch.dtype = torch.bfloat16,
-                 config: FA3Config | None = None):
+                 config: FA3Config | None = None, varlen: bool = False):
     """Ahead-of-time compile for sm_90 (needs no GPU: Triton ships ptxas). Returns triton's CompiledKernel
-    (.asm["ptx"], .asm["cubin"], .metadata.shared, .n_regs/.n_spills once loaded). For tests and tools."""
+    (.asm["ptx"], .asm["cubin"], .metadata.shared, .n_regs/.n_spills once loaded). For tests and tools.
+    varlen: the packed-layout kernel, its pointers 16-byte aligned as a launch on torch tensors specialises them."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     cfg = config or DEFAULT_CONFIGS[head_dim]
-    bad = config_error(head_dim, cfg)
+    bad = config_error(head_dim, cfg, varlen=varlen)
     if bad is not None:
         raise ValueError(f"compile_sm90: {cfg}: {bad}")
     ty = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
@@ -760,6 +1101,17 @@ def compile_sm90(head_dim: int, causal: bool, *, dtype: torch.dtype = torch.bflo
     def desc(rows):
         return f"tensordesc<{ty}[1,{rows},{head_dim}],{tile_layout(rows, head_dim, dtype)!r}>"
 
+    if varlen:
+        signature = {"q_desc": desc(cfg.q_rows), "k_desc": desc(cfg.block_n), "v_desc": desc(cfg.block_n),
+                     "o_desc": desc(cfg.q_rows), "O": f"*{ty}", "LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32",
+                     "stride_lh": "i32", "H": "i32", "GROUP": "i32", "n_seq": "i32", "n_tiles": "i32",
+                     "qk_scale": "fp32"}
+        names = list(signature)
+        attrs = {(names.index(n), ): [["tt.divisibility", 16]] for n in ("O", "LSE", "CU_Q", "CU_K")}
+        constexprs = _constexprs(head_dim, bool(causal), cfg)
+        signature.update({name: "constexpr" for name in constexprs})
+        src = GluonASTSource(fn=_fa3_fwd_varlen_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
     signature = {"q_desc": desc(cfg.q_rows), "k_desc": desc(cfg.block_n), "v_desc": desc(cfg.block_n),
                  "o_desc": desc(cfg.q_rows), "LSE": "*fp32", "stride_lb": "i32", "stride_lh": "i32", "H": "i32",
                  "GROUP": "i32", "BH": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "qk_scale": "fp32"}

@@ -28,6 +28,10 @@ _IMPLS = ("auto", "triton", "fa3", "reference")
 # FLASHSCALE_FA3=1 takes it wherever it applies, =0 never.
 FA3_ENV = "FLASHSCALE_FA3"
 FA3_AUTO_MIN_SEQLEN_Q = {64: 2048, 128: 1024, 256: 2048}
+# The packed varlen layout runs on the fa3 forward only with impl="fa3": "auto" (FLASHSCALE_FA3=1 included) keeps
+# FA2's Triton kernels for varlen until its GPU tests (tests/kernels/test_attention_fa3_gpu.py -k varlen) have
+# passed on an H200 (written and compiled for sm_90 without a GPU, not yet run).
+FA3_AUTO_VARLEN = False
 
 
 def _auto_wants_fa3(q: torch.Tensor, seqlen_q: int) -> bool:
@@ -42,11 +46,18 @@ def _auto_wants_fa3(q: torch.Tensor, seqlen_q: int) -> bool:
     return mode == "1" or (need is not None and seqlen_q >= need)
 
 
+def _auto_takes_fa3(q: torch.Tensor, seqlen_q: int, varlen: bool) -> bool:
+    """impl="auto": whether to try the fa3 forward (then only if fa3_unsupported finds nothing)."""
+    if varlen and not FA3_AUTO_VARLEN:
+        _auto_wants_fa3(q, seqlen_q)  # still rejects a bad FLASHSCALE_FA3 value
+        return False
+    return _auto_wants_fa3(q, seqlen_q)
+
+
 def fa3_unsupported(q, k, v, *, varlen: bool, left: int, right: int, causal: bool, softcap: float,
                     alibi_slopes, dropout_p: float) -> str | None:
-    """Why the FA3 forward cannot take this call (None: it can). Features first, then the tensors."""
-    if varlen:
-        return "the packed varlen layout (cu_seqlens_q/k) runs on the FA2 kernels"
+    """Why the FA3 forward cannot take this call (None: it can). Features first, then the tensors (dense, or
+    the packed varlen layout)."""
     if left != -1 or (right != -1 and not causal):
         return f"window={(left, right)}: sliding windows run on the FA2 kernels (fa3 takes causal or none)"
     if softcap:
@@ -57,7 +68,8 @@ def fa3_unsupported(q, k, v, *, varlen: bool, left: int, right: int, causal: boo
         return f"dropout_p={dropout_p}: runs on the FA2 kernels"
     from flashscale.kernels.attention_fa3 import unsupported
 
-    return unsupported(q, k, v, need_contiguous=False)  # the op copies non-contiguous ones (copies are aligned)
+    # the op copies non-contiguous ones (copies are aligned)
+    return unsupported(q, k, v, need_contiguous=False, varlen=varlen)
 
 
 
@@ -142,9 +154,10 @@ def attention(
     deterministic: bitwise-reproducible gradients (a separate dQ pass instead of atomics).
     impl: "auto" (Triton kernels on CUDA, reference elsewhere), "triton" (also on CPU when
     TRITON_INTERPRET=1, for tests), "fa3" (the Hopper forward of kernels.attention_fa3, FA2's backward;
-    dense, causal or full, no softcap/alibi/dropout, head_dim 64/128/256, 16-bit, sm_90: anything else
-    raises) or "reference". On an sm_90 GPU "auto" takes "fa3" where it is the faster forward
-    (FA3_AUTO_MIN_SEQLEN_Q); FLASHSCALE_FA3=1: wherever it applies, =0: never.
+    dense or packed varlen, causal or full, no softcap/alibi/dropout, head_dim 64/128/256, 16-bit, sm_90:
+    anything else raises) or "reference". On an sm_90 GPU "auto" takes "fa3" for the dense layout where it
+    is the faster forward (FA3_AUTO_MIN_SEQLEN_Q); FLASHSCALE_FA3=1: wherever it applies, =0: never; varlen
+    stays on FA2 under "auto" for now (FA3_AUTO_VARLEN).
     fp8: FlashAttention-3's FP8 forward (flashscale.ops.attention_fp8 with its defaults: Hadamard, block
     quantization; bf16 backward); dense layout, causal and softmax_scale only.
     Returns out like q [, lse].
@@ -235,7 +248,7 @@ def attention(
         if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(f"impl='triton' needs a CUDA tensor (q is on {q.device}) or TRITON_INTERPRET=1")
 
-    if impl == "fa3" or (impl == "auto" and _auto_wants_fa3(q, max_seqlen_q)):
+    if impl == "fa3" or (impl == "auto" and _auto_takes_fa3(q, max_seqlen_q, varlen)):
         why = fa3_unsupported(q, k, v, varlen=varlen, left=left, right=right, causal=causal, softcap=softcap,
                               alibi_slopes=alibi_slopes, dropout_p=dropout_p)
         if why is None:

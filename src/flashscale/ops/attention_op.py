@@ -11,8 +11,8 @@ Inputs arrive validated by flashscale.ops.attention.attention. Dispatch per call
   impl="triton"    -> the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1 for tests)
   impl="reference" -> plain PyTorch (flashscale.reference.attention)
   impl="auto"      -> Triton on CUDA for 16/32-bit floats, the reference otherwise (CPU, float64)
-  impl="fa3"       -> the Hopper forward (kernels.attention_fa3; checked eligible by ops.attention),
-                      the Triton FA2 backward (same out/lse conventions)
+  impl="fa3"       -> the Hopper forward (kernels.attention_fa3, dense or varlen; checked eligible by
+                      ops.attention), the Triton FA2 backward (same out/lse conventions, varlen included)
 Causal is window_right = 0 here. Outputs are always freshly allocated and contiguous (the fakes say so).
 """
 
@@ -51,7 +51,8 @@ def fwd_impl(q, k, v, cu_q, cu_k, alibi, seed: int, max_q, max_k, scale, wl, wr,
         from flashscale.kernels.attention_fa3 import attention_fa3_fwd
 
         return attention_fa3_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal=wr == 0,
-                                 softmax_scale=scale)
+                                 softmax_scale=scale, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
+                                 max_seqlen_k=max_k)
     if use_triton(q, impl):
         from flashscale.kernels.attention_fwd import attention_fwd  # kernels load on first use, not at import
 
