@@ -16,6 +16,12 @@ For M = 1 and 16 and the six Llama-3 shapes (K x N; group 128, bf16 activations)
            in flight): the memory ceiling of the GEMM's access pattern
   d-dec    the new stream-K tensor-core decode kernel, every config x programs per SM
   a-dec / b-dec   its loads-only (PROBE=1) and no-reduction (PROBE=2) modes at the best config
+  s-triton / s-tma / s-gluon   (M = 0, right after e-copy: the first rows of every shape) loads-only streams of
+           the packed qweight words (flashscale.kernels.w4a16_stream): every word read once and XORed into a
+           checksum a program, no scales, no x, no math; plain Triton 16-byte loads into a register ring,
+           Triton tensor descriptors (TMA) in a pipelined loop, a warp-specialized Gluon TMA ring; boxes of
+           consecutive fragments (flat) or the decode kernel's item (tile), persistent grids of per_sm
+           programs an SM (the split column), KB in flight an SM in the row. TB/s on the qweight bytes read
 Every kernel row is checked before it is timed: outputs against x @ dequantized W in float64 (error at
 most 2x cuBLAS bf16's + 1e-3), PROBE=1 checksums (XOR) against that of all the packed words (every word
 read once), PROBE=2 partials summed on the host against the same reference. A failure prints WRONG, stays
@@ -27,7 +33,9 @@ copies pass 3x the L2 (50 MB on the H200): without that 4096^2 (8.4 MB) would be
 Bytes (TB/s column): packed K*N/2 + scale/zero words K/G*N*4; bf16 K*N*2; copy 2x packed.
 Output: $OUT/w4a16_probe-<gpu>.json (written after every shape) and a table on stdout.
 Stages are time-limited (--budget seconds in all, default 160; compiles in parallel first, then
-shapes, 8192^2 first); whatever runs out of time is listed as skipped.
+shapes, 8192^2 first); whatever runs out of time is listed as skipped. --kinds runs only the row kinds
+listed (e.g. --kinds s-triton,s-tma,s-gluon,e-copy: the streaming rows in about a minute; the JSON is then
+w4a16_probe-<gpu>-stream.json, or -subset.json, so a partial run never overwrites the full one).
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from flashscale.kernels import w4a16 as W  # noqa: E402
+from flashscale.kernels import w4a16_stream as WS  # noqa: E402
 from flashscale.kernels.w4a16 import DecodeConfig, GemmConfig, GemvConfig  # noqa: E402
 from flashscale.kernels.w4a16_pack import PackedW4, pack_w4  # noqa: E402
 from flashscale.reference.w4a16 import dequantize_w4  # noqa: E402
@@ -74,6 +83,20 @@ DEC_SWEEP = list(W._DECODE_CANDIDATES) + [DecodeConfig(bn=512, kt=2, num_warps=8
                                           DecodeConfig(bn=128, kt=2, prefetch=2)]
 DEC_SWEEP_16 = list(W._DECODE_CANDIDATES) + [DecodeConfig(bn=256, kt=2, num_warps=8),
                                              DecodeConfig(bn=128, kt=2)]
+
+
+# (s) loads-only streams of the packed words: kind -> configs (w4a16_stream.STREAM_CONFIGS, their comments
+# give the KB in flight an SM of each)
+STREAM_KINDS = {"s-triton": "triton", "s-tma": "tma", "s-gluon": "gluon"}
+ALL_KINDS = ("e-copy", *STREAM_KINDS, "e-bf16", "noop", "c-gemv", "a-gemv", "b-gemv", "c-gemm", "a-gemm", "d-dec",
+             "a-dec", "b-dec", "fp16-check")
+PER_M_KINDS = ALL_KINDS[1 + len(STREAM_KINDS):]
+
+
+def stream_configs(kinds=None) -> list[tuple[str, WS.StreamConfig]]:
+    """(row kind, config) of the streaming rows to run (gluon only where Triton has it)."""
+    return [(kind, c) for kind, sk in STREAM_KINDS.items() if kinds is None or kind in kinds
+            for c in WS.STREAM_CONFIGS[sk] if sk != "gluon" or WS.HAS_GLUON]
 
 
 def per_sm_options(cfg: DecodeConfig) -> list[int]:
@@ -141,9 +164,10 @@ def decode_slot_sum(ws: torch.Tensor, n: int, cfg: DecodeConfig, cmax: int, m: i
 
 
 class Ctx:
-    def __init__(self, budget: float):
+    def __init__(self, budget: float, kinds=None):
         self.t0 = time.time()
         self.budget = budget
+        self.kinds = None if kinds is None else set(kinds)  # row kinds to run (None: all)
         self.rows: list[dict] = []
         self.skipped: list[str] = []
         self.errors: list[str] = []
@@ -151,6 +175,9 @@ class Ctx:
 
     def left(self) -> float:
         return self.budget - (time.time() - self.t0)
+
+    def want(self, *kinds) -> bool:
+        return self.kinds is None or any(k in self.kinds for k in kinds)
 
 
 def graph_us(calls: list, ncopies: int, reps: int = 10) -> float:
@@ -186,6 +213,12 @@ def graph_us(calls: list, ncopies: int, reps: int = 10) -> float:
 def _warm(job: dict) -> str:
     try:
         torch.manual_seed(0)
+        if job["kind"] == "stream":  # 512 x 512: every box divides it, as it divides the Llama shapes
+            p = random_packed(512, 512, torch.Generator(device="cuda").manual_seed(0))
+            out = torch.zeros(4096, dtype=torch.int32, device="cuda")
+            WS.launch(p, out, WS.StreamConfig(**job["config"]), 1, W._device_info(torch.device("cuda"))[1])
+            torch.cuda.synchronize()
+            return ""
         k, n = 256, 512
         p = random_packed(k, n, torch.Generator(device="cuda").manual_seed(0))
         dt = getattr(torch, job["dtype"])
@@ -199,8 +232,12 @@ def _warm(job: dict) -> str:
         return f"{job['kind']} {job['config']} probe={job['probe']} m={job['m']}: {e!r}"[:400]
 
 
-def compile_jobs() -> list[dict]:
-    jobs = []
+def compile_jobs(ctx: Ctx | None = None) -> list[dict]:
+    want = ctx.want if ctx is not None else (lambda *k: True)
+    jobs = [dict(kind="stream", config=asdict(c), probe=0, m=0, dtype="int32")
+            for _, c in stream_configs(None if ctx is None else ctx.kinds)]
+    if not want(*PER_M_KINDS):
+        return jobs
     for c in GEMV_SWEEP:
         jobs.append(dict(kind="gemv", config=asdict(c), probe=0, m=1, dtype="bfloat16"))
     for c in [*GEMV_PROBED, *GEMM_GRID_PROBE.values()]:
@@ -221,7 +258,9 @@ def precompile(ctx: Ctx, limit: float) -> None:
     import multiprocessing
     import os
 
-    jobs = compile_jobs()
+    jobs = compile_jobs(ctx)
+    if not jobs:
+        return
     t0 = time.time()
     ctx_mp = multiprocessing.get_context("spawn")
     pool = ctx_mp.Pool(min(len(jobs), max(1, (os.cpu_count() or 2) - 1)))
@@ -246,16 +285,13 @@ def run_shape(ctx: Ctx, k: int, n: int, gen: torch.Generator, l2: int, deadline:
     ncopies = max(2, min(32, math.ceil(3 * l2 / nbytes)))
     packs = [base] + [PackedW4(qweight=base.qweight.clone(), sz=base.sz.clone(), perm=None, in_features=k,
                                out_features=n, group_size=G) for _ in range(ncopies - 1)]
-    w64 = dequantize_w4(base, torch.float64)  # (K, N)
-    w_bf16 = w64.to(torch.bfloat16).t().contiguous()  # (N, K)
-    nb16 = max(2, min(32, math.ceil(3 * l2 / (k * n * 2))))
-    wcopies = [w_bf16] + [w_bf16.clone() for _ in range(nb16 - 1)]
     floor = nbytes / (COPY_TBPS * 1e6)
 
     def row(**kw):
         kw.update(K=k, N=n, copies=ncopies, floor_us=floor)
+        nb = kw.pop("nbytes", nbytes)
         if kw.get("us") is not None:
-            kw["TBps"] = (kw.pop("nbytes", nbytes)) / kw["us"] * 1e-6
+            kw["TBps"] = nb / kw["us"] * 1e-6
         ctx.rows.append(kw)
         return kw
 
@@ -266,10 +302,23 @@ def run_shape(ctx: Ctx, k: int, n: int, gen: torch.Generator, l2: int, deadline:
         return False
 
     # (e) copy of the packed words
-    dst = torch.empty_like(base.qweight)
-    us = graph_us([lambda i=i: dst.copy_(packs[i].qweight) for i in range(ncopies)], ncopies)
-    row(M=0, kind="e-copy", us=us, nbytes=2 * base.qweight.numel() * 4, ok=True)
+    if ctx.want("e-copy"):
+        dst = torch.empty_like(base.qweight)
+        us = graph_us([lambda i=i: dst.copy_(packs[i].qweight) for i in range(ncopies)], ncopies)
+        row(M=0, kind="e-copy", us=us, nbytes=2 * base.qweight.numel() * 4, ok=True)
+        del dst
     sms = W._device_info(torch.device("cuda"))[1]
+    # (s) loads-only streams of the packed words, first: a short budget still measures them
+    if ctx.want(*STREAM_KINDS):
+        run_streams(ctx, k, n, packs, sms, row, out_of_time)
+    if not ctx.want(*PER_M_KINDS):
+        del packs, base
+        torch.cuda.empty_cache()
+        return
+    w64 = dequantize_w4(base, torch.float64)  # (K, N)
+    w_bf16 = w64.to(torch.bfloat16).t().contiguous()  # (N, K)
+    nb16 = max(2, min(32, math.ceil(3 * l2 / (k * n * 2))))
+    wcopies = [w_bf16] + [w_bf16.clone() for _ in range(nb16 - 1)]
     noop_out = torch.empty(8 * sms, dtype=torch.int32, device="cuda")
 
     for m in (1, 16):
@@ -278,10 +327,12 @@ def run_shape(ctx: Ctx, k: int, n: int, gen: torch.Generator, l2: int, deadline:
         err_bf16 = rel_err(F.linear(x, w_bf16), ref)
         tol = 2 * err_bf16 + 1e-3
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        us = graph_us([lambda i=i: F.linear(x, wcopies[i]) for i in range(nb16)], nb16)
-        row(M=m, kind="e-bf16", us=us, nbytes=k * n * 2, ok=True, err=err_bf16)
-        us = graph_us([lambda: _noop_kernel[(4 * sms,)](noop_out)], 1)
-        row(M=m, kind="noop", us=us, nbytes=0, ok=True, note=f"{4 * sms} programs")
+        if ctx.want("e-bf16"):
+            us = graph_us([lambda i=i: F.linear(x, wcopies[i]) for i in range(nb16)], nb16)
+            row(M=m, kind="e-bf16", us=us, nbytes=k * n * 2, ok=True, err=err_bf16)
+        if ctx.want("noop"):
+            us = graph_us([lambda: _noop_kernel[(4 * sms,)](noop_out)], 1)
+            row(M=m, kind="noop", us=us, nbytes=0, ok=True, note=f"{4 * sms} programs")
 
         def timed(kind, label, cfg, split, probe=0):
             """check then time one (kernel, config, split) at this M; returns the row (us None on error)."""
@@ -302,7 +353,7 @@ def run_shape(ctx: Ctx, k: int, n: int, gen: torch.Generator, l2: int, deadline:
                 return row(**info, us=None, ok=False, err=None)
 
         best = {}
-        if m == 1:
+        if m == 1 and ctx.want("c-gemv", "a-gemv", "b-gemv"):  # a-/b- rows probe the best c- config
             for cfg in GEMV_SWEEP:
                 if out_of_time(f"M={m} gemv sweep"):
                     break
@@ -316,9 +367,11 @@ def run_shape(ctx: Ctx, k: int, n: int, gen: torch.Generator, l2: int, deadline:
             if probed and not out_of_time("M=1 gemv probes"):
                 r = min(probed, key=lambda r: r["us"])
                 cfg = GemvConfig(**r["config"])
-                timed("a-gemv", _label(cfg), cfg, r["split"], probe=1)
-                timed("b-gemv", _label(cfg), cfg, r["split"], probe=2)
-        else:
+                if ctx.want("a-gemv"):
+                    timed("a-gemv", _label(cfg), cfg, r["split"], probe=1)
+                if ctx.want("b-gemv"):
+                    timed("b-gemv", _label(cfg), cfg, r["split"], probe=2)
+        elif m == 16 and ctx.want("c-gemm", "a-gemm"):
             for cfg in GEMM_SWEEP:
                 if out_of_time(f"M={m} gemm sweep"):
                     break
@@ -327,10 +380,11 @@ def run_shape(ctx: Ctx, k: int, n: int, gen: torch.Generator, l2: int, deadline:
                     r = timed("c-gemm", _label(cfg), cfg, s)
                     if r["us"] is not None and r["ok"] and r["us"] < best.get("gemm", (1e9,))[0]:
                         best["gemm"] = (r["us"], cfg, s)
-            if "gemm" in best and best["gemm"][1].bn in GEMM_GRID_PROBE and not out_of_time("M=16 gemm probe"):
+            if "gemm" in best and best["gemm"][1].bn in GEMM_GRID_PROBE and ctx.want("a-gemm") \
+                    and not out_of_time("M=16 gemm probe"):
                 _, gcfg, s = best["gemm"]
                 timed("a-gemm", f"grid of {_label(gcfg)}", GEMM_GRID_PROBE[gcfg.bn], s, probe=1)
-        for cfg in DEC_SWEEP if m == 1 else DEC_SWEEP_16:
+        for cfg in (DEC_SWEEP if m == 1 else DEC_SWEEP_16) if ctx.want("d-dec", "a-dec", "b-dec") else ():
             if out_of_time(f"M={m} decode sweep"):
                 break
             for s in per_sm_options(cfg):
@@ -339,9 +393,11 @@ def run_shape(ctx: Ctx, k: int, n: int, gen: torch.Generator, l2: int, deadline:
                     best["dec"] = (r["us"], cfg, s)
         if "dec" in best and not out_of_time(f"M={m} decode probes"):
             _, cfg, s = best["dec"]
-            timed("a-dec", _label(cfg), cfg, s, probe=1)
-            timed("b-dec", _label(cfg), cfg, s, probe=2)
-        if fp16_check and not out_of_time(f"M={m} fp16 check"):
+            if ctx.want("a-dec"):
+                timed("a-dec", _label(cfg), cfg, s, probe=1)
+            if ctx.want("b-dec"):
+                timed("b-dec", _label(cfg), cfg, s, probe=2)
+        if fp16_check and ctx.want("fp16-check") and not out_of_time(f"M={m} fp16 check"):
             xh = x.half()
             refh = xh.double() @ w64
             yh = torch.empty(m, n, device="cuda", dtype=torch.float16)
@@ -358,6 +414,68 @@ def run_shape(ctx: Ctx, k: int, n: int, gen: torch.Generator, l2: int, deadline:
         print_shape(ctx, k, n, m)
     del packs, wcopies, w64, w_bf16, base
     torch.cuda.empty_cache()
+
+
+def stream_check(out: torch.Tensor, progs: int, want: int) -> bool:
+    """The programs' XORs of their words XOR to that of every packed word (checksum_ok's test)."""
+    return xor_all(out[:progs]) == want
+
+
+def run_streams(ctx: Ctx, k: int, n: int, packs: list[PackedW4], sms: int, row, out_of_time) -> None:
+    """(s) rows: every streaming config (w4a16_stream) of the kinds asked for, at every per_sm option whose
+    programs are all resident at once (from the compiled kernel's registers and shared memory), each checked
+    (checksum) before it is timed like every other row (a CUDA graph over the rotating weight copies)."""
+    want = xor_all(packs[0].qweight)
+    qbytes = packs[0].qweight.numel() * 4
+    out = torch.zeros(max(WS.stream_grid(packs[0], c, 0, sms)[0] for _, c in stream_configs(ctx.kinds)) + 4 * sms,
+                      dtype=torch.int32, device=packs[0].qweight.device)
+    for kind, cfg in stream_configs(ctx.kinds):
+        if out_of_time(f"{kind} {cfg.label}"):
+            break
+        info = dict(M=0, kind=kind, kernel="stream", config=asdict(cfg), label=cfg.label)
+        try:
+            descs = [WS.make_desc(p, cfg) if cfg.kind != "triton" else None for p in packs]
+            out.zero_()
+            progs, kern = WS.launch(packs[0], out, cfg, 1, sms, desc=descs[0])
+            sync(out)
+            regs, shared = getattr(kern, "n_regs", None), getattr(getattr(kern, "metadata", None), "shared", None)
+            options = cfg.per_sm_options(regs, shared)
+        except Exception as e:  # noqa: BLE001 (one config failing must not end the probe)
+            ctx.errors.append(f"{k}x{n} {kind} {cfg.label}: {e!r}"[:400])
+            print(f"  ERROR {k}x{n} {kind} {cfg.label}: {e!r}"[:300], flush=True)
+            row(**info, split=None, us=None, ok=False, err=None)
+            continue
+        for per_sm in options:
+            try:
+                out.zero_()
+                progs, _ = WS.launch(packs[0], out, cfg, per_sm, sms, desc=descs[0])
+                sync(out)
+                ok = stream_check(out, progs, want)
+                if not ok:
+                    ctx.bad += 1
+                    print(f"  WRONG {k}x{n} {kind} {cfg.label} per_sm={per_sm}: checksum", flush=True)
+                us = graph_us([lambda i=i: WS.launch(packs[i], out, cfg, per_sm, sms, desc=descs[i])
+                               for i in range(len(packs))], len(packs))
+                row(**info, split=per_sm, programs=progs, regs=regs, shared=shared,
+                    in_flight_kb=cfg.in_flight_kb(per_sm, regs, shared), us=us, ok=ok, err=None, nbytes=qbytes)
+            except Exception as e:  # noqa: BLE001
+                ctx.errors.append(f"{k}x{n} {kind} {cfg.label} per_sm={per_sm}: {e!r}"[:400])
+                print(f"  ERROR {k}x{n} {kind} {cfg.label} per_sm={per_sm}: {e!r}"[:300], flush=True)
+                row(**info, split=per_sm, us=None, ok=False, err=None)
+    print_streams(ctx, k, n)
+
+
+def print_streams(ctx: Ctx, k: int, n: int) -> None:
+    rows = [r for r in ctx.rows if r["K"] == k and r["N"] == n and r["M"] == 0]
+    copy = next((r for r in rows if r["kind"] == "e-copy"), None)
+    qmb = k * n / 2 / 2**20
+    print(f"\n{k}x{n} loads-only streams: qweight {qmb:.1f} MiB, {qmb * 2**20 / 4.3e6:.1f} us at {COPY_TBPS} TB/s"
+          + (f"; e-copy {copy['us']:.2f} us ({copy['TBps']:.2f} TB/s read + write)" if copy else ""), flush=True)
+    for r in rows:
+        if r["kind"] in STREAM_KINDS and r.get("us") is not None:
+            per_sm = "grid" if r["split"] == 0 else f"{r['split']}/SM"
+            print(f"  {r['kind']:8s} {r['label']:36s} {per_sm:>5s} {r['in_flight_kb']:5.0f} KB/SM  {r['us']:7.2f} us "
+                  f"{r['TBps']:5.2f} TB/s{'' if r['ok'] else '  WRONG'}", flush=True)
 
 
 def sync(x):
@@ -413,8 +531,8 @@ def print_shape(ctx: Ctx, k: int, n: int, m: int) -> None:
 
     print(f"\n{k}x{n} M={m}: packed {packed_bytes(k, n) / 2**20:.1f} MiB, floor {packed_bytes(k, n) / 4.3e6:.1f} us "
           f"at {COPY_TBPS} TB/s, {rows[0]['copies'] if rows else '?'} rotating copies", flush=True)
-    for kind in ("e-copy", "e-bf16", "noop", "c-gemv", "a-gemv", "b-gemv", "c-gemm", "a-gemm", "d-dec", "a-dec",
-                 "b-dec"):
+    for kind in ("e-copy", *STREAM_KINDS, "e-bf16", "noop", "c-gemv", "a-gemv", "b-gemv", "c-gemm", "a-gemm", "d-dec",
+                 "a-dec", "b-dec"):
         r = best(kind)
         if r is not None:
             extra = f"{r.get('label', '')} split/per_sm {r.get('split', '')}" if "label" in r else r.get("note", "")
@@ -429,16 +547,23 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--budget", type=float, default=160.0, help="seconds for the whole probe (after imports)")
     ap.add_argument("--shapes", default="all", help="'all', or e.g. 8192x8192,4096x4096")
+    ap.add_argument("--kinds", default="all",
+                    help="'all', or a comma list of row kinds, e.g. s-triton,s-tma,s-gluon,e-copy: "
+                         + ",".join(ALL_KINDS))
     ap.add_argument("--no-precompile", action="store_true")
     ap.add_argument("--replot", metavar="JSON", help="only redraw the .png of an existing results file")
     args = ap.parse_args(argv)
+    kinds = None if args.kinds == "all" else [x.strip() for x in args.kinds.split(",") if x.strip()]
+    bad_kinds = sorted(set(kinds or ()) - set(ALL_KINDS))
+    if bad_kinds:
+        ap.error(f"unknown kinds {bad_kinds}; known: {', '.join(ALL_KINDS)}")
     if args.replot:
         plot(json.loads(Path(args.replot).read_text()), Path(args.replot).with_suffix(".png"))
         return 0
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    ctx = Ctx(args.budget)
+    ctx = Ctx(args.budget, kinds)
     shapes = SHAPES if args.shapes == "all" else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 * 2**20) or 50 * 2**20
@@ -452,6 +577,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = "h200" if "H200" in gpu else gpu.lower().replace(" ", "-")
+    if kinds is not None:  # a partial run never overwrites the full results file
+        tag += "-stream" if all(x in STREAM_KINDS or x == "e-copy" for x in kinds) else "-subset"
     path = out / f"w4a16_probe-{tag}.json"
     for i, (k, n) in enumerate(shapes):
         left = ctx.left()
@@ -464,6 +591,7 @@ def main(argv=None) -> int:
         print(f"[{k}x{n} took {time.time() - t:.1f} s, {ctx.left():.0f} s left]", flush=True)
         path.write_text(json.dumps(dict(gpu=gpu, sms=props.multi_processor_count, l2_bytes=l2, torch=torch.__version__,
                                         triton=triton.__version__, group_size=G, copy_tbps_floor=COPY_TBPS,
+                                        kinds=kinds or "all",
                                         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                                         rows=ctx.rows, skipped=ctx.skipped, errors=ctx.errors), indent=1))
     if path.exists():
@@ -493,8 +621,8 @@ def plot(res: dict, path: Path) -> None:
             d = best.setdefault(cell, {"floor": r["floor_us"]})
             d[r["kind"]] = min(d.get(r["kind"], float("inf")), r["us"])
     cells = sorted(best, key=lambda c: (c[2], c[0] * c[1], c))
-    kinds = [k for k in ("floor", "e-copy", "e-bf16", "c-gemv", "c-gemm", "a-gemv", "a-gemm", "b-gemv", "d-dec",
-                         "a-dec", "b-dec") if any(k in best[c] for c in cells)]
+    kinds = [k for k in ("floor", "e-copy", *STREAM_KINDS, "e-bf16", "c-gemv", "c-gemm", "a-gemv", "a-gemm", "b-gemv",
+                         "d-dec", "a-dec", "b-dec") if any(k in best[c] for c in cells)]
     fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(cells)), 4.5))
     width = 0.85 / len(kinds)
     for j, k in enumerate(kinds):
@@ -502,8 +630,8 @@ def plot(res: dict, path: Path) -> None:
     ax.set_xticks([i + 0.42 for i in range(len(cells))], [f"{k}x{n}\nM={m}" for k, n, m in cells], fontsize=7)
     ax.set_ylabel("us (CUDA graph, weights from HBM)")
     ax.set_yscale("log")
-    ax.set_title(f"W4A16 decode probe, group {res.get('group_size')} ({res.get('gpu')}): "
-                 "c old kernels, d new decode kernel, a loads only, b no split-K reduction")
+    ax.set_title(f"W4A16 decode probe, group {res.get('group_size')} ({res.get('gpu')}): c old kernels, d new decode "
+                 "kernel, a loads only, b no split-K reduction, s loads-only streams", fontsize=9)
     ax.legend(fontsize=7, ncol=4)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -534,6 +662,32 @@ def summary(ctx: Ctx) -> None:
                   f"{f(b('b-gemv'))} {f(dec)} {f(b('a-dec'))} {f(b('b-dec'))} "
                   f"{dec['TBps'] if dec else 0:8.2f} {bf['us'] / dec['us'] if dec and bf else 0:6.2f}  "
                   f"{(dec['label'] + ' per_sm ' + str(dec['split'])) if dec else ''}", flush=True)
+    stream_summary(ctx)
+
+
+def stream_summary(ctx: Ctx) -> None:
+    """Best correct loads-only stream of each kind per shape, in TB/s on the qweight bytes, against the copy
+    (read + write TB/s) and the old kernels' loads-only rows where they ran."""
+    shapes = list(dict.fromkeys((r["K"], r["N"]) for r in ctx.rows if r["kind"] in STREAM_KINDS))
+    if not shapes:
+        return
+    print("\nloads-only streams (best correct row of each kind: us, TB/s on the qweight bytes; config, KB in flight "
+          "an SM)")
+    for k, n in shapes:
+        rows = [r for r in ctx.rows if r["K"] == k and r["N"] == n and r.get("us") is not None and r["ok"]]
+        copy = next((r for r in rows if r["kind"] == "e-copy"), None)
+        old = [r for r in rows if r["kind"] in ("a-gemv", "a-dec") and r["M"] == 1]
+        print(f"  {k}x{n}: qweight floor {k * n / 2 / 4.3e6:.1f} us at {COPY_TBPS} TB/s"
+              + (f", e-copy {copy['TBps']:.2f} TB/s" if copy else "")
+              + "".join(f", {r['kind']} {r['TBps']:.2f} TB/s (packed + scales)" for r in old), flush=True)
+        for kind in STREAM_KINDS:
+            c = [r for r in rows if r["kind"] == kind]
+            if c:
+                r = min(c, key=lambda r: r["us"])
+                per_sm = "grid" if r["split"] == 0 else f"{r['split']}/SM"
+                print(f"    {kind:8s} {r['us']:7.2f} us {r['TBps']:5.2f} TB/s"
+                      + (f" ({r['TBps'] / copy['TBps']:.2f} x e-copy's TB/s)" if copy else "")
+                      + f"  {r['label']} {per_sm}, {r['in_flight_kb']:.0f} KB/SM", flush=True)
 
 
 if __name__ == "__main__":
