@@ -55,18 +55,30 @@ def sass_opcode(instruction: str) -> str:
     return re.sub(r"^@!?U?P\w+\s+", "", instruction).split()[0]
 
 
+def branch_target(instruction: str) -> int | None:
+    """The address a BRA instruction jumps to (None for any other instruction)."""
+    m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)\s*$", instruction)
+    return int(m.group(1), 16) if m else None
+
+
+def sass_loops(ins: list[tuple[int, str]]) -> list[list[tuple[int, str]]]:
+    """Every loop of a listing (sass_instructions): a backward BRA, as the instructions from its target to it."""
+    loops = []
+    for addr, text in ins:
+        target = branch_target(text)
+        if target is not None and target < addr:
+            loops.append([x for x in ins if target <= x[0] <= addr])
+    return loops
+
+
 def sass_key_loops(sass_text: str, marker: str = "GMMA") -> list[list[tuple[int, str]]]:
     """The innermost loops whose body holds an instruction with `marker` in its opcode (the key loops of an
     attention kernel: one per consumer partition), each as its instructions from the back edge's target to the back
-    edge. A loop is a backward BRA; the out-of-line retry stubs of mbarrier waits also branch backwards, into the
-    middle of a loop, from beyond the partition's EXIT: regions holding an EXIT are not loops."""
-    ins = sass_instructions(sass_text)
+    edge. The out-of-line retry stubs of mbarrier waits also branch backwards, into the middle of a loop, from
+    beyond the partition's EXIT: regions holding an EXIT are not loops."""
     loops = []
-    for addr, text in ins:
-        m = re.search(r"\bBRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text)
-        if m and int(m.group(1), 16) < addr:
-            body = [x for x in ins if int(m.group(1), 16) <= x[0] <= addr]
-            ops = [sass_opcode(t) for _, t in body]
-            if any(marker in o for o in ops) and "EXIT" not in ops:
-                loops.append(body)
+    for body in sass_loops(sass_instructions(sass_text)):
+        ops = [sass_opcode(t) for _, t in body]
+        if any(marker in o for o in ops) and "EXIT" not in ops:
+            loops.append(body)
     return [b for b in loops if not any(o is not b and b[0][0] <= o[0][0] and o[-1][0] <= b[-1][0] for o in loops)]

@@ -17,7 +17,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from flashscale.kernels.aot import ptxas_stats, sass
+from flashscale.kernels.aot import branch_target, ptxas_stats, sass, sass_instructions, sass_loops, sass_opcode
 from flashscale.kernels.w4a16 import (DecodeConfig, GemmConfig, GemvConfig, _DECODE_CANDIDATES, _GEMM_CANDIDATES,
                                       _GEMV_CANDIDATES)
 from flashscale.kernels.w4a16_gemm import w4a16_gemm_kernel
@@ -64,19 +64,15 @@ def main_loop(sass_text: str) -> collections.Counter:
     """Opcode histogram of the largest loop (the body between a backward branch and its target), less
     the blocks it skips with forward branches longer than 64 instructions: the decode kernel's
     once-a-tile flush sits inside its loop; per-item work is what the hot path counts."""
-    ins = [(int(m.group(1), 16), m.group(2).strip())
-           for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass_text)]
-    loops, fwd = [], []
-    for addr, txt in ins:
-        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)\s*$", txt)
-        if m:
-            (loops if int(m.group(1), 16) < addr else fwd).append((addr, int(m.group(1), 16)))
+    ins = sass_instructions(sass_text)
+    loops = sass_loops(ins)
     if not loops:
         return collections.Counter()
-    lo, hi = max(((t, a) for a, t in loops), key=lambda x: x[1] - x[0])
-    skips = [(a, t) for a, t in fwd if lo <= a and t <= hi and t - a > 64 * 16]
-    return collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for a, t in ins
-                               if lo <= a <= hi and not any(s < a < e for s, e in skips))
+    body = max(loops, key=lambda b: b[-1][0] - b[0][0])
+    lo, hi = body[0][0], body[-1][0]
+    fwd = [(a, branch_target(t)) for a, t in body if (branch_target(t) or 0) > a]
+    skips = [(a, t) for a, t in fwd if t <= hi and t - a > 64 * 16]
+    return collections.Counter(sass_opcode(t) for a, t in body if not any(s < a < e for s, e in skips))
 
 
 def weights_per_thread_step(cfg: GemvConfig | GemmConfig | DecodeConfig) -> int:

@@ -430,18 +430,6 @@ def _regs_of(operands: str) -> list[int]:
     return [int(x) for x in re.findall(r"\bR(\d+)\b", operands)]
 
 
-def loop_bodies(instructions: list[tuple[int, str]]) -> list[list[tuple[int, str]]]:
-    """Every backward-branch loop of a SASS listing (aot.sass_instructions), as its instructions."""
-    import re
-
-    out = []
-    for addr, txt in instructions:
-        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)\s*$", txt)
-        if m and int(m.group(1), 16) < addr:
-            out.append([x for x in instructions if int(m.group(1), 16) <= x[0] <= addr])
-    return out
-
-
 def sass_load_rate(body: list[tuple[int, str]], latency: int = 1000, iters: int = 24) -> dict:
     """A static model of a loop's global loads: instructions issue one a cycle in program order, an instruction
     that reads (or overwrites) a register whose LDG is in flight waits until the load is back `latency` cycles
@@ -483,7 +471,7 @@ def census(cfg: StreamConfig) -> dict:
     import re
     from dataclasses import asdict
 
-    from flashscale.kernels.aot import ptxas_stats, sass, sass_instructions, sass_opcode
+    from flashscale.kernels.aot import ptxas_stats, sass, sass_instructions, sass_loops, sass_opcode
 
     k = compile_sm90(cfg)
     text = sass(k.asm["cubin"])
@@ -501,7 +489,7 @@ def census(cfg: StreamConfig) -> dict:
              design_in_flight_kb={p: cfg.in_flight_kb(p, stats["registers"], k.metadata.shared)
                                   for p in cfg.per_sm_options(stats["registers"], k.metadata.shared)})
     if cfg.kind == "triton":
-        body = max(loop_bodies(ins), key=lambda b: sum(sass_opcode(t).startswith("LDG") for _, t in b))
+        body = max(sass_loops(ins), key=lambda b: sum(sass_opcode(t).startswith("LDG") for _, t in b))
         rate = sass_load_rate(body)
         r.update(loop_instructions=len(body), **rate,
                  sass_in_flight_kb={p: rate["loads_in_flight"] * 16 * 32 * cfg.num_warps * p / 1024
