@@ -227,6 +227,13 @@ def smoke_model(tmp: Path) -> str:
     return str(tmp / "tiny")
 
 
+def write_json(path: Path, obj: dict) -> None:
+    """Write atomically (a temporary file renamed over path): a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    tmp.replace(path)
+
+
 def merge(paths: list[Path], out: Path) -> int:
     """Rows of several results files -> one (atomic write), the header of the last file, checks recomputed."""
     cells: dict[tuple, dict] = {}
@@ -241,9 +248,7 @@ def merge(paths: list[Path], out: Path) -> int:
     result["checks"] = acceptance(result["rows"])
     result["merged_from"] = [p.name for p in paths]
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    tmp.replace(out)
+    write_json(out, result)
     plot(result["rows"], out.with_suffix(".png"))
     print(f"{out}: {len(result['rows'])} rows from {len(paths)} files")
     return 0
@@ -292,10 +297,7 @@ def main(argv=None) -> int:
     def emit() -> None:
         """Rewrite the results file (atomically) after every row: a run cut short keeps what it measured."""
         result["checks"] = acceptance(rows)
-        path = args.out / f"{name}.json"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(result, indent=1) + "\n")
-        tmp.replace(path)
+        write_json(args.out / f"{name}.json", result)
 
     with tempfile.TemporaryDirectory(prefix="quant-quality-") as tmp:
         tmp = Path(tmp)

@@ -109,21 +109,10 @@ fi
 LEFT=$(( T_TOTAL - $(elapsed) ))
 [ "$SMOKE" = 1 ] && LEFT=600
 note "quant_quality: ${LEFT}s left"
-# one process per config (a 125M model leaves the GPU mostly idle), merged into one table
-mkdir -p "$OUT/parts"
-# each process its share of the cores (unbounded torch thread pools oversubscribe them: see quant_quality_device.sh)
-THREADS=$(( $(nproc) / $(echo $QCONFIGS | wc -w) )); [ "$THREADS" -ge 1 ] || THREADS=1
-for c in $QCONFIGS; do
-  n=quant-quality-ref125M-$(echo "$c" | tr ':-' '_m')
-  OMP_NUM_THREADS=$THREADS timeout --signal=TERM --kill-after=10 "$LEFT" "$PY" benchmarks/quant_quality.py --model "$MODEL_DIR" \
-    "${QUANT[@]}" --configs "$c" --name "$n" --out "$OUT/parts" > "$OUT/parts/$n.log" 2>&1 &
-done
-RC=0
-for pid in $(jobs -p); do wait "$pid" || RC=$?; done
+# one process per config, merged into one table (quant_quality_parallel.sh)
+. benchmarks/quant_quality_parallel.sh
+quant_quality_parallel "$OUT" quant-quality-ref125M "$QCONFIGS" "$LEFT" --model "$MODEL_DIR" "${QUANT[@]}"
+RC=$?
 note "quant_quality exit $RC"
-for f in "$OUT"/parts/*.log; do echo "== $f"; cat "$f"; done > "$OUT/quant_quality.log"
-rm -f "$OUT"/parts/*.log "$OUT"/parts/*.png
-"$PY" benchmarks/quant_quality.py --merge "$OUT"/parts/*.json --out "$OUT" --name quant-quality-ref125M \
-  && rm -rf "$OUT/parts"  # the merged file holds every row (at most 8 files come back from a device call)
 tail -n 40 "$OUT/quant_quality.log"
 exit $RC

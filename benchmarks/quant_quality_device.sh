@@ -25,27 +25,15 @@ case "${1:-}" in
     export PYTHONPATH=$PWD/src:/tmp/site PYTHONUNBUFFERED=1
     # METHODS: a subset of quant_quality.py's rows (default: its own); the results file is rewritten after
     # every row, so a run stopped by T_RUN keeps what it measured. PARALLEL=1: one process per config of
-    # CONFIGS (a 135M model leaves the GPU mostly idle, so three configs take about the time of the longest),
-    # their files in $OUT/parts, merged into $OUT/NAME.json (default quant-quality) and its plot.
-    q() { timeout "${T_RUN:-540}" python3 benchmarks/quant_quality.py --model /tmp/smollm2.gguf --device "${DEVICE:-cuda}" \
-            ${METHODS:+--methods "$METHODS"} ${EXTRA:-} "$@"; }
+    # CONFIGS (quant_quality_parallel.sh), merged into $OUT/NAME.json (default quant-quality) and its plot.
+    args=(--model /tmp/smollm2.gguf --device "${DEVICE:-cuda}" ${METHODS:+--methods "$METHODS"} ${EXTRA:-})
     if [ "${PARALLEL:-0}" = 1 ]; then
-      mkdir -p "$OUT/parts"
-      cfgs=$(echo "${CONFIGS:-4:-1,4:64,3:64}" | tr ',' ' ')
-      # each process its share of the cores: unbounded, three torch thread pools of nproc threads each ran the
-      # CPU-side steps ~100x slower (RTN 0.5 -> 94 s, 2026-12-02)
-      threads=$(( $(nproc) / $(echo $cfgs | wc -w) )); [ "$threads" -ge 1 ] || threads=1
-      for c in $cfgs; do
-        n=qq-$(echo "$c" | tr ':-' '_m')
-        OMP_NUM_THREADS=$threads q --configs "$c" --name "$n" --out "$OUT/parts" > "$OUT/parts/$n.log" 2>&1 &
-      done
-      wait
-      rm -f "$OUT"/parts/*.png
-      for f in "$OUT"/parts/*.log; do echo "== $f"; cat "$f"; done > "$OUT/quant_quality.log"
-      rm -f "$OUT"/parts/*.log
-      python3 benchmarks/quant_quality.py --merge "$OUT"/parts/*.json --out "$OUT" --name "${NAME:-quant-quality}"
+      . benchmarks/quant_quality_parallel.sh
+      quant_quality_parallel "$OUT" "${NAME:-quant-quality}" "$(echo "${CONFIGS:-4:-1,4:64,3:64}" | tr ',' ' ')" \
+        "${T_RUN:-540}" "${args[@]}"
     else
-      q --out "$OUT" ${CONFIGS:+--configs "$CONFIGS"} ${NAME:+--name "$NAME"} > "$OUT/quant_quality.log" 2>&1
+      timeout "${T_RUN:-540}" python3 benchmarks/quant_quality.py "${args[@]}" --out "$OUT" \
+        ${CONFIGS:+--configs "$CONFIGS"} ${NAME:+--name "$NAME"} > "$OUT/quant_quality.log" 2>&1
     fi
     echo "quant_quality exit: $?"
     tail -n 60 "$OUT/quant_quality.log" ;;
