@@ -166,22 +166,30 @@ def test_fa3_auto_rule(monkeypatch):
         attention(*_qkv(), impl="auto")
 
 
-def test_fa3_auto_keeps_varlen_on_fa2(monkeypatch):
-    """impl="auto" does not send the packed varlen layout to the fa3 forward, FLASHSCALE_FA3=1 included, until
-    its GPU tests have passed on an H200 (ops.attention.FA3_AUTO_VARLEN); a bad FLASHSCALE_FA3 still raises."""
+def test_fa3_auto_takes_varlen_by_the_dense_rule(monkeypatch):
+    """impl="auto" sends the packed varlen layout to the fa3 forward by the dense layout's rule (its GPU tests
+    passed on an H200: ops.attention.FA3_AUTO_VARLEN); with the flag off it keeps varlen on FA2, FLASHSCALE_FA3=1
+    included; a bad FLASHSCALE_FA3 raises either way."""
+    import importlib
     from types import SimpleNamespace
 
-    from flashscale.ops.attention import FA3_AUTO_VARLEN, _auto_takes_fa3
+    A = importlib.import_module("flashscale.ops.attention")  # the module (flashscale.ops.attention is the function)
 
     gpu = SimpleNamespace(is_cuda=True, shape=(1, 1, 128))
-    assert FA3_AUTO_VARLEN is False
+    assert A.FA3_AUTO_VARLEN is True
+    monkeypatch.setenv("FLASHSCALE_FA3", "")
+    assert A._auto_takes_fa3(gpu, 16384, varlen=True) and A._auto_takes_fa3(gpu, 16384, varlen=False)
+    assert not A._auto_takes_fa3(gpu, 512, varlen=True)  # short: FA2 measured faster (FA3_AUTO_MIN_SEQLEN_Q)
+    monkeypatch.setenv("FLASHSCALE_FA3", "0")
+    assert not A._auto_takes_fa3(gpu, 16384, varlen=True)
+    monkeypatch.setattr(A, "FA3_AUTO_VARLEN", False)
     for mode in ("", "1"):
         monkeypatch.setenv("FLASHSCALE_FA3", mode)
-        assert _auto_takes_fa3(gpu, 16384, varlen=False)  # dense: as before
-        assert not _auto_takes_fa3(gpu, 16384, varlen=True)
+        assert A._auto_takes_fa3(gpu, 16384, varlen=False)  # dense: as before
+        assert not A._auto_takes_fa3(gpu, 16384, varlen=True)
     monkeypatch.setenv("FLASHSCALE_FA3", "yes")
     with pytest.raises(ValueError, match="FLASHSCALE_FA3='yes'"):
-        _auto_takes_fa3(gpu, 16384, varlen=True)
+        A._auto_takes_fa3(gpu, 16384, varlen=True)
 
 
 def test_fa3_opt_in_on_cpu_keeps_the_cpu_path(monkeypatch):

@@ -332,17 +332,27 @@ def test_ops_attention_fa3_varlen_backward_matches_triton(causal):
                        "delta_term": res["fa3"]["delta_term"]})
 
 
-def test_ops_attention_auto_keeps_varlen_on_fa2(monkeypatch):
-    # impl="auto" (FLASHSCALE_FA3=1 included) does not send the packed layout to fa3 yet (FA3_AUTO_VARLEN).
+def test_ops_attention_auto_takes_varlen_to_fa3(monkeypatch):
+    # impl="auto" sends the packed layout to fa3 where the dense rule would (FA3_AUTO_VARLEN), and FA2 below it
     if not _hopper():
         pytest.skip("needs an sm_90 GPU and Gluon")
     from flashscale.ops import attention
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("auto sent varlen to the fa3 forward")
+    calls = []
+    real = fa3.attention_fa3_fwd
 
-    monkeypatch.setattr(fa3, "attention_fa3_fwd", refuse)
-    monkeypatch.setenv("FLASHSCALE_FA3", "1")
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fa3, "attention_fa3_fwd", spy)
+    monkeypatch.delenv("FLASHSCALE_FA3", raising=False)
     q, k, v, cu_q, cu_k = _packed([300, 4000], [300, 4000], 4, 2, 128, torch.bfloat16)
-    out = attention(q, k, v, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=4000, max_seqlen_k=4000)
-    assert out.shape == q.shape
+    kw = dict(causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=4000, max_seqlen_k=4000)
+    out = attention(q, k, v, **kw)
+    assert calls, "auto kept a 4000-row varlen call (head_dim 128) off the fa3 forward"
+    torch.testing.assert_close(out, attention(q, k, v, impl="triton", **kw), atol=2e-2, rtol=2e-2)
+    calls.clear()
+    q, k, v, cu_q, cu_k = _packed([100, 200], [100, 200], 4, 2, 128, torch.bfloat16)
+    attention(q, k, v, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=200, max_seqlen_k=200)
+    assert not calls, "auto sent a 200-row varlen call to fa3 (FA2 is faster there)"

@@ -28,10 +28,10 @@ _IMPLS = ("auto", "triton", "fa3", "reference")
 # FLASHSCALE_FA3=1 takes it wherever it applies, =0 never.
 FA3_ENV = "FLASHSCALE_FA3"
 FA3_AUTO_MIN_SEQLEN_Q = {64: 2048, 128: 1024, 256: 2048}
-# The packed varlen layout runs on the fa3 forward only with impl="fa3": "auto" (FLASHSCALE_FA3=1 included) keeps
-# FA2's Triton kernels for varlen until its GPU tests (tests/kernels/test_attention_fa3_gpu.py -k varlen) have
-# passed on an H200 (written and compiled for sm_90 without a GPU, not yet run).
-FA3_AUTO_VARLEN = False
+# The packed varlen layout goes to the fa3 forward under "auto" by the same rule (max_seqlen_q for the length)
+# since its GPU tests (tests/kernels/test_attention_fa3_gpu.py -k varlen: 43 passed on an H200, 2026-12-02);
+# False keeps varlen on FA2's Triton kernels (impl="fa3" still takes it).
+FA3_AUTO_VARLEN = True
 
 
 def _auto_wants_fa3(q: torch.Tensor, seqlen_q: int) -> bool:
@@ -156,8 +156,8 @@ def attention(
     TRITON_INTERPRET=1, for tests), "fa3" (the Hopper forward of kernels.attention_fa3, FA2's backward;
     dense or packed varlen, causal or full, no softcap/alibi/dropout, head_dim 64/128/256, 16-bit, sm_90:
     anything else raises) or "reference". On an sm_90 GPU "auto" takes "fa3" for the dense layout where it
-    is the faster forward (FA3_AUTO_MIN_SEQLEN_Q); FLASHSCALE_FA3=1: wherever it applies, =0: never; varlen
-    stays on FA2 under "auto" for now (FA3_AUTO_VARLEN).
+    is the faster forward (FA3_AUTO_MIN_SEQLEN_Q); FLASHSCALE_FA3=1: wherever it applies, =0: never; the packed
+    varlen layout by the same rule, its max_seqlen_q for the length (FA3_AUTO_VARLEN).
     fp8: FlashAttention-3's FP8 forward (flashscale.ops.attention_fp8 with its defaults: Hadamard, block
     quantization; bf16 backward); dense layout, causal and softmax_scale only.
     Returns out like q [, lse].
