@@ -45,6 +45,20 @@ METHODS = {"rtn": ("rtn", {}), "gptq": ("gptq", {}), "gptq_act_order": ("gptq", 
            # AWQ with AutoAWQ's clip error on 512 sampled tokens (the default measures it on every
            # calibration token, through each group's Gram matrix: awq.AWQConfig.clip_tokens)
            "awq_sampled": ("awq", {"awq_clip_tokens": 512}),
+           # on request, one AWQ option changed at a time (api.QuantizeConfig): duo-scaling candidates too,
+           # q/k left unclipped, clip by ±p·max or p·[min, max] (the lesser error), the scale search on every
+           # calibration token (default: the first 65536), v's clip loss with every token alike, the float
+           # model's activations as the searches' inputs (AutoAWQ's stream)
+           "awq_duo": ("awq", {"awq_duo_scaling": True}),
+           "awq_noclipqk": ("awq", {"awq_clip_qk": False}),
+           "awq_clipboth": ("awq", {"awq_clip_mode": "both"}),
+           "awq_alltokens": ("awq", {"awq_tokens": 1 << 20}),
+           "awq_uniform": ("awq", {"token_weighting": "uniform"}),
+           "awq_floatin": ("awq", {"awq_float_inputs": True}),
+           # AutoAWQ's recipe as far as ours spells it: q/k unclipped, 512 sampled clip tokens, uniform clip
+           # loss, duo-scaling candidates (AutoAWQ searches only those; ours adds plain s_x^α)
+           "awq_autoawq": ("awq", {"awq_clip_qk": False, "awq_clip_tokens": 512, "token_weighting": "uniform",
+                                   "awq_duo_scaling": True}),
            # not one of the issue's methods: GPTQ exactly as the paper runs it (every token alike in every
            # Hessian, min/max grids), where the defaults weight k/v's tokens by the attention they receive
            # and fit each grid by GPTQ's own cost of the rounding (grid_search="hessian")
@@ -87,18 +101,24 @@ def encode(tok, text: str) -> torch.Tensor:
         return torch.tensor(tok.encode(text).ids, dtype=torch.long)
 
 
-def eval_ppl(model, ids, window, device) -> tuple[float, float]:
+def eval_ppl(model, ids, window, device) -> tuple[float, float, list[float]]:
+    """(perplexity of ids, seconds, [perplexity of the first half, of the second half]). The halves split at
+    a window boundary, so they are the same windows as the whole and the whole is computed from them: the
+    first half can pick among variants (a validation text) and the second confirm it, at no extra cost."""
     from flashscale.train.evaluate import perplexity
 
     model.to(device)
     if device.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    ppl = perplexity(model, ids, window=window, batch_size=8, device=device)["ppl"]
+    cut = (ids.numel() // window // 2) * window
+    parts = [perplexity(model, part, window=window, batch_size=8, device=device)
+             for part in ((ids[:cut], ids[cut:]) if cut else (ids,))]
+    nll = sum(r["nll"] * r["tokens"] for r in parts) / sum(r["tokens"] for r in parts)
     if device.type == "cuda":
         torch.cuda.synchronize()
     model.to("cpu")
-    return ppl, time.perf_counter() - t0
+    return math.exp(nll), time.perf_counter() - t0, [r["ppl"] for r in parts]
 
 
 def run_model(name, model, tok, configs, args, device, rows, work: Path, emit) -> None:
@@ -121,8 +141,9 @@ def run_model(name, model, tok, configs, args, device, rows, work: Path, emit) -
         ids = ids[: args.max_eval_tokens]
     base = dict(model=name, eval=EVAL_NAME, tokens=int(ids.numel()), window=window, nsamples=args.nsamples,
                 seqlen=seqlen, impl="flashscale")
-    ppl, secs = eval_ppl(model, ids, window, device)
-    rows.append(dict(base, method="float", bits=16, group_size=None, ppl=ppl, seconds=0.0, eval_seconds=secs))
+    ppl, secs, halves = eval_ppl(model, ids, window, device)
+    rows.append(dict(base, method="float", bits=16, group_size=None, ppl=ppl, seconds=0.0, eval_seconds=secs,
+                     ppl_halves=halves))
     emit()
     print(f"{name} float: ppl {ppl:.3f}", flush=True)
     checked = False
@@ -154,9 +175,11 @@ def run_model(name, model, tok, configs, args, device, rows, work: Path, emit) -
                 checked = True
                 del ref
             del m, q
-            ppl, secs = eval_ppl(loaded, ids, window, device)
+            ppl, secs, halves = eval_ppl(loaded, ids, window, device)
             rows.append(dict(base, method=label, bits=bits, group_size=group, format=fmt, sym=bool(args.sym),
-                             ppl=ppl, seconds=qsecs, eval_seconds=secs,
+                             ppl=ppl, seconds=qsecs, eval_seconds=secs, ppl_halves=halves,
+                             **({"options": {k: v for k, v in extra.items() if k != "damp_percent"}}
+                                if len(extra) > ("damp_percent" in extra) else {}),
                              **({"damp_percent": args.damp} if method == "gptq" else {}),
                              **({"token_weighting": extra.get("token_weighting", "attention")}
                                 if method != "rtn" else {}),
@@ -201,12 +224,14 @@ def plot(rows, path: Path) -> None:
         rs = [r for r in rows if r["model"] == model]
         fl = next(r["ppl"] for r in rs if r["method"] == "float")
         cfgs = sorted({(r["bits"], r["group_size"]) for r in rs if r["method"] != "float"}, key=str)
-        for j, label in enumerate(m for m in METHODS if any(r["method"] == m for r in rs)):
+        labels = [m for m in METHODS if any(r["method"] == m for r in rs)]
+        width = 0.8 / max(1, len(labels))
+        for j, label in enumerate(labels):
             ys = [next((r["ppl"] for r in rs if r["method"] == label and (r["bits"], r["group_size"]) == c), math.nan)
                   for c in cfgs]
-            ax.bar([i + 0.2 * j for i in range(len(cfgs))], ys, width=0.2, label=label)
+            ax.bar([i + width * j for i in range(len(cfgs))], ys, width=width, label=label)
         ax.axhline(fl, color="k", ls="--", label="float")
-        ax.set_xticks([i + 0.3 for i in range(len(cfgs))], [f"{b}-bit g{g}" for b, g in cfgs])
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cfgs))], [f"{b}-bit g{g}" for b, g in cfgs])
         ax.set_title(model)
         ax.set_ylabel("perplexity (moby_dick)")
         ax.legend(fontsize=7)

@@ -60,7 +60,7 @@ if [ "$SMOKE" = 1 ]; then
   CORPUS_ARGS=(--smoke)
   TRAIN_S=15
   QUANT=(--device cpu --nsamples 4 --seqlen 64 --max-eval-tokens 3000)
-  QCONFIGS="4:32 3:32"
+  QCONFIGS=${QCONFIGS:-"4:32 3:32"}
   OVR=(--model.intermediate_size 192)
 else
   if [ -n "$CORPUS" ]; then
@@ -74,7 +74,7 @@ else
   # what is left after the quant stage and ~60 s of start-up, tokenizer (~14 s), moby_dick eval and save
   TRAIN_S=$(( T_TOTAL - T_QUANT - 60 - $(elapsed) ))
   QUANT=(--device cuda)
-  QCONFIGS="4:128 3:128"
+  QCONFIGS=${QCONFIGS:-"4:128 3:128"}  # items "BITS:GROUP[/methods]", one process each (quant_quality_parallel.sh)
   OVR=(--train.micro_batches 1)
 fi
 

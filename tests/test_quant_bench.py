@@ -35,6 +35,28 @@ def test_quant_quality_smoke(tmp_path):
     grids = {r["method"]: r.get("grid_search") for r in res["rows"]}
     assert grids == {"float": None, "rtn": None, "awq": None, "gptq": "hessian", "gptq_act_order": "hessian",
                      "gptq_paper": "minmax"}
+    for r in res["rows"]:  # the halves are the whole's windows: its perplexity is their token-weighted mean NLL
+        a, b = r["ppl_halves"]
+        assert min(a, b) <= r["ppl"] <= max(a, b)
+    assert {r["method"]: r.get("options") for r in res["rows"]}["gptq_paper"] == {"token_weighting": "uniform",
+                                                                                   "grid_search": "minmax"}
+
+
+def test_quant_quality_eval_halves_are_the_whole():
+    """eval_ppl's whole-text perplexity equals one perplexity() over the text; its halves split at a window."""
+    import torch
+
+    from flashscale.models import Llama, preset
+    from flashscale.train.evaluate import perplexity
+
+    qq = _load("quant_quality")
+    model = Llama(preset("tiny")).init_weights(seed=0).eval()
+    ids = torch.randint(0, model.config.vocab_size, (1000,), generator=torch.Generator().manual_seed(0))
+    ppl, _, (a, b) = qq.eval_ppl(model, ids, 64, torch.device("cpu"))
+    whole = perplexity(model, ids, window=64, device="cpu")["ppl"]
+    assert ppl == pytest.approx(whole, rel=1e-5)  # other batches of windows: float32 rounding only
+    assert a == pytest.approx(perplexity(model, ids[:448], window=64, device="cpu")["ppl"], rel=1e-12)
+    assert b == pytest.approx(perplexity(model, ids[448:], window=64, device="cpu")["ppl"], rel=1e-12)
 
 
 def test_gptq_speed_smoke(tmp_path):
