@@ -162,6 +162,8 @@ SECTIONS = [
      "it: uniform tokens, min/max grids)", ["model", "method", "bits", "group_size", "ppl", "seconds"]),
     ("quant-quality-ref125M-h200.json", "Perplexity on moby_dick of the 125M reference model after 4/3-bit quantization",
      ["model", "method", "bits", "group_size", "ppl", "seconds"]),
+    ("quant-quality-ref125M-run1-h200.json", "The same, an earlier training of the 125M model in the same session "
+     "(same code)", ["model", "method", "bits", "group_size", "ppl", "seconds"]),
     ("gptq-speed-h200.json", "GPTQ speed and memory, Llama-3-8B shape (128 x 2048 calibration tokens)",
      ["model", "method", "bits", "group_size", "layers", "seconds", "peak_gpu_gb", "passed"]),
     ("generate_w4a16-h200.json", "Decode at batch 1, Llama-3-8B shape (random weights)",
