@@ -16,6 +16,10 @@ For M = 1 and 16 and the six Llama-3 shapes (K x N; group 128, bf16 activations)
            in flight): the memory ceiling of the GEMM's access pattern
   d-dec    the new stream-K tensor-core decode kernel, every config x programs per SM
   a-dec / b-dec   its loads-only (PROBE=1) and no-reduction (PROBE=2) modes at the best config
+  r-dec    the ring decode kernel (flashscale.kernels.w4a16_ring, docs "Round 5"): every candidate of M's token
+           bucket x the programs an SM its sm_90 registers let reside at once (the split column); fp16 checked
+           once on the first shape. Short kind names work in --kinds: dec (d-dec), bf16 (e-bf16), copy (e-copy),
+           ring (r-dec)
   s-triton / s-tma / s-gluon   (M = 0, right after e-copy: the first rows of every shape) loads-only streams of
            the packed qweight words (flashscale.kernels.w4a16_stream): every word read once and XORed into a
            checksum a program, no scales, no x, no math; plain Triton 16-byte loads into a register ring,
@@ -58,6 +62,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from flashscale.kernels import w4a16 as W  # noqa: E402
+from flashscale.kernels import w4a16_ring as WR  # noqa: E402
 from flashscale.kernels import w4a16_stream as WS  # noqa: E402
 from flashscale.kernels.w4a16 import DecodeConfig, GemmConfig, GemvConfig  # noqa: E402
 from flashscale.kernels.w4a16_pack import PackedW4, pack_w4  # noqa: E402
@@ -89,7 +94,8 @@ DEC_SWEEP_16 = list(W._DECODE_CANDIDATES) + [DecodeConfig(bn=256, kt=2, num_warp
 # give the KB in flight an SM of each)
 STREAM_KINDS = {"s-triton": "triton", "s-tma": "tma", "s-gluon": "gluon"}
 ALL_KINDS = ("e-copy", *STREAM_KINDS, "e-bf16", "noop", "c-gemv", "a-gemv", "b-gemv", "c-gemm", "a-gemm", "d-dec",
-             "a-dec", "b-dec", "fp16-check")
+             "a-dec", "b-dec", "r-dec", "fp16-check")
+KIND_ALIASES = {"dec": "d-dec", "bf16": "e-bf16", "copy": "e-copy", "ring": "r-dec"}
 PER_M_KINDS = ALL_KINDS[1 + len(STREAM_KINDS):]
 
 
@@ -126,6 +132,8 @@ def launch(kind: str, x, p, y, cfg, split, probe=0):
         W._launch_gemv(x, p, None, y, cfg, split, probe)
     elif kind == "gemm":
         W._launch_gemm(x, p, None, y, cfg, split)
+    elif kind == "ring":
+        return WR.launch(x, p, None, y, cfg, split)
     else:
         W._launch_decode(x, p, None, y, cfg, split, probe)
 
@@ -224,7 +232,7 @@ def _warm(job: dict) -> str:
         dt = getattr(torch, job["dtype"])
         x = torch.randn(job["m"], k, device="cuda", dtype=dt)
         y = torch.empty(job["m"], n, device="cuda", dtype=dt)
-        cls = {"gemv": GemvConfig, "gemm": GemmConfig, "decode": DecodeConfig}[job["kind"]]
+        cls = {"gemv": GemvConfig, "gemm": GemmConfig, "decode": DecodeConfig, "ring": WR.RingConfig}[job["kind"]]
         launch(job["kind"], x, p, y, cls(**job["config"]), 2, job["probe"])
         torch.cuda.synchronize()
         return ""
@@ -238,18 +246,25 @@ def compile_jobs(ctx: Ctx | None = None) -> list[dict]:
             for _, c in stream_configs(None if ctx is None else ctx.kinds)]
     if not want(*PER_M_KINDS):
         return jobs
-    for c in GEMV_SWEEP:
-        jobs.append(dict(kind="gemv", config=asdict(c), probe=0, m=1, dtype="bfloat16"))
-    for c in [*GEMV_PROBED, *GEMM_GRID_PROBE.values()]:
-        for pr in (1, 2):
-            jobs.append(dict(kind="gemv", config=asdict(c), probe=pr, m=1, dtype="bfloat16"))
-    for c in GEMM_SWEEP:
-        jobs.append(dict(kind="gemm", config=asdict(c), probe=0, m=16, dtype="bfloat16"))
-    for m, sweep in ((1, DEC_SWEEP), (16, DEC_SWEEP_16)):
-        for c in sweep:
-            for pr in (0, 1, 2):
-                jobs.append(dict(kind="decode", config=asdict(c), probe=pr, m=m, dtype="bfloat16"))
-        jobs.append(dict(kind="decode", config=asdict(sweep[0]), probe=0, m=m, dtype="float16"))
+    if want("c-gemv", "a-gemv", "b-gemv", "c-gemm", "a-gemm"):  # the sweeps that find the a-/b- rows' configs
+        for c in GEMV_SWEEP:
+            jobs.append(dict(kind="gemv", config=asdict(c), probe=0, m=1, dtype="bfloat16"))
+        for c in [*GEMV_PROBED, *GEMM_GRID_PROBE.values()]:
+            for pr in (1, 2):
+                jobs.append(dict(kind="gemv", config=asdict(c), probe=pr, m=1, dtype="bfloat16"))
+        for c in GEMM_SWEEP:
+            jobs.append(dict(kind="gemm", config=asdict(c), probe=0, m=16, dtype="bfloat16"))
+    if want("d-dec", "a-dec", "b-dec", "fp16-check"):
+        for m, sweep in ((1, DEC_SWEEP), (16, DEC_SWEEP_16)):
+            for c in sweep:
+                for pr in (0, 1, 2) if want("a-dec", "b-dec") else (0,):
+                    jobs.append(dict(kind="decode", config=asdict(c), probe=pr, m=m, dtype="bfloat16"))
+            jobs.append(dict(kind="decode", config=asdict(sweep[0]), probe=0, m=m, dtype="float16"))
+    if want("r-dec"):
+        for m in (1, 16):
+            for c in WR.configs_for(m):
+                jobs.append(dict(kind="ring", config=asdict(c), probe=0, m=m, dtype="bfloat16"))
+            jobs.append(dict(kind="ring", config=asdict(WR.configs_for(m)[0]), probe=0, m=m, dtype="float16"))
     uniq = {json.dumps(j, sort_keys=True): j for j in jobs}
     return list(uniq.values())
 
@@ -336,8 +351,8 @@ def run_shape(ctx: Ctx, k: int, n: int, gen: torch.Generator, l2: int, deadline:
 
         def timed(kind, label, cfg, split, probe=0):
             """check then time one (kernel, config, split) at this M; returns the row (us None on error)."""
-            kname = {"c-gemv": "gemv", "a-gemv": "gemv", "b-gemv": "gemv", "a-gemm": "gemv", "c-gemm": "gemm"}.get(
-                kind, "decode")
+            kname = {"c-gemv": "gemv", "a-gemv": "gemv", "b-gemv": "gemv", "a-gemm": "gemv", "c-gemm": "gemm",
+                     "r-dec": "ring"}.get(kind, "decode")
             info = dict(M=m, kind=kind, kernel=kname, config=asdict(cfg), split=split, probe=probe, label=label)
             try:
                 ok, err = check(kname, x, base, y, cfg, split, probe, ref, tol, m)
@@ -352,6 +367,8 @@ def run_shape(ctx: Ctx, k: int, n: int, gen: torch.Generator, l2: int, deadline:
                 print(f"  ERROR {k}x{n} M={m} {kind} {label}: {e!r}"[:300], flush=True)
                 return row(**info, us=None, ok=False, err=None)
 
+        if ctx.want("r-dec"):  # first: the rows this probe's budget is for since round 5
+            run_ring(ctx, k, n, m, x, base, packs, y, ref, tol, row, out_of_time, fp16_check, w64)
         best = {}
         if m == 1 and ctx.want("c-gemv", "a-gemv", "b-gemv"):  # a-/b- rows probe the best c- config
             for cfg in GEMV_SWEEP:
@@ -414,6 +431,54 @@ def run_shape(ctx: Ctx, k: int, n: int, gen: torch.Generator, l2: int, deadline:
         print_shape(ctx, k, n, m)
     del packs, wcopies, w64, w_bf16, base
     torch.cuda.empty_cache()
+
+
+def run_ring(ctx: Ctx, k: int, n: int, m: int, x, base: PackedW4, packs: list[PackedW4], y, ref, tol, row, out_of_time,
+             fp16_check: bool, w64) -> None:
+    """(r) rows: every ring decode config of M's bucket (w4a16_ring.configs_for) at each per_sm option its compiled
+    registers let reside at once, each checked against float64 (check: error <= 2x cuBLAS bf16's + 1e-3) before
+    it is timed like every other row; on the first shape the bucket's first config once more in fp16."""
+    for cfg in WR.configs_for(m):
+        if out_of_time(f"M={m} r-dec {cfg.label}"):
+            break
+        info = dict(M=m, kind="r-dec", kernel="ring", config=asdict(cfg), label=cfg.label)
+        try:
+            kern = WR.launch(x, base, None, y, cfg, cfg.per_sm)  # compiles (or loads) it: its registers
+            sync(x)
+            regs = getattr(kern, "n_regs", None)
+            options = cfg.per_sm_options(regs)
+        except Exception as e:  # noqa: BLE001 (one config failing must not end the probe)
+            ctx.errors.append(f"{k}x{n} M={m} r-dec {cfg.label}: {e!r}"[:400])
+            print(f"  ERROR {k}x{n} M={m} r-dec {cfg.label}: {e!r}"[:300], flush=True)
+            row(**info, split=None, us=None, ok=False, err=None)
+            continue
+        for per_sm in options:
+            try:
+                ok, err = check("ring", x, base, y, cfg, per_sm, 0, ref, tol, m)
+                if not ok:
+                    ctx.bad += 1
+                    print(f"  WRONG {k}x{n} M={m} r-dec {cfg.label} per_sm={per_sm}: err {err}", flush=True)
+                us = graph_us([lambda i=i: WR.launch(x, packs[i], None, y, cfg, per_sm) for i in range(len(packs))],
+                              len(packs))
+                row(**info, split=per_sm, regs=regs, in_flight_kb=cfg.in_flight_kb(per_sm), us=us, ok=ok, err=err)
+            except Exception as e:  # noqa: BLE001
+                ctx.errors.append(f"{k}x{n} M={m} r-dec {cfg.label} per_sm={per_sm}: {e!r}"[:400])
+                print(f"  ERROR {k}x{n} M={m} r-dec {cfg.label} per_sm={per_sm}: {e!r}"[:300], flush=True)
+                row(**info, split=per_sm, us=None, ok=False, err=None)
+    if fp16_check and not out_of_time(f"M={m} r-dec fp16"):
+        cfg = WR.configs_for(m)[0]
+        xh = x.half()
+        refh = xh.double() @ w64
+        yh = torch.empty(m, n, device=x.device, dtype=torch.float16)
+        try:
+            ok, err = check("ring", xh, base, yh, cfg, cfg.per_sm, 0, refh,
+                            2 * rel_err(F.linear(xh, w64.half().t()), refh) + 1e-3, m)
+        except Exception as e:  # noqa: BLE001
+            ok, err = False, repr(e)[:200]
+        if not ok:
+            ctx.bad += 1
+            print(f"  WRONG {k}x{n} M={m} r-dec fp16: err {err}", flush=True)
+        row(M=m, kind="fp16-check", kernel="ring", config=asdict(cfg), us=None, ok=ok, err=err)
 
 
 def stream_check(out: torch.Tensor, progs: int, want: int) -> bool:
@@ -532,11 +597,15 @@ def print_shape(ctx: Ctx, k: int, n: int, m: int) -> None:
     print(f"\n{k}x{n} M={m}: packed {packed_bytes(k, n) / 2**20:.1f} MiB, floor {packed_bytes(k, n) / 4.3e6:.1f} us "
           f"at {COPY_TBPS} TB/s, {rows[0]['copies'] if rows else '?'} rotating copies", flush=True)
     for kind in ("e-copy", *STREAM_KINDS, "e-bf16", "noop", "c-gemv", "a-gemv", "b-gemv", "c-gemm", "a-gemm", "d-dec",
-                 "a-dec", "b-dec"):
+                 "a-dec", "b-dec", "r-dec"):
         r = best(kind)
         if r is not None:
             extra = f"{r.get('label', '')} split/per_sm {r.get('split', '')}" if "label" in r else r.get("note", "")
             print(f"  {kind:7s} {r['us']:8.2f} us  {r.get('TBps', 0):5.2f} TB/s  {extra}", flush=True)
+    for r in (r for r in rows if r["kind"] == "r-dec" and r["M"] == m):
+        print(f"    r-dec {r['label']:44s} per_sm {r['split']:2d} ({r['regs'] or '?'} regs, "
+              f"{r['in_flight_kb']:3.0f} KB/SM) {r['us']:7.2f} us {r['TBps']:5.2f} TB/s{'' if r['ok'] else '  WRONG'}",
+              flush=True)
     bad = [r for r in ctx.rows if r["K"] == k and r["N"] == n and r["M"] == m and not r["ok"]]
     if bad:
         print(f"  WRONG/ERROR rows: {len(bad)}", flush=True)
@@ -549,11 +618,13 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="all", help="'all', or e.g. 8192x8192,4096x4096")
     ap.add_argument("--kinds", default="all",
                     help="'all', or a comma list of row kinds, e.g. s-triton,s-tma,s-gluon,e-copy: "
-                         + ",".join(ALL_KINDS))
+                         + ",".join(ALL_KINDS) + " (aliases: " + ", ".join(f"{a}={b}" for a, b in KIND_ALIASES.items())
+                         + ")")
     ap.add_argument("--no-precompile", action="store_true")
     ap.add_argument("--replot", metavar="JSON", help="only redraw the .png of an existing results file")
     args = ap.parse_args(argv)
-    kinds = None if args.kinds == "all" else [x.strip() for x in args.kinds.split(",") if x.strip()]
+    kinds = None if args.kinds == "all" else [KIND_ALIASES.get(x.strip(), x.strip()) for x in args.kinds.split(",")
+                                               if x.strip()]
     bad_kinds = sorted(set(kinds or ()) - set(ALL_KINDS))
     if bad_kinds:
         ap.error(f"unknown kinds {bad_kinds}; known: {', '.join(ALL_KINDS)}")
@@ -578,7 +649,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tag = "h200" if "H200" in gpu else gpu.lower().replace(" ", "-")
     if kinds is not None:  # a partial run never overwrites the full results file
-        tag += "-stream" if all(x in STREAM_KINDS or x == "e-copy" for x in kinds) else "-subset"
+        tag += ("-stream" if all(x in STREAM_KINDS or x == "e-copy" for x in kinds)
+                else "-ring" if "r-dec" in kinds else "-subset")
     path = out / f"w4a16_probe-{tag}.json"
     for i, (k, n) in enumerate(shapes):
         left = ctx.left()
@@ -622,7 +694,7 @@ def plot(res: dict, path: Path) -> None:
             d[r["kind"]] = min(d.get(r["kind"], float("inf")), r["us"])
     cells = sorted(best, key=lambda c: (c[2], c[0] * c[1], c))
     kinds = [k for k in ("floor", "e-copy", *STREAM_KINDS, "e-bf16", "c-gemv", "c-gemm", "a-gemv", "a-gemm", "b-gemv",
-                         "d-dec", "a-dec", "b-dec") if any(k in best[c] for c in cells)]
+                         "d-dec", "a-dec", "b-dec", "r-dec") if any(k in best[c] for c in cells)]
     fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(cells)), 4.5))
     width = 0.85 / len(kinds)
     for j, k in enumerate(kinds):
@@ -663,6 +735,31 @@ def summary(ctx: Ctx) -> None:
                   f"{dec['TBps'] if dec else 0:8.2f} {bf['us'] / dec['us'] if dec and bf else 0:6.2f}  "
                   f"{(dec['label'] + ' per_sm ' + str(dec['split'])) if dec else ''}", flush=True)
     stream_summary(ctx)
+    ring_summary(ctx)
+
+
+def ring_summary(ctx: Ctx) -> None:
+    """The ring decode kernel against the decision rule of docs/w4a16_decode.md "Round 5": per shape and M its best
+    correct row (us, TB/s on packed bytes), the old decode kernel's, e-copy's rate, bf16 / ring."""
+    cells = list(dict.fromkeys((r["K"], r["N"], r["M"]) for r in ctx.rows if r["kind"] == "r-dec"))
+    if not cells:
+        return
+    print("\nring decode (r-dec; best correct row): us, TB/s on packed bytes, x e-copy's rate, d-dec us, x bf16")
+    for k, n, m in cells:
+        rows = [r for r in ctx.rows if r["K"] == k and r["N"] == n and r.get("us") is not None and r["ok"]]
+
+        def b(kind, mm=m):
+            c = [r for r in rows if r["kind"] == kind and r["M"] == mm]
+            return min(c, key=lambda r: r["us"]) if c else None
+
+        ring, dec, bf, copy = b("r-dec"), b("d-dec"), b("e-bf16"), b("e-copy", 0)
+        if ring is None:
+            print(f"  {k}x{n} M={m}: no correct r-dec row", flush=True)
+            continue
+        print(f"  {k:>5}x{n:<6} M={m:<2} {ring['us']:7.2f} us {ring['TBps']:5.2f} TB/s"
+              + (f" ({ring['TBps'] / copy['TBps']:.2f} x e-copy)" if copy else "")
+              + (f"  d-dec {dec['us']:.2f}" if dec else "") + (f"  x bf16 {bf['us'] / ring['us']:.2f}" if bf else "")
+              + f"  {ring['label']} per_sm {ring['split']}", flush=True)
 
 
 def stream_summary(ctx: Ctx) -> None:

@@ -330,6 +330,47 @@ def _dec_b(xk, TWO: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
+def _dec_item(acc, accb, w, sz, xw, NB: tl.constexpr, KT: tl.constexpr, TWO: tl.constexpr, BF16: tl.constexpr,
+          ASM: tl.constexpr):
+    """acc (+ accb for tokens 8..15) += s * 2^11 (D / D_UNIT - (OFF + z) sum(x)) of one item: w its packed words
+    (NB * KT * 128 int32), sz (32, NB, 2) its scale/zero words, xw its x words. The MMA summed D_UNIT (OFF + q) x,
+    so y += s / D_UNIT * D - (OFF + z) s * sum(x); z by a float magic. The decode kernel's and w4a16_ring's."""
+    szw = tl.permute(sz, [1, 0, 2])  # (NB, 32, 2): rows g, g + 8 of each fragment row
+    s = (szw & -32).to(tl.float32, bitcast=True)  # s * 2^11
+    zf = ((szw & 31) | 0x4B000000).to(tl.float32, bitcast=True)  # 2^23 + z, exact
+    if BF16:
+        zs = (zf - (8388608.0 - OFF_BF16)) * s
+        sd = s
+    else:
+        zs = (zf - (8388608.0 - OFF_F16)) * s
+        sd = s * (1.0 / D_UNIT_F16)
+    s4 = tl.reshape(tl.join(sd, sd), [NB, 32, 4])  # c = 2 (row half) + token parity
+    zs4 = tl.reshape(tl.join(zs, zs), [NB, 32, 4])
+    w4 = tl.reshape(w, [NB, KT, 32, 4])
+    if KT == 2:
+        w0, w1 = tl.split(tl.permute(w4, [0, 2, 3, 1]))
+        x0, x1 = tl.split(xw)
+    else:
+        w0 = tl.reshape(w4, [NB, 32, 4])
+        x0 = tl.reshape(xw, [1, 32, 4, 2, 1 + TWO])
+    b0, b1, bb0, bb1 = _dec_b(x0, TWO, ASM)
+    d, db = mma_column(w0, b0, b1, bb0, bb1, None, None, BF16, TWO, True, ASM)
+    xs = x_sums(b0, b1, None, BF16, True, ASM)
+    if TWO:
+        xsb = x_sums(bb0, bb1, None, BF16, True, ASM)
+    if KT == 2:
+        b0, b1, bb0, bb1 = _dec_b(x1, TWO, ASM)
+        d, db = mma_column(w1, b0, b1, bb0, bb1, d, db, BF16, TWO, False, ASM)
+        xs = x_sums(b0, b1, xs, BF16, False, ASM)
+        if TWO:
+            xsb = x_sums(bb0, bb1, xsb, BF16, False, ASM)
+    acc = tl.fma(s4, d, acc) - zs4 * xs
+    if TWO:
+        accb = tl.fma(s4, db, accb) - zs4 * xsb
+    return acc, accb
+
+
+@triton.jit
 def _dec_flush(acc, accb, tile, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym,
                NB: tl.constexpr, BN: tl.constexpr, TWO: tl.constexpr, HAS_BIAS: tl.constexpr, PROBE: tl.constexpr):
     """End of this program's part of `tile`: store it (sole contributor) or put it in the tile's
@@ -445,39 +486,7 @@ def w4a16_decode_kernel(
             alive = tl.max(tl.max(tl.max(sc, 2), 1), 0) ^ tl.max(tl.reshape(xc, [256 * (1 + TWO) * KT]), 0)
             chk ^= wc ^ alive * (M < 0)
         else:
-            szw = tl.permute(sc, [1, 0, 2])  # (NB, 32, 2)
-            s = (szw & -32).to(tl.float32, bitcast=True)  # s * 2^11
-            # the MMA summed D_UNIT (OFF + q) x: y += s / D_UNIT * D - (OFF + z) s * sum(x); z by a float magic
-            zf = ((szw & 31) | 0x4B000000).to(tl.float32, bitcast=True)  # 2^23 + z, exact
-            if BF16:
-                zs = (zf - (8388608.0 - OFF_BF16)) * s
-                sd = s
-            else:
-                zs = (zf - (8388608.0 - OFF_F16)) * s
-                sd = s * (1.0 / D_UNIT_F16)
-            s4 = tl.reshape(tl.join(sd, sd), [NB, 32, 4])  # c = 2 (row half) + token parity
-            zs4 = tl.reshape(tl.join(zs, zs), [NB, 32, 4])
-            w4 = tl.reshape(wc, [NB, KT, 32, 4])
-            if KT == 2:
-                w0, w1 = tl.split(tl.permute(w4, [0, 2, 3, 1]))
-                x0, x1 = tl.split(xc)
-            else:
-                w0 = tl.reshape(w4, [NB, 32, 4])
-                x0 = tl.reshape(xc, [1, 32, 4, 2, 1 + TWO])
-            b0, b1, bb0, bb1 = _dec_b(x0, TWO, ASM)
-            d, db = mma_column(w0, b0, b1, bb0, bb1, None, None, BF16, TWO, True, ASM)
-            xs = x_sums(b0, b1, None, BF16, True, ASM)
-            if TWO:
-                xsb = x_sums(bb0, bb1, None, BF16, True, ASM)
-            if KT == 2:
-                b0, b1, bb0, bb1 = _dec_b(x1, TWO, ASM)
-                d, db = mma_column(w1, b0, b1, bb0, bb1, d, db, BF16, TWO, False, ASM)
-                xs = x_sums(b0, b1, xs, BF16, False, ASM)
-                if TWO:
-                    xsb = x_sums(bb0, bb1, xsb, BF16, False, ASM)
-            acc = tl.fma(s4, d, acc) - zs4 * xs
-            if TWO:
-                accb = tl.fma(s4, db, accb) - zs4 * xsb
+            acc, accb = _dec_item(acc, accb, wc, sc, xc, NB, KT, TWO, BF16, ASM)
             if (ks == S - 1) | (u == u1 - 1):  # the end of this program's part of the tile
                 _dec_flush(acc, accb, tile, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym,
                            NB, BN, TWO, HAS_BIAS, PROBE)

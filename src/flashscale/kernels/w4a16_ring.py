@@ -1,0 +1,519 @@
+"""W4A16 decode (M <= 16) on a register ring of items rotated by position (docs/w4a16_decode.md "Round 5").
+
+y (M, N) = x (M, K) @ dequant(W) (K, N) (+ bias) for a PackedW4 weight (w4a16_pack.py), opt-in (w4a16_ring(); the
+default dispatch of w4a16_matmul is unchanged until the H200 has timed it: benchmarks/w4a16_probe.py rows r-dec).
+
+The math is the stream-K decode kernel's (w4a16_gemv.w4a16_decode_kernel, w4a16_common "tensor-core decode"):
+a packed word is one lane's share of an mma.m16n8k16 A fragment; 3 shifts + 4 LOP3 turn it into four pairs of
+16-bit floats D_UNIT (OFF + q), one HMMA a word multiplies them by x, and the zero point and the group scale are
+applied once per item and row in fp32: acc += s D - (OFF + z) s sum(x) (sum(x) from one more MMA with A = 1).
+
+What is new is the loop, built from what the loads-only streams measured on the H200 (round 4: plain Triton,
+16-byte loads straight to registers, 2-4 boxes of 8-16 KB in flight a program, reach a copy's rate):
+  * RING slots (1..4), each the COMPLETE inputs of one item: its packed words (NB, KT, 128) int32, its
+    scale/zero words (32, NB, 2) and its x words (1, 32, 4, 2, TB, KT). Slot j holds item g + j; the loop takes
+    RING items an iteration (unrolled), and right after consuming slot j refills it with item g + RING + j.
+    Slots rotate by position, never by register moves (a move of a register whose load is in flight waits for
+    it and empties the ring), and no load is consumed in the step that issues it: while the kernel waits for
+    item g, items g .. g + RING - 1 are in flight, x and scales included.
+  * Stream-K over one persistent wave: U = tiles x S items (BN rows x BK = 64 KT inputs, inside one group),
+    P = per_sm x SMs programs, program p takes items [p U / P, (p + 1) U / P) tile-major (one contiguous run of
+    the weight per program, every SM the same bytes). per_sm is the runtime knob (the probe sweeps it up to
+    what registers let reside; a high per_sm with RING 1 is the "many programs, one box each" pattern).
+  * Split-K reduction where a tile is shared (contributors = the programs whose ranges meet it):
+    ATOMIC False (the current decode kernel's scheme, deterministic): each contributor stores its fp32 partial
+    tile to its own workspace slot (tile, contributor), takes one ticket a tile (acq_rel atomic); the last one
+    sums the slots in contributor order, 4 loads in flight a round (the sum is a fixed left fold: the same bits
+    on every call), adds the bias, stores y and resets the ticket. ATOMIC True: red.add of the partial into a
+    zeroed fp32 tile, the same ticket; the last one reads the total, stores y and zeroes the tile (one round
+    trip at the end instead of ceil(C / 4); summation order, so the last bits, vary between calls).
+    A tile inside one program is stored directly.
+  * Past a program's range the refills re-read its last item (an L2 hit, no masking: masked loads zero-fill
+    registers); a slot whose item is past the range is skipped by a branch (never computed twice).
+
+Shapes (per program): NB = BN / 16 fragment rows, warps split NB; TB = 1 (M <= 8) or 2 (9 <= M <= 16) token
+blocks of 8; accumulators (NB, 32, 4) fp32 per token block in the mma C layout (lane 4g + t: rows 16 nb + g
+(+ 8), tokens 2t, 2t + 1), times s * 2^11 (w4a16_pack's sz words hold s * 2^11 | z).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from flashscale.kernels.w4a16 import _device_info, _interpreting
+from flashscale.kernels.w4a16_common import (D_UNIT_F16, OFF_BF16, OFF_F16, last_split, mma_column, reset_ticket,
+                                             split_k_slices, split_k_workspace, x_sums)
+from flashscale.kernels.w4a16_gemv import _dec_item, _dec_store, _dec_w, _dec_x, _next_item
+from flashscale.kernels.w4a16_pack import PackedW4
+
+REGS_PER_SM = 65536
+MAX_TOKENS = 16
+
+
+@dataclass(frozen=True, kw_only=True)
+class RingConfig:
+    bn: int = 256  # output rows per item (a multiple of 16 * ...: NB = bn / 16 fragment rows, warps split them)
+    kt: int = 2  # 64-wide fragment columns per item (BK = 64 kt inside one group: G % BK == 0 or G == K)
+    num_warps: int = 8
+    ring: int = 2  # items in flight a program (slots rotated by position), 1..4
+    per_sm: int = 2  # default programs an SM (the probe sweeps per_sm_options)
+    atomic: bool = False  # split-K: False deterministic slots + ticket, True fp32 red.add + ticket
+    maxnreg: int | None = None  # register cap handed to ptxas (e.g. 128: two 8-warp programs an SM)
+    asm: bool = True  # inline PTX (mma.sync); the interpreter always runs the emulation
+
+    @property
+    def item_bytes(self) -> int:
+        return self.bn * self.kt * 32  # packed bytes of one item (bn x 64 kt weights, 4 bits)
+
+    def loads_per_item(self) -> int:
+        """16-byte packed-word loads a thread an item."""
+        return self.item_bytes // (16 * 32 * self.num_warps)
+
+    def resident(self, regs: int) -> int:
+        """Programs an SM can hold (registers allocated 8 a thread at a time; 2048 threads, 32 blocks)."""
+        threads = 32 * self.num_warps
+        return max(1, min(REGS_PER_SM // (-(-regs // 8) * 8 * threads), 2048 // threads, 32))
+
+    def per_sm_options(self, regs: int | None = None) -> list[int]:
+        """Programs an SM worth timing: the default and up to two larger counts that still all fit at once (one
+        wave: a stream-K program that waits for a second wave leaves its SM idle)."""
+        fit = self.resident(regs) if regs else max(self.per_sm, 1)
+        return sorted({min(self.per_sm, fit), *[p for p in (2, 3, 4, 6, 8, 10) if self.per_sm < p <= fit][-2:]})
+
+    def in_flight_kb(self, per_sm: int) -> float:
+        """KB of packed words in flight an SM by design (programs x items in flight each)."""
+        return per_sm * self.ring * self.item_bytes / 1024
+
+    @property
+    def label(self) -> str:
+        return (f"bn{self.bn} kt{self.kt} w{self.num_warps} ring{self.ring} ({self.item_bytes // 1024} KB)"
+                + (" atomic" if self.atomic else "") + (f" maxnreg{self.maxnreg}" if self.maxnreg else ""))
+
+
+# Candidates for the H200 probe (rows r-dec), one list a token bucket (their registers differ: x and the second
+# accumulator double at 9-16 tokens). Comment: KB of packed words in flight an SM at the default per_sm, as the
+# sm_90 registers let programs reside (python -m flashscale.kernels.w4a16_ring prints them). Round 4: 2-4 boxes of
+# 8-16 KB an SM in flight reach the copy rate (64 KB/SM: 9.80 us at 8192^2; one program a box with ~10 resident
+# 9.65 us); the tile view within 3 % of flat.
+RING_CONFIGS: list[RingConfig] = [  # M <= 8
+    RingConfig(bn=128, kt=2, num_warps=4, ring=2, per_sm=4),  # 8 KB items x 2 x 4/SM = 64 KB (128 regs)
+    RingConfig(bn=256, kt=2, num_warps=4, ring=2, per_sm=2),  # 16 KB x 2 x 2 = 64 KB, x shared by 4 rows a thread
+    RingConfig(bn=256, kt=2, num_warps=8, ring=2, per_sm=2, maxnreg=128),  # 16 KB x 2 x 2 = 64 KB
+    RingConfig(bn=128, kt=2, num_warps=4, ring=4, per_sm=2),  # 8 KB x 4 x 2 = 64 KB (s-triton tile nb8 ring4)
+    RingConfig(bn=128, kt=2, num_warps=4, ring=1, per_sm=6),  # one item a program, 6 resident: 48 KB
+    RingConfig(bn=128, kt=2, num_warps=4, ring=2, per_sm=3, atomic=True),  # red.add reduction: 48 KB
+    RingConfig(bn=256, kt=2, num_warps=4, ring=2, per_sm=2, atomic=True),  # 64 KB
+    RingConfig(bn=128, kt=1, num_warps=4, ring=4, per_sm=2),  # 4 KB x 4 x 2 = 32 KB (group 64)
+]
+RING_CONFIGS_16: list[RingConfig] = [  # 9 <= M <= 16
+    RingConfig(bn=128, kt=2, num_warps=4, ring=2, per_sm=2),  # 8 KB x 2 x 2 = 32 KB (202 regs)
+    RingConfig(bn=256, kt=2, num_warps=8, ring=2, per_sm=1),  # 16 KB x 2 x 1 = 32 KB
+    RingConfig(bn=128, kt=2, num_warps=4, ring=1, per_sm=3),  # 8 KB x 1 x 3 = 24 KB
+    RingConfig(bn=256, kt=2, num_warps=4, ring=1, per_sm=2),  # 16 KB x 1 x 2 = 32 KB (ring 3 spills at 16 tokens)
+    RingConfig(bn=128, kt=2, num_warps=4, ring=2, per_sm=2, atomic=True),  # 32 KB
+]
+
+
+def configs_for(m: int) -> list[RingConfig]:
+    """The candidates of M's token bucket (M <= 8, 9..16)."""
+    return RING_CONFIGS if m <= 8 else RING_CONFIGS_16
+
+
+# ---- the kernel
+
+@triton.jit
+def _slot(pk_ptr, sz_ptr, x_ptr, v, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb, kt_first, lane1, k_pad,
+          n_frag, M, K, stride_xm, stride_pn, stride_sg, NB: tl.constexpr, BK: tl.constexpr, KT: tl.constexpr,
+          G: tl.constexpr, TWO: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+    """Every input of item v (coordinates tile_p, ks_p; past the range u1: the last item again): packed words
+    (NB, KT, 128), scale/zero words (32, NB, 2), x words (1, 32, 4, 2, TB, KT)."""
+    ok = v < u1
+    tile_q = tl.where(ok, tile_p, tile_l)
+    ks_q = tl.where(ok, ks_p, ks_l)
+    w, s = _dec_w(pk_ptr, sz_ptr, tile_q, ks_q, w_off, sz_off, nb, kt_first, k_pad, n_frag, K, stride_pn, stride_sg,
+                  NB, BK, G, EVEN_K, EVEN_N)
+    x = _dec_x(x_ptr, stride_xm, ks_q, lane1, M, K, BK, KT, TWO, EVEN_K)
+    return w, s, x
+
+
+@triton.jit
+def _sum_slots(p, mask, nc, SLOT):
+    """sum of the nc slots p, p + SLOT, ... in order (a fixed left fold: deterministic), 4 loads in flight a
+    round; read through L2 (.cg: the L1 may hold stale lines of another SM's slot)."""
+    tot = tl.load(p, mask=mask, other=0.0, cache_modifier=".cg")
+    for c in range(1, nc, 4):
+        v1 = tl.load(p + c * SLOT, mask=mask, other=0.0, cache_modifier=".cg")
+        v2 = tl.load(p + (c + 1) * SLOT, mask=mask & (c + 1 < nc), other=0.0, cache_modifier=".cg")
+        v3 = tl.load(p + (c + 2) * SLOT, mask=mask & (c + 2 < nc), other=0.0, cache_modifier=".cg")
+        v4 = tl.load(p + (c + 3) * SLOT, mask=mask & (c + 3 < nc), other=0.0, cache_modifier=".cg")
+        tot = (((tot + v1) + v2) + v3) + v4  # masked-off terms add an exact 0
+    return tot
+
+
+@triton.jit
+def _flush(acc, accb, tile, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym,
+           NB: tl.constexpr, BN: tl.constexpr, TWO: tl.constexpr, HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr):
+    """This program's part of `tile` is done: store it (sole contributor) or reduce it (module docstring)."""
+    SLOT: tl.constexpr = NB * 128 * (1 + TWO)
+    nb = tl.arange(0, NB)[:, None, None]
+    lane = tl.arange(0, 32)[None, :, None]
+    c4 = tl.arange(0, 4)[None, None, :]
+    rows = tile * BN + nb * 16 + lane // 4 + 8 * (c4 // 2)  # (NB, 32, 4): the mma C layout
+    toks = 2 * (lane % 4) + c4 % 2
+    e_off = nb * 128 + lane * 4 + c4
+    pf = ((tile * S + 1) * P - 1) // U  # first and last program with items of this tile
+    pl = ((tile * S + S) * P - 1) // U
+    if pf == pl:
+        _dec_store(acc * (1.0 / 2048), y_ptr, bias_ptr, rows, toks, M, N, stride_ym, HAS_BIAS)
+        if TWO:
+            _dec_store(accb * (1.0 / 2048), y_ptr, bias_ptr, rows, toks + 8, M, N, stride_ym, HAS_BIAS)
+    else:
+        nc = pl - pf + 1
+        if ATOMIC:  # one zeroed fp32 tile a tile, red.add, the last contributor reads and re-zeroes it
+            tp = ws_ptr + (tile * SLOT).to(tl.int64) + e_off
+            tl.atomic_add(tp, acc, mask=toks < M, sem="relaxed", scope="gpu")
+            if TWO:
+                tl.atomic_add(tp + NB * 128, accb, mask=toks + 8 < M, sem="relaxed", scope="gpu")
+        else:  # slot (tile, contributor)
+            tp = ws_ptr + (tile * CMAX).to(tl.int64) * SLOT + e_off
+            tl.store(tp + (pid - pf) * SLOT, acc, mask=toks < M)
+            if TWO:
+                tl.store(tp + (pid - pf) * SLOT + NB * 128, accb, mask=toks + 8 < M)
+        if last_split(cnt_ptr, tile, nc):
+            if ATOMIC:
+                tot = tl.load(tp, mask=toks < M, other=0.0, cache_modifier=".cg")
+                tl.store(tp, tl.zeros_like(tot), mask=toks < M)
+            else:
+                tot = _sum_slots(tp, toks < M, nc, SLOT)
+            _dec_store(tot * (1.0 / 2048), y_ptr, bias_ptr, rows, toks, M, N, stride_ym, HAS_BIAS)
+            if TWO:
+                if ATOMIC:
+                    tot = tl.load(tp + NB * 128, mask=toks + 8 < M, other=0.0, cache_modifier=".cg")
+                    tl.store(tp + NB * 128, tl.zeros_like(tot), mask=toks + 8 < M)
+                else:
+                    tot = _sum_slots(tp + NB * 128, toks + 8 < M, nc, SLOT)
+                _dec_store(tot * (1.0 / 2048), y_ptr, bias_ptr, rows, toks + 8, M, N, stride_ym, HAS_BIAS)
+            reset_ticket(cnt_ptr, tile)
+
+
+@triton.jit
+def _consume(acc, accb, w, sz, xw, u, u1, tile, ks, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N,
+             stride_ym, NB: tl.constexpr, BN: tl.constexpr, KT: tl.constexpr, TWO: tl.constexpr,
+             BF16: tl.constexpr, HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr, ASM: tl.constexpr):
+    """Item u (tile, ks) from its slot; at the end of this program's part of the tile, flush it."""
+    acc, accb = _dec_item(acc, accb, w, sz, xw, NB, KT, TWO, BF16, ASM)
+    if (ks == S - 1) | (u == u1 - 1):
+        _flush(acc, accb, tile, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, NB, BN, TWO,
+               HAS_BIAS, ATOMIC)
+        acc = tl.zeros_like(acc)
+        accb = tl.zeros_like(accb)
+    tile, ks = _next_item(tile, ks, S)
+    return acc, accb, tile, ks
+
+
+@triton.jit(do_not_specialize=["M", "S", "U", "CMAX"])
+def w4a16_ring_kernel(
+    x_ptr, pk_ptr, sz_ptr, y_ptr, bias_ptr, ws_ptr, cnt_ptr,
+    M, N, K, stride_xm, stride_ym, stride_pn, stride_sg, S, U, CMAX,
+    G: tl.constexpr, HAS_BIAS: tl.constexpr, BF16: tl.constexpr, BN: tl.constexpr, KT: tl.constexpr,
+    BM: tl.constexpr, RING: tl.constexpr, ATOMIC: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    """x_ptr: x as int32 words (pairs of 16-bit inputs), stride_xm in words; pk_ptr / sz_ptr: PackedW4 qweight
+    (N_pad/16, K_pad/64, 32, 4) / sz (NG, N_pad); S items a tile, U items, CMAX workspace slots a tile."""
+    NB: tl.constexpr = BN // 16
+    BK: tl.constexpr = KT * 64
+    TWO: tl.constexpr = BM == 16
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    u0 = pid * U // P
+    u1 = (pid + 1) * U // P
+    k_pad = tl.cdiv(K, 64) * 64
+    n_frag = tl.cdiv(N, 16)
+    nb = tl.arange(0, NB)
+    lane = tl.arange(0, 32)
+    # (NB, KT, 128) words of an item, 16 bytes a thread, warps split NB
+    w_off = (nb * stride_pn)[:, None, None] + tl.arange(0, KT)[None, :, None] * 128 + tl.arange(0, 128)[None, None, :]
+    kt_first = tl.arange(0, KT)[None, :, None] * 64
+    sz_off = (lane // 4)[:, None, None] * 2 + nb[None, :, None] * 16 + tl.arange(0, 2)[None, None, :]
+    lane1 = lane[None, :]
+
+    tile = u0 // S  # the item consumed next
+    ks = u0 - tile * S
+    tile_l = (u1 - 1) // S  # the last item of the range: what loads past it re-read
+    ks_l = u1 - 1 - tile_l * S
+    tile_p = tile  # the item loaded next
+    ks_p = ks
+    # prologue: slot j <- item u0 + j
+    w0, s0, x0 = _slot(pk_ptr, sz_ptr, x_ptr, u0, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb, kt_first, lane1,
+                       k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK, KT, G, TWO, EVEN_K, EVEN_N)
+    tile_p, ks_p = _next_item(tile_p, ks_p, S)
+    if RING >= 2:
+        w1, s1, x1 = _slot(pk_ptr, sz_ptr, x_ptr, u0 + 1, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb, kt_first,
+                           lane1, k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK, KT, G, TWO, EVEN_K,
+                           EVEN_N)
+        tile_p, ks_p = _next_item(tile_p, ks_p, S)
+    if RING >= 3:
+        w2, s2, x2 = _slot(pk_ptr, sz_ptr, x_ptr, u0 + 2, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb, kt_first,
+                           lane1, k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK, KT, G, TWO, EVEN_K,
+                           EVEN_N)
+        tile_p, ks_p = _next_item(tile_p, ks_p, S)
+    if RING >= 4:
+        w3, s3, x3 = _slot(pk_ptr, sz_ptr, x_ptr, u0 + 3, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb, kt_first,
+                           lane1, k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK, KT, G, TWO, EVEN_K,
+                           EVEN_N)
+        tile_p, ks_p = _next_item(tile_p, ks_p, S)
+    acc = tl.zeros([NB, 32, 4], dtype=tl.float32)
+    accb = tl.zeros([NB, 32, 4], dtype=tl.float32)
+    for g in range(u0, u1, RING):
+        # slot 0: item g (always in range), then refilled with item g + RING
+        acc, accb, tile, ks = _consume(acc, accb, w0, s0, x0, g, u1, tile, ks, pid, P, S, U, CMAX, y_ptr, bias_ptr,
+                                       ws_ptr, cnt_ptr, M, N, stride_ym, NB, BN, KT, TWO, BF16, HAS_BIAS, ATOMIC, ASM)
+        w0, s0, x0 = _slot(pk_ptr, sz_ptr, x_ptr, g + RING, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb,
+                           kt_first, lane1, k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK, KT, G, TWO,
+                           EVEN_K, EVEN_N)
+        tile_p, ks_p = _next_item(tile_p, ks_p, S)
+        if RING >= 2:
+            if g + 1 < u1:
+                acc, accb, tile, ks = _consume(acc, accb, w1, s1, x1, g + 1, u1, tile, ks, pid, P, S, U, CMAX, y_ptr,
+                                               bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, NB, BN, KT, TWO, BF16,
+                                               HAS_BIAS, ATOMIC, ASM)
+            w1, s1, x1 = _slot(pk_ptr, sz_ptr, x_ptr, g + RING + 1, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb,
+                               kt_first, lane1, k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK, KT, G,
+                               TWO, EVEN_K, EVEN_N)
+            tile_p, ks_p = _next_item(tile_p, ks_p, S)
+        if RING >= 3:
+            if g + 2 < u1:
+                acc, accb, tile, ks = _consume(acc, accb, w2, s2, x2, g + 2, u1, tile, ks, pid, P, S, U, CMAX, y_ptr,
+                                               bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, NB, BN, KT, TWO, BF16,
+                                               HAS_BIAS, ATOMIC, ASM)
+            w2, s2, x2 = _slot(pk_ptr, sz_ptr, x_ptr, g + RING + 2, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb,
+                               kt_first, lane1, k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK, KT, G,
+                               TWO, EVEN_K, EVEN_N)
+            tile_p, ks_p = _next_item(tile_p, ks_p, S)
+        if RING >= 4:
+            if g + 3 < u1:
+                acc, accb, tile, ks = _consume(acc, accb, w3, s3, x3, g + 3, u1, tile, ks, pid, P, S, U, CMAX, y_ptr,
+                                               bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, NB, BN, KT, TWO, BF16,
+                                               HAS_BIAS, ATOMIC, ASM)
+            w3, s3, x3 = _slot(pk_ptr, sz_ptr, x_ptr, g + RING + 3, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb,
+                               kt_first, lane1, k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK, KT, G,
+                               TWO, EVEN_K, EVEN_N)
+            tile_p, ks_p = _next_item(tile_p, ks_p, S)
+
+
+# ---- launcher
+
+def ring_grid(k: int, n: int, cfg: RingConfig, per_sm: int, num_sms: int) -> tuple[int, int, int, int]:
+    """(programs, items, items a tile S, workspace slots a tile CMAX) of a launch."""
+    tiles = triton.cdiv(n, cfg.bn)
+    steps = triton.cdiv(triton.cdiv(k, 64) * 64, 64 * cfg.kt)
+    items = tiles * steps
+    progs = max(1, min(per_sm * num_sms, items))
+    return progs, items, steps, triton.cdiv(steps, items // progs) + 1
+
+
+def check_args(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, cfg: RingConfig, per_sm: int) -> None:
+    """ValueError / TypeError naming the argument for anything the kernel does not take."""
+    if not isinstance(p, PackedW4):
+        raise TypeError(f"p must be a PackedW4, got {type(p).__name__}")
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"x must be a 2-D tensor (M, K), got {getattr(x, 'shape', type(x).__name__)}")
+    if x.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"x must be float16 or bfloat16, got {x.dtype}")
+    m, k = x.shape
+    if m > MAX_TOKENS:
+        raise ValueError(f"x has M={m} rows: the ring decode kernel takes M <= {MAX_TOKENS} (use w4a16_matmul)")
+    if k != p.in_features:
+        raise ValueError(f"x has K={k} columns, the weight in_features={p.in_features}")
+    if x.device != p.qweight.device:
+        raise ValueError(f"x is on {x.device}, the weight on {p.qweight.device}")
+    if k % p.group_size:
+        raise ValueError(f"group_size={p.group_size} must divide K={k}")
+    if p.group_size != k and p.group_size % (64 * cfg.kt):
+        raise ValueError(f"group_size={p.group_size} must be a multiple of {64 * cfg.kt} (64 kt, kt={cfg.kt}) or "
+                         f"K={k} (one group): an item may not cross a group")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (p.out_features,):
+            raise ValueError(f"bias must have shape ({p.out_features},), got {getattr(bias, 'shape', None)}")
+        if bias.dtype != x.dtype:
+            raise ValueError(f"bias must have x's dtype {x.dtype}, got {bias.dtype}")
+    if cfg.bn < 16 or cfg.bn & (cfg.bn - 1) or cfg.bn // 16 < 1:
+        raise ValueError(f"config.bn={cfg.bn} must be a power of two >= 16")
+    if cfg.kt not in (1, 2) or cfg.ring not in (1, 2, 3, 4):
+        raise ValueError(f"config kt={cfg.kt} must be 1 or 2 and ring={cfg.ring} 1..4")
+    if not isinstance(per_sm, int) or per_sm < 1:
+        raise ValueError(f"per_sm={per_sm!r} must be a positive int")
+
+
+def w4a16_ring(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None, *, config: RingConfig | None = None,
+               per_sm: int | None = None) -> torch.Tensor:
+    """x (M <= 16, K) fp16/bf16 -> y (M, N) in x's dtype = x @ dequant(W) + bias, on the ring kernel.
+    config: default the first candidate of M's bucket; per_sm: programs an SM (default config.per_sm)."""
+    cfg = config or configs_for(x.shape[0] if isinstance(x, torch.Tensor) and x.dim() == 2 else 1)[0]
+    per_sm = cfg.per_sm if per_sm is None else per_sm
+    check_args(x, p, bias, cfg, per_sm)
+    y = torch.empty((x.shape[0], p.out_features), dtype=x.dtype, device=x.device)
+    if x.shape[0]:
+        launch(x, p, bias, y, cfg, per_sm)
+    return y
+
+
+def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Tensor, cfg: RingConfig, per_sm: int):
+    """One launch into y (M, N) (arguments as check_args takes them, M >= 1); returns what Triton's launch returns
+    (on a GPU the compiled kernel: .n_regs, .metadata.shared)."""
+    m, k = x.shape
+    n = p.out_features
+    if p.perm is not None:
+        x = x[:, p.perm.long()]  # act-order: gather x once (pairs of inputs are loaded as one word)
+    if x.stride(1) != 1 or x.stride(0) % 2 or x.data_ptr() % 4:
+        x = x.clone(memory_format=torch.contiguous_format)
+    xw = x.view(torch.int32)  # (M, K / 2) words of two 16-bit inputs
+    progs, items, steps, cmax = ring_grid(k, n, cfg, per_sm, _device_info(x.device)[1])
+    bm = 8 if m <= 8 else 16
+    tiles = triton.cdiv(n, cfg.bn)
+    slot = cfg.bn * bm  # fp32 values of a tile: NB x 128 x token blocks
+    if cfg.atomic:
+        ws, _ = split_k_workspace(x.device, tiles * slot)  # zero, and left zero by the kernel
+    else:
+        ws = split_k_slices(x.device, tiles * cmax * slot)
+    _, cnt = split_k_workspace(x.device, tiles)
+    extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not _interpreting() else {}
+    return w4a16_ring_kernel[(progs,)](
+        xw, p.qweight, p.sz, y, bias if bias is not None else y, ws, cnt,
+        m, n, k, xw.stride(0), y.stride(0), p.qweight.stride(0), p.sz.stride(0), steps, items, cmax,
+        G=p.group_size, HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, BN=cfg.bn, KT=cfg.kt, BM=bm,
+        RING=cfg.ring, ATOMIC=cfg.atomic, EVEN_K=k % (64 * cfg.kt) == 0, EVEN_N=p.sz.shape[1] % cfg.bn == 0,
+        ASM=cfg.asm and not _interpreting(), num_warps=cfg.num_warps, num_stages=1, **extra,
+    )
+
+
+# ---- ahead-of-time sm_90 compiles (no GPU needed) and what the machine code says
+
+def compile_sm90(cfg: RingConfig, *, dtype: str = "bf16", bm: int = 8, group_size: int = 128):
+    """Compile one config as a launch on an even Llama shape specializes it (K, N multiples of 256, pointers and
+    strides 16-divisible, no bias): returns Triton's CompiledKernel (asm: ptx, cubin)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    ptrs = {"x_ptr": "*i32", "pk_ptr": "*i32", "sz_ptr": "*i32", "y_ptr": f"*{dtype}", "bias_ptr": f"*{dtype}",
+            "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
+    ints = ("M", "N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg", "S", "U", "CMAX")
+    cx = dict(G=group_size, HAS_BIAS=False, BF16=dtype == "bf16", BN=cfg.bn, KT=cfg.kt, BM=bm, RING=cfg.ring,
+              ATOMIC=cfg.atomic, EVEN_K=True, EVEN_N=True, ASM=cfg.asm)
+    sig = {**ptrs, **{n: "i32" for n in ints}, **{n: "constexpr" for n in cx}}
+    names = list(sig)
+    aligned = set(ptrs) | {"N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in aligned}
+    src = ASTSource(fn=w4a16_ring_kernel, signature=sig, constexprs={(names.index(k),): v for k, v in cx.items()},
+                    attrs=attrs)
+    opts = {"num_warps": cfg.num_warps, "num_stages": 1, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def hot_loop(ins: list[tuple[int, str]]) -> tuple[list[tuple[int, str]], int]:
+    """The main loop (the backward branch's body holding the most LDG.128), less the flush: forward-branch regions
+    holding an atomic and no HMMA (a tile's end, once a tile, not once an item). Returns (body, flush instrs)."""
+    from flashscale.kernels.aot import branch_target, sass_loops, sass_opcode
+
+    body = max(sass_loops(ins), key=lambda b: sum(sass_opcode(t).startswith("LDG") and sass_opcode(t).endswith(".128")
+                                                   for _, t in b))
+    skips = []
+    for a, t in body:
+        e = branch_target(t)
+        if e is not None and e > a:
+            ops = [sass_opcode(x) for b, x in body if a < b < e]
+            if any(o.startswith(("ATOM", "RED")) for o in ops) and not any(o.startswith("HMMA") for o in ops):
+                skips.append((a, e))
+    keep = [(a, t) for a, t in body if not any(s < a < e for s, e in skips)]
+    return keep, len(body) - len(keep)
+
+
+def load_waits(body: list[tuple[int, str]], latency: int = 1000) -> int:
+    """Instructions of one steady-state iteration that wait on a global load (w4a16_stream.sass_load_rate's model:
+    in-order issue, a load's registers ready `latency` cycles after it issues)."""
+    import re
+
+    from flashscale.kernels.w4a16_stream import _regs_of
+
+    ready: dict[int, int] = {}
+    t, waits = 0, 0
+    for it in range(3):
+        for _, txt in body:
+            txt = re.sub(r"^@!?U?P\w+\s+", "", txt)
+            op = txt.split()[0]
+            parts = txt[len(op):].split(",")
+            dst, srcs = _regs_of(parts[0]), _regs_of(",".join(parts[1:]))
+            writes = not op.startswith(("ST", "BRA", "RED", "ATOM"))
+            need = max([0] + [ready.get(r, 0) for r in set(srcs) | (set(dst) if writes else set())])
+            waits += it == 2 and need > t + 1
+            t = max(t + 1, need)
+            if op.startswith("LDG"):
+                width = 4 if op.endswith(".128") else 2 if op.endswith(".64") else 1
+                for r in range(dst[0], dst[0] + width):
+                    ready[r] = t + latency
+            elif writes:
+                for r in dst:
+                    ready[r] = 0
+    return waits
+
+
+def census(cfg: RingConfig, **kw) -> dict:
+    """Compile for sm_90 and count: registers, spills, local memory, shared memory, atomics, and the hot loop's
+    instruction mix a RING-item iteration, its modelled loads in flight a thread and load waits an iteration."""
+    import collections
+    import re
+    from dataclasses import asdict
+
+    from flashscale.kernels.aot import ptxas_stats, sass, sass_instructions, sass_opcode
+    from flashscale.kernels.w4a16_stream import sass_load_rate
+
+    k = compile_sm90(cfg, **kw)
+    text = sass(k.asm["cubin"])
+    body, flush = hot_loop(sass_instructions(text))
+    ops = collections.Counter(sass_opcode(t) for _, t in body)
+    rate = sass_load_rate(body)
+    stats = ptxas_stats(k.asm["ptx"])
+
+    def n(*prefixes, suffix=""):
+        return sum(c for o, c in ops.items() if o.startswith(prefixes) and o.endswith(suffix))
+
+    weights = cfg.ring * cfg.bn * 64 * cfg.kt // (32 * cfg.num_warps)  # a thread's weights an iteration
+    return dict(config=asdict(cfg), label=cfg.label, bm=kw.get("bm", 8), dtype=kw.get("dtype", "bf16"),
+                **{n_: v for n_, v in stats.items() if n_ != "log"}, shared=k.metadata.shared,
+                local=len(re.findall(r"\b(?:LDL|STL)\b", text)),
+                atomics_ptx=len(re.findall(r"\b(?:atom|red)\.global", k.asm["ptx"])),
+                loop_instructions=sum(ops.values()), flush_instructions=flush, per_weight=sum(ops.values()) / weights,
+                ldg128=n("LDG", suffix=".128"), ldg_other=n("LDG") - n("LDG", suffix=".128"), hmma=n("HMMA"),
+                lop3=ops["LOP3.LUT"], shifts=n("SHF", "IMAD.SHL"), prmt=ops["PRMT"], moves=n("MOV", "IMAD.MOV"),
+                uniform=n("U"), fp32=n("FFMA", "FMUL", "FADD"), smem=n("LDS", "STS"), bar=n("BAR"),
+                loads_in_flight=rate["loads_in_flight"], ldg_per_iter=rate["ldg_per_iter"],
+                cycles_per_iter=rate["cycles_per_iter"], waits_per_iter=load_waits(body),
+                resident=cfg.resident(stats["registers"]), per_sm_options=cfg.per_sm_options(stats["registers"]))
+
+
+def aot_jobs() -> list[tuple[RingConfig, dict]]:
+    """(config, compile kwargs) of the census: every candidate of each token bucket (bf16, G = 128; kt1 configs at
+    G = 64, the group size they are for)."""
+    return [(c, dict(bm=bm, group_size=128 if c.kt == 2 else 64)) for bm in (8, 16) for c in configs_for(bm)]
+
+
+if __name__ == "__main__":  # PYTHONPATH=src python -m flashscale.kernels.w4a16_ring (TRITON_INTERPRET unset)
+    print("config (tokens) | regs spills local smem | resident/SM per_sm options | loop instr (flush) instr/weight | "
+          "LDG.128 other-LDG HMMA LOP3 shifts PRMT moves uniform fp32 | modelled loads in flight, waits an iteration")
+    bad = []
+    for c, kw in aot_jobs():
+        r = census(c, **kw)
+        if r["spill_stores"] or r["spill_loads"] or r["stack"] or r["local"]:
+            bad.append(r["label"])
+        print(f"{c.label:40s} M<={kw['bm']:2d} | {r['registers']:3d} {r['spill_stores']}/{r['spill_loads']} "
+              f"{r['local']} {r['shared']:5d} | {r['resident']:2d} {r['per_sm_options']} | {r['loop_instructions']:5d} "
+              f"({r['flush_instructions']}) {r['per_weight']:.2f} | {r['ldg128']:3d} {r['ldg_other']:3d} "
+              f"{r['hmma']:3d} "
+              f"{r['lop3']:3d} {r['shifts']:3d} {r['prmt']:3d} {r['moves']:3d} {r['uniform']:3d} {r['fp32']:3d} | "
+              f"{r['loads_in_flight']:.1f} of {r['ldg_per_iter']}, {r['waits_per_iter']} waits", flush=True)
+    assert not bad, f"spills or local memory: {bad}"
