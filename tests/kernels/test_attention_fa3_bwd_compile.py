@@ -1,7 +1,10 @@
 """The FA3-style Gluon backward compiles for sm_90 without a GPU (Triton ships ptxas), and the machine code
 has what the design promises: wgmma for the five GEMMs, TMA loads of K/V and the Q/dO ring, TMA stores of
 dK/dV, mbarrier waits, dQ by vector reductions (red.global.add.v2.f32), shared memory within an H200 SM,
-and register spills bounded (docs/attention_fa3.md records them: the fused dQ costs registers)."""
+and register spills bounded (docs/attention_fa3.md records them: the fused dQ costs registers).
+The warp-specialized configs (ws=True in TUNING_CONFIGS) are held to more: no spill and no local memory at all,
+setmaxnreg 240 for the MMA warps and 24 for the producer / dQ writer, no wgmma serialization, and a key loop
+with the five GEMMs' HGMMAs and no global reduction (the dQ writer's red.global.add.v4 lies outside it)."""
 
 from __future__ import annotations
 
@@ -65,7 +68,83 @@ def test_machine_code(compiled, name):
     assert m["stats"]["spill_stores"] <= 512, m["stats"]
 
 
+_COMPILE_WS = """
+import json, re, sys
+from flashscale.kernels import attention_fa3_bwd as bwd
+from flashscale.kernels.aot import ptxas_stats, sass, sass_instructions, sass_key_loops, sass_opcode
+out, res = sys.argv[1], {}
+for d, cfgs in bwd.TUNING_CONFIGS.items():
+    for name, cfg in cfgs.items():
+        if not cfg.ws:
+            continue
+        for causal in ((False, True) if d == 128 else (True, )):
+            key = f"d{d}_{name}_{'causal' if causal else 'full'}"
+            k = bwd.compile_sm90(d, causal, group=2, config=cfg)
+            ptx = k.asm["ptx"]
+            st = ptxas_stats(ptx)
+            text = sass(k.asm["cubin"])
+            ops = [sass_opcode(t) for _, t in sass_instructions(text)]
+            loops = [[sass_opcode(t) for _, t in body] for body in sass_key_loops(text)]
+            res[key] = dict(
+                d=d, block_m=cfg.block_m, block_n=cfg.block_n, shared=k.metadata.shared, smem_est=bwd.smem_bytes(d, cfg),
+                registers=st["registers"], spill_stores=st["spill_stores"], spill_loads=st["spill_loads"],
+                stack=st["stack"], serialized="C7512" in st["log"],
+                setmaxnreg=sorted({int(x) for x in re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)}),
+                local=sum(o.startswith(("LDL", "STL")) for o in ops), red_v4=sum(o.startswith("REDG") and "F32x4" in o
+                                                                                 for o in ops),
+                tma_loads=len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.3d\\.shared::cluster\\.global", ptx)),
+                tma_stores=len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.3d\\.global\\.shared", ptx)),
+                ptx_red_v4="red.relaxed.gpu.global.add.v4.f32" in ptx, ptx_atom="atom.global" in ptx,
+                loops=[dict(hgmma=sum("HGMMA" in o for o in b), red=sum(o.startswith("RED") for o in b),
+                            local=sum(o.startswith(("LDL", "STL")) for o in b)) for b in loops])
+json.dump(res, open(f"{out}/compiled_ws.json", "w"))
+"""
+
+WS_NAMES = [f"d{d}_{name}_{c}" for d, cfgs in bwd.TUNING_CONFIGS.items() for name, cfg in cfgs.items() if cfg.ws
+            for c in (("full", "causal") if d == 128 else ("causal", ))]
+
+
+@pytest.fixture(scope="module")
+def compiled_ws(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fa3_bwd_ws_sm90")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = str(Path(bwd.__file__).resolve().parents[2])
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", _COMPILE_WS, str(out)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, f"sm_90 compile of the warp-specialized backward failed:\n{proc.stderr[-4000:]}"
+    return json.loads((out / "compiled_ws.json").read_text())
+
+
+def test_ws_configs_are_listed_and_defaults_unchanged():
+    assert {"n128_m64_ws", "n128_m64_ws_s3"} <= set(bwd.TUNING_CONFIGS[128])
+    assert not any(cfg.ws for cfg in bwd.DEFAULT_CONFIGS.values())
+    assert len(WS_NAMES) >= 4
+
+
+@pytest.mark.parametrize("name", WS_NAMES)
+def test_ws_machine_code(compiled_ws, name):
+    m = compiled_ws[name]
+    assert m["spill_stores"] == 0 and m["spill_loads"] == 0 and m["stack"] == 0 and m["local"] == 0, m
+    assert not m["serialized"], f"ptxas serialized the wgmmas (C7512): {m}"
+    assert m["shared"] <= SMEM_PER_BLOCK, m
+    assert abs(m["shared"] - m["smem_est"]) < 1024, m  # smem_bytes (config_error's check) tracks the real thing
+    assert m["setmaxnreg"] == [24, 240], m  # MMA warps 240, producer / dQ writer 24
+    # one key loop, the MMA warps': S^T, dP^T (K = D), dV, dK (K = BLOCK_M), dQ (K = BLOCK_N), in 16-deep HGMMAs a
+    # warpgroup; no global reduction there: the writer's red.global.add.v4 (outside) does dQ
+    assert len(m["loops"]) == 1, m
+    loop = m["loops"][0]
+    assert loop["hgmma"] == (2 * m["d"] + 2 * m["block_m"] + m["block_n"]) // 16, m
+    assert loop["red"] == 0 and loop["local"] == 0, m
+    assert m["red_v4"] > 0 and m["ptx_red_v4"] and not m["ptx_atom"], m
+    assert m["tma_loads"] >= 4 and m["tma_stores"] == 2, m  # K, V, Q, dO in; dK, dV out
+
+
 def test_config_errors_are_clear():
     assert bwd.config_error(96, bwd.FA3BwdConfig()) is not None
     assert "block_n" in bwd.config_error(128, bwd.FA3BwdConfig(block_n=32))
     assert bwd.config_error(256, bwd.FA3BwdConfig(block_n=128, block_m=128)) is not None  # shared memory
+    assert bwd.config_error(128, bwd.FA3BwdConfig(ws=True, stages=1)) is not None
+    assert bwd.config_error(128, bwd.FA3BwdConfig(ws=True, stages=3, dq_stages=2)) is not None  # 242 KB
+    assert bwd.config_error(256, bwd.FA3BwdConfig(block_n=64, block_m=64, ws=True)) is not None  # shared memory
+    assert bwd.config_error(128, bwd.FA3BwdConfig(ws=True, red_v2=False)) is not None

@@ -1,5 +1,5 @@
 """The FA3-style Gluon backward (kernels.attention_fa3_bwd) on an sm_90 GPU against the float64 reference,
-directly (every tuning config) and through ops.attention (impl="fa3", with a dLSE term, and the automatic
+directly (every tuning config, the warp-specialized ones included; those also against the plain kernel) and through ops.attention (impl="fa3", with a dLSE term, and the automatic
 pick), with the tolerance rule of the other attention tests (attention_checks.assert_close_rule)."""
 
 from __future__ import annotations
@@ -62,6 +62,33 @@ def test_fa3_bwd_every_config(case):
             assert_close_rule({"ours": (out, lse, dq, dk, dv), "oracle": oracle, "base": base})
         except AssertionError as e:
             raise AssertionError(f"config {name}: {e}") from None
+
+
+WS = [(D, name) for D, cfgs in bwd.TUNING_CONFIGS.items() for name, cfg in cfgs.items() if cfg.ws]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D,name", WS, ids=[f"d{d}_{n}" for d, n in WS])
+def test_fa3_bwd_ws_matches_the_plain_kernel(D, name, causal):
+    """The warp-specialized variant does the plain kernel's math in the same order: dK and dV bit for bit equal to
+    the plain kernel's with the same tiles; dQ equal up to the order of the float32 atomics (then a bf16 cast).
+    GQA (G = 3), ragged Sq, Sq != Sk, enough steps to wrap the Q/dO ring many times."""
+    if not _hopper():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    ws = bwd.TUNING_CONFIGS[D][name]
+    plain = bwd.FA3BwdConfig(block_n=ws.block_n, block_m=ws.block_m)
+    torch.manual_seed(1)
+    B, Sq, Sk, H, Hkv = 2, 1111, 1000, 6, 2
+    q = torch.randn(B, Sq, H, D, dtype=torch.bfloat16, device=CUDA)
+    k = torch.randn(B, Sk, Hkv, D, dtype=torch.bfloat16, device=CUDA)
+    v = torch.randn(B, Sk, Hkv, D, dtype=torch.bfloat16, device=CUDA)
+    do = torch.randn(B, Sq, H, D, dtype=torch.bfloat16, device=CUDA)
+    out, lse = fwd.attention_fa3_fwd(q, k, v, causal=causal)
+    dq0, dk0, dv0 = bwd.attention_fa3_bwd(do, q, k, v, out, lse, causal=causal, config=plain)
+    dq1, dk1, dv1 = bwd.attention_fa3_bwd(do, q, k, v, out, lse, causal=causal, config=ws)
+    torch.cuda.synchronize()
+    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
+    torch.testing.assert_close(dq1.float(), dq0.float(), rtol=1.6e-2, atol=1e-3)
 
 
 @pytest.mark.parametrize("D", [64, 128, 256])

@@ -28,6 +28,10 @@ store), a query past Sq gets LSE = +inf (P = 0). Rows whose forward LSE is -inf 
 Shapes: B batch, S sequence, H query heads, G = H // Hkv, D head dim (64, 128 or 256).
 One partition of 8 warps (two warpgroups): accumulators of BLOCK_N rows put a warpgroup on each 64-row half
 (BLOCK_N = 128) or on each half of the columns (BLOCK_N = 64); see _warps.
+
+FA3BwdConfig(ws=True) runs the warp-specialized variant instead (kernels.attention_fa3_bwd_ws): the same math
+in the same 8 warps, with a TMA producer warp (Q/dO ring of `stages`, LSE/delta) and a dQ writer partition
+that takes dQ from shared memory and issues the atomics.
 """
 
 from __future__ import annotations
@@ -60,6 +64,17 @@ class FA3BwdConfig:
     block_n: int = 128
     block_m: int = 64
     red_v2: bool = True  # dQ by red.global.add.v2.f32 (inline PTX) rather than Triton's scalar atomics
+    # warp-specialized variant (kernels.attention_fa3_bwd_ws): a TMA producer warp, the 8 MMA warps, and a dQ
+    # writer partition doing the atomics from shared memory. The fields below only matter with ws=True.
+    ws: bool = False
+    stages: int = 2  # Q/dO (and LSE/delta) ring depth
+    dq_stages: int = 2  # float32 dQ tiles in shared memory between the MMA warps and the writer
+    dq_warps: int = 2  # warps of the dQ writer (red.global.add.v4.f32)
+    # setmaxnreg of the producer warp and of the dQ writer. Both sit in one 4-warp group, which gets the larger of
+    # the two; Triton gives the MMA warps 168 + (168 - that) / 2 rounded down to 8: 24 -> 240, 32 or 40 -> 232
+    # (and at 232 ptxas serializes the causal loop's wgmmas for want of registers). Both fit 24 without spills.
+    producer_regs: int = 24
+    writer_regs: int = 24
 
     def warps(self, rows: int) -> tuple[int, int]:
         """(warps along M, along N) of an accumulator with `rows` rows on 8 warps: wgmma puts 4 warps
@@ -71,15 +86,24 @@ class FA3BwdConfig:
 DEFAULT_CONFIGS = {64: FA3BwdConfig(block_n=128, block_m=128), 128: FA3BwdConfig(block_n=128, block_m=64),
                    256: FA3BwdConfig(block_n=64, block_m=64)}
 TUNING_CONFIGS = {
-    64: {"n128_m128": DEFAULT_CONFIGS[64], "n128_m64": FA3BwdConfig(block_n=128, block_m=64)},
+    64: {"n128_m128": DEFAULT_CONFIGS[64], "n128_m64": FA3BwdConfig(block_n=128, block_m=64),
+         "n128_m64_ws_s3": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=2)},
     128: {"n128_m64": DEFAULT_CONFIGS[128], "n128_m64_atom": FA3BwdConfig(block_n=128, block_m=64, red_v2=False),
-          "n64_m128": FA3BwdConfig(block_n=64, block_m=128)},
+          "n64_m128": FA3BwdConfig(block_n=64, block_m=128),
+          # warp-specialized (offline-compiled, not yet timed): 2 or 3 Q/dO stages, 2 or 1 dQ tiles
+          "n128_m64_ws": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=2, dq_stages=2),
+          "n128_m64_ws_s3": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=1)},
     256: {"n64_m64": DEFAULT_CONFIGS[256], "n64_m64_atom": FA3BwdConfig(block_n=64, block_m=64, red_v2=False)},
 }
 
 
 def smem_bytes(head_dim: int, cfg: FA3BwdConfig, elem: int = 2) -> int:
-    """K, V tiles + a 2-slot Q/dO ring + the dS^T tile + barriers."""
+    """K, V tiles + a 2-slot Q/dO ring + the dS^T tile + barriers; ws: a `stages`-slot Q/dO ring with LSE/delta
+    beside it, and `dq_stages` float32 dQ tiles (rows padded by 4 floats)."""
+    if cfg.ws:
+        return (elem * (2 * cfg.block_n * head_dim + 2 * cfg.stages * cfg.block_m * head_dim
+                        + cfg.block_n * cfg.block_m) + 4 * cfg.dq_stages * cfg.block_m * (head_dim + 4)
+                + 4 * 2 * cfg.stages * cfg.block_m + 8 * (1 + 2 * cfg.stages + 2 * cfg.dq_stages))
     return elem * (2 * cfg.block_n * head_dim + 4 * cfg.block_m * head_dim + cfg.block_n * cfg.block_m) + 8 * 3
 
 
@@ -89,6 +113,11 @@ def config_error(head_dim: int, cfg: FA3BwdConfig) -> str | None:
     for name, v in (("block_n", cfg.block_n), ("block_m", cfg.block_m)):
         if v not in (64, 128):
             return f"{name} {v}: 64 or 128"
+    if cfg.ws:
+        if not 2 <= cfg.stages <= 4 or cfg.dq_stages not in (1, 2) or cfg.dq_warps not in (1, 2):
+            return f"ws: stages {cfg.stages} in 2..4, dq_stages {cfg.dq_stages} 1 or 2, dq_warps {cfg.dq_warps} 1 or 2"
+        if not cfg.red_v2:
+            return "ws: the dQ writer always uses red.global.add.v4.f32 (red_v2=False is the plain kernel's)"
     if smem_bytes(head_dim, cfg) > SMEM_LIMIT:
         return f"{smem_bytes(head_dim, cfg)} B of shared memory > {SMEM_LIMIT}"
     return None
@@ -302,7 +331,7 @@ def attention_fa3_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
         return TensorDescriptor(t, [B, S, heads * D], [S * heads * D, heads * D, 1], [1, rows, D], lay)
 
     grid = (triton.cdiv(Sk, cfg.block_n), B * Hkv)
-    _fa3_bwd_kernel[grid](desc(q, Sq, H, cfg.block_m, q_lay), desc(k, Sk, Hkv, cfg.block_n, kv_lay),
+    _kernel(cfg)[grid](desc(q, Sq, H, cfg.block_m, q_lay), desc(k, Sk, Hkv, cfg.block_n, kv_lay),
                           desc(v, Sk, Hkv, cfg.block_n, kv_lay), desc(do, Sq, H, cfg.block_m, q_lay),
                           desc(dk, Sk, Hkv, cfg.block_n, kv_lay), desc(dv, Sk, Hkv, cfg.block_n, kv_lay),
                           lse, delta, dq32, lse.stride(0), lse.stride(1), H, Sq, Sk, float(scale),
@@ -310,10 +339,24 @@ def attention_fa3_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
     return (dq32 * scale).to(q.dtype), dk, dv
 
 
+def _kernel(cfg: FA3BwdConfig):
+    if cfg.ws:
+        from flashscale.kernels.attention_fa3_bwd_ws import _fa3_bwd_ws_kernel
+
+        return _fa3_bwd_ws_kernel
+    return _fa3_bwd_kernel
+
+
 def _constexprs(head_dim: int, group: int, causal: bool, cfg: FA3BwdConfig) -> dict:
-    return {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "CAUSAL": causal,
-            "KV_WM": cfg.warps(cfg.block_n)[0], "DQ_WM": cfg.warps(cfg.block_m)[0], "RED_V2": cfg.red_v2,
-            "num_warps": NUM_WARPS}
+    c = {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "CAUSAL": causal,
+         "KV_WM": cfg.warps(cfg.block_n)[0], "DQ_WM": cfg.warps(cfg.block_m)[0]}
+    if cfg.ws:
+        c.update({"STAGES": cfg.stages, "DQ_STAGES": cfg.dq_stages, "DQ_WARPS": cfg.dq_warps,
+                  "PRODUCER_REGS": cfg.producer_regs, "WRITER_REGS": cfg.writer_regs})
+    else:
+        c["RED_V2"] = cfg.red_v2
+    c["num_warps"] = NUM_WARPS
+    return c
 
 
 def compile_sm90(head_dim: int, causal: bool, *, group: int = 1, dtype: torch.dtype = torch.bfloat16,
@@ -337,5 +380,5 @@ def compile_sm90(head_dim: int, causal: bool, *, group: int = 1, dtype: torch.dt
                  "seqlen_q": "i32", "seqlen_k": "i32", "sm_scale": "fp32", "qk_scale": "fp32"}
     constexprs = _constexprs(head_dim, group, bool(causal), cfg)
     signature.update({name: "constexpr" for name in constexprs})
-    src = GluonASTSource(fn=_fa3_bwd_kernel, signature=signature, constexprs=constexprs)
+    src = GluonASTSource(fn=_kernel(cfg), signature=signature, constexprs=constexprs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS})
