@@ -92,18 +92,25 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--quick", action="store_true", help="3 shapes, 6 token counts, short timing")
     ap.add_argument("--group-size", type=int, default=128)
+    ap.add_argument("--impls", default="flashscale,bf16",
+                    help="comma list of flashscale, bf16, flashscale-wgmma (the opt-in Gluon GEMM, M >= 16: each "
+                         "candidate config checked against float64, then timed; the best kept a cell)")
+    ap.add_argument("--ms", default=None, help="comma list of token counts (default: the built-in sweep)")
     args = ap.parse_args(argv)
+    impls = args.impls.split(",")
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     shapes = SHAPES[::2] if args.quick else SHAPES
     ms = [1, 4, 16, 64, 256, 1024] if args.quick else MS
+    if args.ms:
+        ms = [int(v) for v in args.ms.split(",")]
     warmup, rep = (5, 20) if args.quick else (10, 40)
     g = args.group_size
     # every candidate config of every M bucket, compiled in parallel processes first (one shape stands
     # for all: the benchmark shapes share evenness and alignment)
     t0 = time.time()
-    jobs = precompile([dict(m=m, k=256, n=256, group_size=g, dtype="bfloat16", act_order=False, bias=False)
+    jobs = 0 if "flashscale" not in impls else precompile([dict(m=m, k=256, n=256, group_size=g, dtype="bfloat16", act_order=False, bias=False)
                        for m in sorted({1} | {min(max(m, 2), 4096) for m in ms})])
     print(f"precompiled {jobs} configs in {time.time() - t0:.1f} s", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -112,7 +119,7 @@ def main(argv=None) -> int:
     for k, n in shapes:
         base = random_packed(k, n, g, gen)
         w_bf16 = dequantize_w4(base, torch.bfloat16).t().contiguous()  # (N, K): the same weights in bf16
-        for m in (1, 16, 256):
+        for m in (1, 16, 256) if "flashscale" in impls else ():
             e_ours, e_bf16, ok = check(base, w_bf16, m, gen)
             checks.append(dict(M=m, K=k, N=n, rel_err=e_ours, rel_err_bf16=e_bf16, ok=ok))
         nq = copies_for(packed_bytes(base))
@@ -133,13 +140,25 @@ def main(argv=None) -> int:
                 return F.linear(x, ws[it["w"]])
 
             flops = 2.0 * m * k * n
-            for impl, fn, nbytes in (("flashscale", ours, packed_bytes(base)), ("bf16", cublas, k * n * 2)):
+            todo = [(impl, fn, nb, None) for impl, fn, nb in (("flashscale", ours, packed_bytes(base)),
+                                                               ("bf16", cublas, k * n * 2)) if impl in impls]
+            if "flashscale-wgmma" in impls and m >= 16:
+                todo += wgmma_trials(base, packs, w_bf16, x, m, gen, checks)
+            best = {}
+            for impl, fn, nbytes, cfg in todo:
                 us, us_eager = bench(fn, warmup, rep)
-                rows.append(dict(impl=impl, M=m, K=k, N=n, group_size=g, us=us, us_eager=us_eager,
-                                 tflops=flops / us * 1e-6, TBps=nbytes / us * 1e-6,
-                                 floor_us=packed_bytes(base) / (COPY_TBPS * 1e6) if impl == "flashscale" else None))
-            print(f"  M={m:5d} K={k:5d} N={n:5d}  w4a16 {rows[-2]['us']:9.1f} us   bf16 {rows[-1]['us']:9.1f} us   "
-                  f"x{rows[-1]['us'] / rows[-2]['us']:.2f}", flush=True)
+                row = dict(impl=impl, M=m, K=k, N=n, group_size=g, us=us, us_eager=us_eager,
+                           tflops=flops / us * 1e-6, TBps=nbytes / us * 1e-6,
+                           floor_us=packed_bytes(base) / (COPY_TBPS * 1e6) if impl != "bf16" else None)
+                if cfg is not None:
+                    row["config"] = cfg.label() + f"-g{cfg.group}-c{cfg.consumers}"
+                if impl not in best or us < best[impl]["us"]:
+                    best[impl] = row
+            rows += [best[i] for i in impls if i in best]
+            bf = best.get("bf16", {}).get("us")
+            print(f"  M={m:5d} K={k:5d} N={n:5d}  " + "  ".join(
+                f"{i} {best[i]['us']:9.1f} us" + (f" x{bf / best[i]['us']:.2f}" if bf and i != "bf16" else "")
+                + (f" [{best[i]['config']}]" if "config" in best[i] else "") for i in impls if i in best), flush=True)
         del packs, ws, w_bf16, base
         torch.cuda.empty_cache()
         path = write(args, gpu, g, rows, checks)  # after every shape: a cut-short run keeps what it measured
@@ -149,12 +168,42 @@ def main(argv=None) -> int:
     print(f"\nW4A16 vs bf16 F.linear on {gpu} (group {g}); TB/s on packed bytes; floor = packed bytes / 4.3 TB/s")
     print(f"{'M':>5} {'K':>6} {'N':>6} {'w4a16 us':>9} {'eager':>7} {'floor us':>8} {'TB/s':>5} {'TFLOP/s':>7} "
           f"{'bf16 us':>8} {'speedup':>7}")
-    for a, b in zip(rows[::2], rows[1::2]):
+    for a, b in zip(rows[::2], rows[1::2]) if impls == ["flashscale", "bf16"] else ():
         print(f"{a['M']:5d} {a['K']:6d} {a['N']:6d} {a['us']:9.1f} {a['us_eager']:7.1f} {a['floor_us']:8.1f} "
               f"{a['TBps']:5.2f} {a['tflops']:7.1f} {b['us']:8.1f} {b['us'] / a['us']:7.2f}")
     bad = [c for c in checks if not c["ok"]]
     print(f"correctness: {len(checks) - len(bad)}/{len(checks)} checks passed; wrote {path}")
     return 1 if bad else 0
+
+
+def wgmma_trials(base: PackedW4, packs: list, w_bf16: torch.Tensor, x: torch.Tensor, m: int,
+                 gen: torch.Generator, checks: list) -> list:
+    """(impl, fn, bytes, config) of every flashscale-wgmma candidate of M's bucket that is correct here
+    (float64 check first, as check(); a wrong or failing config is reported in checks and not timed)."""
+    from flashscale.kernels import w4a16_wgmma as wg
+
+    out, it = [], {"q": 0}
+    oracle = x.double() @ dequantize_w4(base, torch.float64)
+    e_bf16 = rel_err(F.linear(x, w_bf16), oracle)
+    for cfg in wg.candidates(m):
+        try:
+            e = rel_err(wg.w4a16_wgmma(x, base, config=cfg), oracle)
+        except Exception as exc:  # noqa: BLE001  (compile / resource errors: reported, the others still run)
+            print(f"flashscale-wgmma {cfg}: {exc!r}"[:300], flush=True)
+            e = float("inf")
+        ok = e <= 2 * e_bf16 + 1e-3
+        checks.append(dict(impl="flashscale-wgmma", config=cfg.label(), M=m, K=base.in_features,
+                           N=base.out_features, rel_err=e, rel_err_bf16=e_bf16, ok=ok))
+        if not ok:
+            print(f"flashscale-wgmma WRONG {cfg.label()} M={m}: rel err {e:.3e} vs bf16 {e_bf16:.3e}", flush=True)
+            continue
+
+        def fn(cfg=cfg):
+            it["q"] = (it["q"] + 1) % len(packs)
+            return wg.w4a16_wgmma(x, packs[it["q"]], config=cfg)
+
+        out.append(("flashscale-wgmma", fn, packed_bytes(base), cfg))
+    return out
 
 
 def write(args, gpu: str, g: int, rows: list[dict], checks: list[dict]) -> Path:
@@ -164,7 +213,8 @@ def write(args, gpu: str, g: int, rows: list[dict], checks: list[dict]) -> Path:
     result = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   group_size=g, quick=args.quick, rows=rows, checks=checks, tuned=tuned_configs())
-    path = out / f"w4a16-{tag}.json"
+    extra = "" if args.impls == "flashscale,bf16" else "-" + args.impls.replace(",", "-")  # never overwrite the sweep
+    path = out / f"w4a16-{tag}{extra}.json"
     path.write_text(json.dumps(result, indent=1))
     return path
 

@@ -1,0 +1,502 @@
+"""Hopper W4A16 GEMM in Gluon (opt-in; w4a16_matmul's dispatch is unchanged): y (M, N) = x (M, K) @ W (K, N).
+
+Swap AB as w4a16_gemm.py: each consumer warpgroup computes acc^T (64 features, BM tokens) = W^T (64, BK) @
+x^T (BK, BM) with RS-wgmma (m64nBMk16: A, the dequantized weights, from registers; B, x^T, from shared memory).
+  * producer, 1 warp (setmaxnreg PRODUCER_REGS): TMA copies of one K step into a STAGES-slot ring: the packed
+    words of the tile (qweight viewed (N_pad/16, K_pad/64, 128) int32, box (BN/16, BK/64, 128): BN*BK/2 bytes,
+    unswizzled), x (box (BM, BK) bf16/fp16, 128-byte swizzle, rows >= M and columns >= K zero-filled) and the
+    scale/zero words (sz (NG, N_pad), box (SZR, BN), SZR = BK / G groups a step for G = 64, else 1); one
+    ready mbarrier a slot (expect-tx of all three), one empty mbarrier (count CONSUMERS).
+  * consumers, CONSUMERS warpgroups (setmaxnreg CONSUMER_REGS; consumer 0 is the default partition), each
+    owning 64 of the tile's BN = 64 * CONSUMERS features: LDS.128 of its fragments (one 16-byte vector a
+    thread IS a 16x16 A fragment of four K steps, PackedW4), dequantization in registers, then
+        issue wgmma(A_j, x_j)  ->  dequantize A_{j+1} (slot j+1)  ->  wait(wgmma j)  ->  release slot j
+    so the unpack of the next step runs on the CUDA cores while the tensor cores work on this one (two A
+    buffers live: A_j is a dependency of the wait, the registers stay untouched until wgmma j retires).
+  * scale and zero are applied to A before the MMA, exactly (w4a16_common's fp32 magic-number unpack: one
+    shift per two nibbles, one LOP3 and one FFMA a weight, one cvt per pair; w = (q - z) * s rounded once to
+    16 bits, as the reference does). The alternative (decode kernel: MMA on OFF + q, s and z*sum(x) per group
+    after) needs one accumulator drain per group: BM/2 fp32 per thread times two FMAs every 128 K plus group
+    sums of x and a wait per group that breaks the wgmma overlap: more work than the dequant at BM >= 64.
+  * split-K (grid axis 1) for grids that cannot fill the SMs (M = 64 on N <= 8192): each split writes its fp32
+    partial to its own workspace slice, one acq_rel ticket a (tile, consumer), the last split sums the slices
+    in split order (deterministic) and writes y, as w4a16_common's slice scheme.
+  * tile order over (n, m) grouped by GROUP n-tiles (their weights stay in L2 across the token tiles).
+act-order (perm): x is gathered once on the host (x[:, perm], one copy of M*K*2 bytes) since TMA cannot gather.
+Shapes: x (M, K), qweight (N_pad/16, K_pad/64, 32, 4) int32, sz (NG, N_pad) int32, y (M, N).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+import torch
+
+from flashscale.kernels.w4a16_common import MAGIC_ONE
+from flashscale.kernels.w4a16_pack import FRAG_K, PackedW4
+
+try:  # Gluon is experimental: absent from older Tritons
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
+                                                                   warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    HAS_GLUON = hasattr(gl, "warp_specialize")
+except ImportError:  # pragma: no cover - depends on the installed triton
+    HAS_GLUON = False
+
+SMEM_LIMIT = 232_448  # H100/H200: the most shared memory one block may take
+
+
+@dataclass(frozen=True, kw_only=True)
+class WgmmaConfig:
+    bm: int = 128  # tokens a tile: the wgmma N (16..256, a power of two)
+    consumers: int = 2  # consumer warpgroups, 64 output features each (BN = 64 * consumers)
+    bk: int = 128  # input features a K step (64 or 128: the packed box's inner dims)
+    stages: int = 4  # slots of the shared-memory ring
+    split_k: int = 0  # K splits (grid axis 1); 0: as many as fill the SMs at small grids (auto_split)
+    group: int = 8  # n-tiles that share a sweep over the token tiles (L2 reuse)
+    producer_regs: int = 24
+    consumer_regs: int = 240
+
+    @property
+    def bn(self) -> int:
+        return 64 * self.consumers
+
+    def label(self) -> str:
+        return f"bm{self.bm}-bn{self.bn}-bk{self.bk}-s{self.stages}" + (f"-k{self.split_k}" if self.split_k else "")
+
+
+def smem_bytes(cfg: WgmmaConfig, group_size: int = 128) -> int:
+    """One block's ring: per slot packed words (BN*BK/2), x (BM*BK*2), scale/zero words (SZR*BN*4); + barriers."""
+    szr = cfg.bk // group_size if group_size < cfg.bk else 1
+    return cfg.stages * (cfg.bn * cfg.bk // 2 + cfg.bm * cfg.bk * 2 + szr * cfg.bn * 4 + 16) + 64
+
+
+# Candidates per M bucket (benchmarks/w4a16.py times each and keeps the best a cell; the first is the default).
+# SMEM (G = 128): bm64 bn128 s6 147 KB; bm128 bn128 s4 164 KB; bm256 bn128 s3 221 KB; bm64 bn64 s8 164 KB.
+CANDIDATES: dict[int, list[WgmmaConfig]] = {
+    64: [WgmmaConfig(bm=64, consumers=2, stages=6), WgmmaConfig(bm=64, consumers=1, stages=8),
+         WgmmaConfig(bm=32, consumers=2, stages=8)],
+    256: [WgmmaConfig(bm=64, consumers=2, stages=6), WgmmaConfig(bm=64, consumers=1, stages=8)],
+    1 << 30: [WgmmaConfig(bm=64, consumers=2, stages=6), WgmmaConfig(bm=64, consumers=2, stages=6, group=16),
+              WgmmaConfig(bm=64, consumers=2, stages=4)],
+}
+# Only spill-free configs. Two consumer warpgroups make 12 warps a block, so ptxas allocates at most 168
+# registers a thread whatever setmaxnreg gives later (bm128 x 2 consumers spills 100-370 bytes); one consumer
+# (8 warps, 255 registers) spills at bm128 (80 B) and bm256 (1.8 KB): acc + two A buffers + the loop's moves.
+# Token tiles past 64 need the A double buffer gone (unroll by two) or a smaller epilogue first.
+
+
+def candidates(m: int) -> list[WgmmaConfig]:
+    return list(next(v for b, v in CANDIDATES.items() if m <= b))
+
+
+def all_candidates() -> list[WgmmaConfig]:
+    out = []
+    for v in CANDIDATES.values():
+        out += [c for c in v if c not in out]
+    return out
+
+
+def config_error(cfg: WgmmaConfig, group_size: int = 128, k: int | None = None) -> str | None:
+    """Why cfg cannot compile / fit, or None."""
+    if cfg.bm not in (16, 32, 64, 128, 256):
+        return f"bm={cfg.bm}: a power of two in 16..256 (the wgmma N)"
+    if cfg.consumers not in (1, 2):
+        return f"consumers={cfg.consumers}: 1 or 2 warpgroups"
+    if cfg.bk not in (64, 128):
+        return f"bk={cfg.bk}: 64 or 128"
+    if cfg.stages < 2:
+        return "stages >= 2"
+    g = group_size
+    if not (g == k or g % cfg.bk == 0 or (g == 64 and cfg.bk == 128)):
+        return f"group_size={g}: a multiple of bk={cfg.bk}, 64, or one group a row (K)"
+    if smem_bytes(cfg, g) > SMEM_LIMIT:
+        return f"{smem_bytes(cfg, g)} B of shared memory > {SMEM_LIMIT}"
+    return None
+
+
+if HAS_GLUON:
+
+    @gluon.jit
+    def _producer(w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, pid_n, pid_m, it0, n_it,
+                  G: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
+        nbytes: gl.constexpr = w_desc.block_type.nbytes + x_desc.block_type.nbytes + sz_desc.block_type.nbytes
+        for j in range(n_it):
+            s = j % STAGES
+            mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)  # a fresh slot passes at once
+            mbarrier.expect(ready.index(s), nbytes)
+            k0 = (it0 + j) * BK
+            tma.async_copy_global_to_shared(w_desc, [pid_n * (BN // 16), k0 // 64, 0], ready.index(s), w_smem.index(s))
+            tma.async_copy_global_to_shared(x_desc, [pid_m * BM, k0], ready.index(s), x_smem.index(s))
+            tma.async_copy_global_to_shared(sz_desc, [k0 // G, pid_n * BN], ready.index(s), sz_smem.index(s))
+
+    @gluon.jit
+    def _nib(s, MAGIC, LOW: gl.constexpr):
+        """int32 -> float32 1 + q/2^11 (q at bits 12..15, LOW) or 1 + q/2^7 (bits 16..19): one LOP3."""
+        if LOW:
+            return ((s & 0xF000) | MAGIC).to(gl.float32, bitcast=True)
+        else:
+            return ((s & 0xF0000) | MAGIC).to(gl.float32, bitcast=True)
+
+    @gluon.jit
+    def _pair(lo, hi, DT: gl.constexpr):
+        """Two fp32 weights (k0 = 0, 1) -> one packed pair (cvt.rn.bf16x2.f32 / f16x2)."""
+        return gl.join(lo, hi).to(DT)
+
+    @gluon.jit
+    def _consts(sz):
+        """sz words (float32 bits of s*2^11 | zero) -> S_12, C_12, S_16, C_16 (w4a16_common.group_consts)."""
+        s12 = (sz & -32).to(gl.float32, bitcast=True)
+        c12 = (sz & 31).to(gl.float32) * s12 * (1.0 / 2048.0) + s12
+        return s12, c12, s12 * 0.0625, s12 * -0.9375 + c12
+
+    @gluon.jit
+    def _load_slot(w_slot, sz_slot, c: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, num_warps: gl.constexpr):
+        """Slot -> this consumer's packed words and scale/zero words in registers (LDS.128 / LDS.64).
+        words (4, KT, 8, 4, 4) = (fragment row nb = warp, column kt, g, t, step i); nibble j = 4 k3 + 2 n3 + k0
+        of word (nb, kt, g, t, i) is W^T[16 nb + 8 n3 + g, 64 kt + 16 i + 8 k3 + 2 t + k0]."""
+        KT: gl.constexpr = BK // 64
+        ld: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
+        p = w_slot.slice(c * 4, 4, dim=0).load(ld)  # (4, KT, 128): one LDS.128 a thread a fragment
+        l5: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 4], [1, 1, 8, 4, 1], [num_warps, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+        p = gl.convert_layout(gl.reshape(p, [4, KT, 8, 4, 4]), l5)  # the same registers, named (nb, kt, g, t, i)
+        # scale/zero words of the 64 rows: column 16 nb + 2 g + n3 (rows 8 n3 + g), SZR groups a step
+        sl: gl.constexpr = gl.BlockedLayout([1, 1, 1, 2], [1, 1, 8, 4], [1, num_warps, 1, 1], [3, 2, 1, 0])
+        szw = sz_slot.reshape([SZR, sz_slot.shape[1] // 16, 8, 2]).slice(c * 4, 4, dim=1).load(sl)
+        return p, szw
+
+    @gluon.jit
+    def _unpack(p, szw, MAGIC, DT: gl.constexpr, a_layout: gl.constexpr, BK: gl.constexpr, num_warps: gl.constexpr):
+        """Registers only: words + scale/zero words -> this consumer's A tile (64, BK) in the wgmma operand layout."""
+        l5: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 4], [1, 1, 8, 4, 1], [num_warps, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+        sza, szb = gl.split(szw)  # (SZR, 4, 8): rows n3 = 0 / 1
+        l3: gl.constexpr = gl.SliceLayout(3, gl.SliceLayout(4, l5))  # (nb, kt, g), broadcast over t and i
+        sza = gl.expand_dims(gl.expand_dims(gl.convert_layout(gl.permute(sza, [1, 0, 2]), l3), 3), 4)
+        szb = gl.expand_dims(gl.expand_dims(gl.convert_layout(gl.permute(szb, [1, 0, 2]), l3), 3), 4)
+        s12a, c12a, s16a, c16a = _consts(sza)
+        s12b, c12b, s16b, c16b = _consts(szb)
+        pu = p.to(gl.uint32, bitcast=True)
+        r16 = ((pu << 16) | (pu >> 16)).to(gl.int32, bitcast=True)
+        l8 = p << 8
+        r8 = (pu >> 8).to(gl.int32, bitcast=True)
+        # fp32 pairs (k0 = 0, 1) joined first, then one cvt.rn.bf16x2 a pair: each packed register is already an
+        # A-fragment register (no PRMT), so keeping the 16-bit values alive keeps the wgmma's operand registers
+        w0 = _pair(_nib(r16, MAGIC, False) * s16a - c16a, _nib(l8, MAGIC, True) * s12a - c12a, DT)  # nibbles 0, 1
+        w1 = _pair(_nib(l8, MAGIC, False) * s16b - c16b, _nib(p, MAGIC, True) * s12b - c12b, DT)  # 2, 3
+        w2 = _pair(_nib(p, MAGIC, False) * s16a - c16a, _nib(r8, MAGIC, True) * s12a - c12a, DT)  # 4, 5
+        w3 = _pair(_nib(r8, MAGIC, False) * s16b - c16b, _nib(r16, MAGIC, True) * s12b - c12b, DT)  # 6, 7
+        e = gl.join(gl.join(w0, w1), gl.join(w2, w3))  # (nb, kt, g, t, i, k0, n3, k3) -> reorder below
+        e = gl.permute(e, [0, 6, 2, 1, 4, 7, 3, 5])  # (nb, n3, g, kt, i, k3, t, k0)
+        return gl.convert_layout(gl.reshape(e, [64, BK]), a_layout)  # registers only: the A fragment layout
+
+    @gluon.jit
+    def _consumer(w_smem, x_smem, sz_smem, ready, empty, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, it0, n_it,
+                  M, N, MAGIC, SPLIT_K, C: gl.constexpr, HAS_BIAS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                  BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+        DT: gl.constexpr = x_smem.dtype
+        acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
+        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+        acc = gl.zeros([64, BM], gl.float32, acc_l)
+        mbarrier.wait(ready.index(0), 0)
+        p, szw = _load_slot(w_smem.index(0), sz_smem.index(0), C, BK, SZR, 4)
+        a = _unpack(p, szw, MAGIC, DT, a_l, BK, 4)
+        for j in range(n_it - 1):
+            s = j % STAGES
+            s1 = (j + 1) % STAGES
+            mbarrier.wait(ready.index(s1), ((j + 1) // STAGES) & 1)  # slot j+1's words to registers first ...
+            p, szw = _load_slot(w_smem.index(s1), sz_smem.index(s1), C, BK, SZR, 4)
+            tok = warpgroup_mma(a, x_smem.index(s).permute((1, 0)), acc, is_async=True)
+            a_next = _unpack(p, szw, MAGIC, DT, a_l, BK, 4)  # ... then only ALU work under wgmma j
+            # a_next is a dependency too: it must be complete before the wait (no sinking the unpack below it), and
+            # A_j stays live (its registers untouched) until wgmma j retires
+            acc, a, a_next = warpgroup_mma_wait(0, deps=(tok, a, a_next))
+            mbarrier.arrive(empty.index(s), count=1)
+            a = a_next
+        s = (n_it - 1) % STAGES
+        tok = warpgroup_mma(a, x_smem.index(s).permute((1, 0)), acc, is_async=True)
+        acc, a = warpgroup_mma_wait(0, deps=(tok, a))
+        mbarrier.arrive(empty.index(s), count=1)
+
+        # epilogue: acc (64 features, BM tokens) -> y[m, n]
+        offs_n = pid_n * BN + C * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, acc_l))
+        offs_m = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
+        mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(offs_m < M, 0)
+        off = gl.expand_dims(offs_m * N, 0) + gl.expand_dims(offs_n, 1)  # M * N < 2^31 (unsupported())
+        if SPLIT_K > 1:  # slices + one ticket a (tile, consumer); the last split sums in split order
+            gl.store(ws_ptr + gl.program_id(1).to(gl.int64) * M * N + off, acc, mask=mask)
+            gl.thread_barrier()
+            tkt = gl.program_id(0) * CONSUMERS + C
+            if gl.atomic_add(cnt_ptr + tkt, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
+                acc = gl.load(ws_ptr + off, mask=mask, other=0.0, cache_modifier=".cg")
+                for sp in range(1, SPLIT_K):
+                    acc += gl.load(ws_ptr + sp * M.to(gl.int64) * N + off, mask=mask, other=0.0, cache_modifier=".cg")
+                gl.atomic_xchg(cnt_ptr + tkt, 0, sem="relaxed", scope="gpu")
+                if HAS_BIAS:
+                    acc += gl.expand_dims(gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32), 1)
+                gl.store(y_ptr + off, acc.to(DT), mask=mask)
+        else:
+            if HAS_BIAS:
+                acc += gl.expand_dims(gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32), 1)
+            # two stores of the (even, odd) token columns: half the 64-bit pointers live at once (no spills at bm128)
+            y0, y1 = gl.split(gl.reshape(acc.to(DT), [64, BM // 2, 2]))
+            o0, o1 = gl.split(gl.reshape(off, [64, BM // 2, 2]))
+            k0, k1 = gl.split(gl.reshape(mask, [64, BM // 2, 2]))
+            gl.store(y_ptr + o0, y0, mask=k0)
+            gl.store(y_ptr + o1, y1, mask=k1)
+
+
+    @gluon.jit(do_not_specialize=["M", "N", "K", "SPLIT_K"])
+    def w4a16_wgmma_kernel(w_desc, x_desc, sz_desc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, K, MAGIC, SPLIT_K,
+                           G: gl.constexpr, HAS_BIAS: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
+                           STAGES: gl.constexpr, CONSUMERS: gl.constexpr, GROUP: gl.constexpr,
+                           PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+        BN: gl.constexpr = 64 * CONSUMERS
+        SZR: gl.constexpr = sz_desc.block_type.shape[0]
+        pid = gl.program_id(0)
+        num_n = (N + BN - 1) // BN
+        num_m = (M + BM - 1) // BM
+        width = GROUP * num_m
+        first_n = (pid // width) * GROUP
+        gsz = gl.minimum(num_n - first_n, GROUP)
+        pid_n = first_n + (pid % width) % gsz
+        pid_m = (pid % width) // gsz
+        n_iter = (K + BK - 1) // BK
+        it0 = gl.program_id(1) * n_iter // SPLIT_K
+        n_it = (gl.program_id(1) + 1) * n_iter // SPLIT_K - it0  # >= 1: the host keeps SPLIT_K <= n_iter
+
+        w_smem = gl.allocate_shared_memory(gl.int32, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+        x_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+        sz_smem = gl.allocate_shared_memory(gl.int32, [STAGES] + sz_desc.block_type.shape, sz_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=CONSUMERS)
+        if CONSUMERS == 2:
+            gl.warp_specialize([
+                (_consumer, (w_smem, x_smem, sz_smem, ready, empty, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, it0,
+                             n_it, M, N, MAGIC, SPLIT_K, 0, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS)),
+                (_consumer, (w_smem, x_smem, sz_smem, ready, empty, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, it0,
+                             n_it, M, N, MAGIC, SPLIT_K, 1, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS)),
+                (_producer, (w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, pid_n, pid_m, it0, n_it, G,
+                             BM, BN, BK, STAGES)),
+            ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        else:
+            gl.warp_specialize([
+                (_consumer, (w_smem, x_smem, sz_smem, ready, empty, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, it0,
+                             n_it, M, N, MAGIC, SPLIT_K, 0, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS)),
+                (_producer, (w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, pid_n, pid_m, it0, n_it, G,
+                             BM, BN, BK, STAGES)),
+            ], [1], [PRODUCER_REGS])
+
+
+# ---- host side
+
+def _gl_dtype(dtype: torch.dtype):
+    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+
+
+def _layouts(cfg: WgmmaConfig, dtype: torch.dtype):
+    w_l = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
+    sz_l = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    x_l = gl.NVMMASharedLayout.get_default_for([cfg.bm, cfg.bk], _gl_dtype(dtype))
+    return w_l, x_l, sz_l
+
+
+def _szr(cfg: WgmmaConfig, g: int) -> int:
+    return cfg.bk // g if g < cfg.bk else 1
+
+
+def unsupported(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None,
+                config: WgmmaConfig | None = None) -> str | None:
+    """Why w4a16_wgmma cannot run these inputs, or None."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        return "x must be a 2-D (M, K) tensor"
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        return f"x has dtype {x.dtype}; the wgmma kernel takes bfloat16 or float16"
+    if not isinstance(p, PackedW4):
+        return f"p must be a PackedW4, got {type(p).__name__}"
+    if x.shape[1] != p.in_features:
+        return f"x has K={x.shape[1]} columns but p has in_features={p.in_features}"
+    if p.in_features % 8:
+        return f"in_features K={p.in_features} must be a multiple of 8 (16-byte TMA row stride of x)"
+    g, k = p.group_size, p.in_features
+    if g != k and g % 64:
+        return f"group_size={g}: the wgmma kernel takes multiples of 64 or one group a row (w4a16_matmul takes more)"
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (p.out_features, )):
+        return f"bias must be a ({p.out_features},) tensor"
+    if config is not None:
+        bad = config_error(config, g, k)
+        if bad is not None:
+            return f"config {config}: {bad}"
+    if not HAS_GLUON:
+        return "needs triton.experimental.gluon with warp_specialize (Triton >= 3.6)"
+    if not x.is_cuda or torch.cuda.get_device_capability(x.device)[0] != 9:
+        return f"x is on {x.device}: the wgmma kernel needs a Hopper GPU (sm_90)"
+    if p.qweight.device != x.device:
+        return f"p is on {p.qweight.device} but x on {x.device}"
+    return None
+
+
+def supported(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None,
+              config: WgmmaConfig | None = None) -> bool:
+    return unsupported(x, p, bias, config) is None
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def auto_split(tiles: int, k_steps: int, num_sms: int) -> int:
+    """Splits so that a small grid fills about one wave; each split keeps >= 4 K steps (the ring's prologue)."""
+    if tiles >= num_sms * 3 // 4:
+        return 1
+    return max(1, min(num_sms // tiles, k_steps // 4, 8))
+
+
+_WS: dict[torch.device, list] = {}
+
+
+def _workspace(device: torch.device, floats: int, tickets: int):
+    buf = _WS.setdefault(device, [torch.empty(0, device=device), torch.zeros(0, dtype=torch.int32, device=device)])
+    if buf[0].numel() < floats:
+        buf[0] = torch.empty(floats, device=device)
+    if buf[1].numel() < tickets:  # tickets are left at zero by the kernel
+        buf[1] = torch.zeros(tickets, dtype=torch.int32, device=device)
+    return buf[0], buf[1]
+
+
+def w4a16_wgmma(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None,
+                config: WgmmaConfig | None = None) -> torch.Tensor:
+    """x (M, K) bf16/fp16 -> y (M, N) = x @ W + bias in x's dtype (semantics of w4a16_matmul). config: the
+    first candidate of M's bucket by default. Raises ValueError naming the argument it cannot take."""
+    why = unsupported(x, p, bias, config)
+    if why is not None:
+        raise ValueError(f"w4a16_wgmma: {why}")
+    m, k = x.shape
+    n = p.out_features
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    cfg = config or candidates(m)[0]
+    bad = config_error(cfg, p.group_size, k)
+    if bad is not None:
+        raise ValueError(f"w4a16_wgmma: config {cfg}: {bad}")
+    if p.perm is not None:
+        x = x[:, p.perm.long()]  # act-order: one gather (TMA cannot gather on sm_90)
+    if x.stride(1) != 1 or (x.stride(0) * 2) % 16 or x.data_ptr() % 16:
+        x = x.contiguous()
+        if x.data_ptr() % 16:
+            x = x.clone()
+    if bias is not None:
+        bias = bias.to(x.dtype).contiguous()
+    w_l, x_l, sz_l = _layouts(cfg, x.dtype)
+    nb_all, kt_all = p.qweight.shape[:2]
+    w3 = p.qweight.view(nb_all, kt_all, 128)
+    w_desc = TensorDescriptor(w3, [nb_all, kt_all, 128], [kt_all * 128, 128, 1], [cfg.bn // 16, cfg.bk // 64, 128], w_l)
+    x_desc = TensorDescriptor(x, [m, k], [x.stride(0), 1], [cfg.bm, cfg.bk], x_l)
+    ng, n_pad = p.sz.shape
+    sz_desc = TensorDescriptor(p.sz, [ng, n_pad], [n_pad, 1], [_szr(cfg, p.group_size), cfg.bn], sz_l)
+    tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
+    k_steps = triton.cdiv(triton.cdiv(k, FRAG_K) * FRAG_K, cfg.bk)
+    split = cfg.split_k or auto_split(tiles, k_steps, _num_sms(x.device.index or 0))
+    split = max(1, min(split, k_steps))
+    ws, cnt = _workspace(x.device, split * m * n if split > 1 else 1, tiles * cfg.consumers)
+    w4a16_wgmma_kernel[(tiles, split)](
+        w_desc, x_desc, sz_desc, y, bias if bias is not None else y, ws, cnt, m, n, k, MAGIC_ONE, split,
+        G=p.group_size, HAS_BIAS=bias is not None, BM=cfg.bm, BK=cfg.bk, STAGES=cfg.stages,
+        CONSUMERS=cfg.consumers, GROUP=cfg.group, PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs,
+        num_warps=4)
+    return y
+
+
+# ---- ahead-of-time sm_90 compiles (no GPU needed) and what the machine code says
+
+def compile_sm90(cfg: WgmmaConfig, *, n: int = 8192, k: int = 8192, group_size: int = 128,
+                 dtype: torch.dtype = torch.bfloat16, bias: bool = False, split_k: int = 1):
+    """Compile one config for sm_90 as a launch on (K, N) specializes it. Returns Triton's CompiledKernel."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    bad = config_error(cfg, group_size, k)
+    if bad is not None:
+        raise ValueError(f"compile_sm90: {cfg}: {bad}")
+    ty = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    w_l, x_l, sz_l = _layouts(cfg, dtype)
+    sig = {"w_desc": f"tensordesc<i32[{cfg.bn // 16},{cfg.bk // 64},128],{w_l!r}>",
+           "x_desc": f"tensordesc<{ty}[{cfg.bm},{cfg.bk}],{x_l!r}>",
+           "sz_desc": f"tensordesc<i32[{_szr(cfg, group_size)},{cfg.bn}],{sz_l!r}>",
+           "y_ptr": f"*{ty}", "bias_ptr": f"*{ty}", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32",
+           "K": "i32", "MAGIC": "i32", "SPLIT_K": "i32"}
+    cx = dict(G=group_size, HAS_BIAS=bias, BM=cfg.bm, BK=cfg.bk, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
+              GROUP=cfg.group, PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs)
+    names = list(sig)
+    sig.update({key: "constexpr" for key in cx})
+    attrs = {(names.index(a), ): [["tt.divisibility", 16]] for a in ("y_ptr", "bias_ptr", "ws_ptr", "cnt_ptr")}
+    src = GluonASTSource(fn=w4a16_wgmma_kernel, signature=sig, constexprs=cx, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+
+
+_DEQUANT_OPS = ("LOP3", "SHF", "FFMA", "F2FP")
+
+
+def census(cfg: WgmmaConfig, **kw) -> dict:
+    """Registers, spills, SMEM and the consumer main loop's SASS: HGMMA count, dequant instructions and how many
+    of them sit between the loop's async HGMMA issue and its wait (WARPGROUP.DEPBAR / WARPSYNC): the overlap."""
+    from flashscale.kernels.aot import ptxas_stats, sass, sass_key_loops, sass_opcode
+
+    kern = compile_sm90(cfg, **kw)
+    ptx = kern.asm["ptx"]
+    stats = ptxas_stats(ptx)
+    text = sass(kern.asm["cubin"])
+    loops = sass_key_loops(text, "HGMMA")
+    res = dict(config=cfg.label(), registers=stats["registers"], spill_stores=stats["spill_stores"],
+               spill_loads=stats["spill_loads"], stack=stats["stack"], local=len(re.findall(r"\b[LS]TL\b", text)),
+               shared=kern.metadata.shared, serialized="serialized" in stats["log"],
+               setmaxnreg=sorted({int(v) for v in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
+               loops=[])
+    for body in loops:
+        ops = [sass_opcode(t) for _, t in body]
+        gm = [i for i, o in enumerate(ops) if "HGMMA" in o]
+        waits = [i for i, o in enumerate(ops) if o.startswith("WARPGROUP.DEPBAR") and i > gm[0]]
+        w = waits[0] if waits else len(ops)
+        between = ops[gm[0] + 1:w]  # ptxas interleaves the unpack with the HGMMA issues of the group
+        res["loops"].append(dict(
+            instructions=len(ops), hgmma=len(gm), lds128=sum(o.startswith("LDS.128") for o in ops),
+            sts=sum(o.startswith("STS") for o in ops), bar=sum(o.startswith("BAR") for o in ops),
+            dequant={d: sum(o.split(".")[0] == d for o in ops) for d in _DEQUANT_OPS},
+            dequant_between_issue_and_wait=sum(o.split(".")[0] in _DEQUANT_OPS for o in between),
+            dequant_total=sum(o.split(".")[0] in _DEQUANT_OPS for o in ops)))
+    return res
+
+
+def _main() -> None:  # python -m flashscale.kernels.w4a16_wgmma: the census of every candidate
+    import json
+    import sys
+
+    rows = []
+    for n, k in ((8192, 8192), (28672, 8192)):
+        for cfg in all_candidates():
+            r = census(cfg, n=n, k=k)
+            r["shape"] = f"{k}x{n}"
+            rows.append(r)
+            lp = r["loops"]
+            print(f"{k}x{n} {r['config']:24s} regs {r['registers']:3d} spill {r['spill_stores']}/{r['spill_loads']} "
+                  f"local {r['local']} smem {r['shared']} maxnreg {r['setmaxnreg']} serialized {r['serialized']} | "
+                  + "; ".join(f"loop {x['instructions']} instr, {x['hgmma']} HGMMA, {x['lds128']} LDS.128, "
+                              f"{x['sts']} STS, {x['bar']} BAR, dequant {x['dequant_total']} "
+                              f"({x['dequant_between_issue_and_wait']} between issue and wait) {x['dequant']}"
+                              for x in lp), flush=True)
+    if len(sys.argv) > 1:
+        json.dump(rows, open(sys.argv[1], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,83 @@
+"""The Gluon W4A16 GEMM (w4a16_wgmma.py) on a Hopper GPU: every candidate config against the float64 reference
+(error <= 2x PyTorch's own 16-bit error, test_w4a16.py's rule), ragged M, bias, group sizes 128 / 64 / one group a
+row, act-order, bf16 and fp16, forced split-K; and the argument errors (these run anywhere)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashscale.kernels import w4a16_wgmma as wg
+from flashscale.kernels.w4a16_pack import pack_w4
+from flashscale.reference.w4a16 import w4a16_linear_ref
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def _err(y, ref):
+    return ((y.double() - ref).norm() / ref.norm()).item()
+
+
+def _weight(k, n, g, act_order=False, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    gg = k if g == -1 else g
+    codes = torch.randint(0, 16, (k, n), generator=gen)
+    zeros = torch.randint(0, 17, (k // gg, n), generator=gen)
+    scales = (torch.rand(k // gg, n, generator=gen) * 0.02 + 0.001).half()
+    g_idx = (torch.arange(k) // gg)[torch.randperm(k, generator=gen)].int() if act_order else None
+    return pack_w4(codes, zeros, scales, group_size=g, g_idx=g_idx).to("cuda")
+
+
+def _check(x, p, bias, cfg):
+    y = wg.w4a16_wgmma(x, p, bias, config=cfg)
+    assert y.dtype == x.dtype and y.shape == (x.shape[0], p.out_features) and torch.isfinite(y).all()
+    oracle = w4a16_linear_ref(x.double(), p, None if bias is None else bias.double(), compute_dtype=torch.float64)
+    same = w4a16_linear_ref(x, p, bias, compute_dtype=x.dtype)
+    assert _err(y, oracle) <= 2 * _err(same, oracle) + 1e-6, (cfg, _err(y, oracle), _err(same, oracle))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("cfg", wg.all_candidates(), ids=lambda c: c.label() + f"-g{c.group}")
+@pytest.mark.parametrize("m", [1, 17, 64, 100, 257])
+def test_candidates(cfg, m):
+    p = _weight(1024, 384, 128, seed=m)
+    x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+    _check(x, p, torch.randn(384, device="cuda", dtype=torch.bfloat16), cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("k,n,g,act", [(4096, 4096, 128, False), (1024, 200, 64, False), (960, 272, -1, False),
+                                       (1024, 256, 128, True), (8192, 1024, 128, False)])
+@pytest.mark.parametrize("split", [0, 3])
+def test_shapes_groups_split(dtype, k, n, g, act, split):
+    p = _weight(k, n, g, act_order=act, seed=k + n)
+    for m in (33, 256):
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        bias = torch.randn(n, device="cuda", dtype=dtype) if m == 33 else None
+        _check(x, p, bias, wg.WgmmaConfig(bm=64, consumers=2, stages=6, split_k=split))
+    torch.cuda.synchronize()
+    assert int(wg._workspace(torch.device("cuda", torch.cuda.current_device()), 1, 1)[1].abs().sum()) == 0
+
+
+def test_errors():
+    p = pack_w4(torch.randint(0, 16, (128, 32)), torch.zeros(4, 32, dtype=torch.int64),
+                torch.ones(4, 32).half(), group_size=32)
+    with pytest.raises(ValueError, match="dtype"):
+        wg.w4a16_wgmma(torch.randn(4, 128), p)
+    with pytest.raises(ValueError, match="group_size=32"):
+        wg.w4a16_wgmma(torch.randn(4, 128).half(), p)
+    p64 = pack_w4(torch.randint(0, 16, (128, 32)), torch.zeros(2, 32, dtype=torch.int64),
+                  torch.ones(2, 32).half(), group_size=64)
+    with pytest.raises(ValueError, match="in_features"):
+        wg.w4a16_wgmma(torch.randn(4, 64).half(), p64)
+    with pytest.raises(ValueError, match="bias"):
+        wg.w4a16_wgmma(torch.randn(4, 128).half(), p64, torch.zeros(7).half())
+    with pytest.raises(ValueError, match="bm=48"):
+        wg.w4a16_wgmma(torch.randn(4, 128).half(), p64, config=wg.WgmmaConfig(bm=48))
+    if not HOPPER:
+        with pytest.raises(ValueError, match="sm_90"):
+            wg.w4a16_wgmma(torch.randn(4, 128).half(), p64)
+    assert not wg.supported(torch.randn(4, 128), p64)
