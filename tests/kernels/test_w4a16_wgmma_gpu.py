@@ -4,6 +4,8 @@ row, act-order, bf16 and fp16, forced split-K; and the argument errors (these ru
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -44,6 +46,17 @@ def test_candidates(cfg, m):
     p = _weight(1024, 384, 128, seed=m)
     x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
     _check(x, p, torch.randn(384, device="cuda", dtype=torch.bfloat16), cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("cfg", [c for c in wg.all_candidates() if c.bm >= 128], ids=lambda c: c.label())
+@pytest.mark.parametrize("k,split", [(64, 0), (128, 0), (1152, 0), (1088, 2)])
+def test_large_tiles_step_parity_and_split(cfg, k, split):
+    """The unrolled loop: 1 step (no pair), an even and an odd count of steps after the first; forced split-K."""
+    p = _weight(k, 320, 64, seed=k)
+    x = torch.randn(300, k, device="cuda", dtype=torch.bfloat16)
+    _check(x, p, None, dataclasses.replace(cfg, split_k=split))
 
 
 @pytest.mark.gpu

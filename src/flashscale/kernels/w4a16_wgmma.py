@@ -9,10 +9,13 @@ x^T (BK, BM) with RS-wgmma (m64nBMk16: A, the dequantized weights, from register
     ready mbarrier a slot (expect-tx of all three), one empty mbarrier (count CONSUMERS).
   * consumers, CONSUMERS warpgroups (setmaxnreg CONSUMER_REGS; consumer 0 is the default partition), each
     owning 64 of the tile's BN = 64 * CONSUMERS features: LDS.128 of its fragments (one 16-byte vector a
-    thread IS a 16x16 A fragment of four K steps, PackedW4), dequantization in registers, then
-        issue wgmma(A_j, x_j)  ->  dequantize A_{j+1} (slot j+1)  ->  wait(wgmma j)  ->  release slot j
-    so the unpack of the next step runs on the CUDA cores while the tensor cores work on this one (two A
-    buffers live: A_j is a dependency of the wait, the registers stay untouched until wgmma j retires).
+    thread IS a 16x16 A fragment of four K steps, PackedW4), dequantization in registers, then with one
+    consumer (unrolled by two, A buffers alternating by position: no register moves; _mainloop_wait1)
+        dequantize A_j (slot j, wgmma j-1 in flight)  ->  issue wgmma j  ->  wait(1): j-1 retired  ->  release j-1
+    and with two (168 registers a thread; _mainloop_wait0)
+        issue wgmma(A_j, x_j)  ->  dequantize A_{j+1} (slot j+1)  ->  wait(0)  ->  release slot j
+    so the unpack of a step runs on the CUDA cores while the tensor cores work on another one (two A buffers
+    live, each untouched until its wgmma retires). Epilogue in 16..64-token chunks (HAS_SPLIT: split-K path).
   * scale and zero are applied to A before the MMA, exactly (w4a16_common's fp32 magic-number unpack: one
     shift per two nibbles, one LOP3 and one FFMA a weight, one cvt per pair; w = (q - z) * s rounded once to
     16 bits, as the reference does). The alternative (decode kernel: MMA on OFF + q, s and z*sum(x) per group
@@ -78,18 +81,20 @@ def smem_bytes(cfg: WgmmaConfig, group_size: int = 128) -> int:
 
 
 # Candidates per M bucket (benchmarks/w4a16.py times each and keeps the best a cell; the first is the default).
-# SMEM (G = 128): bm64 bn128 s6 147 KB; bm128 bn128 s4 164 KB; bm256 bn128 s3 221 KB; bm64 bn64 s8 164 KB.
+# SMEM (G = 128): bm64 bn128 s6 147 KB; bm64 bn64 s8 162 KB; bm128 bn64 s4 145 KB; bm128 bn128 s4 162 KB;
+# bm256 bn64 s3 205 KB; bm256 bn64 bk64 s6 206 KB.
+_BIG = [WgmmaConfig(bm=128, consumers=1, stages=4), WgmmaConfig(bm=128, consumers=2, stages=4)]
 CANDIDATES: dict[int, list[WgmmaConfig]] = {
     64: [WgmmaConfig(bm=64, consumers=2, stages=6), WgmmaConfig(bm=64, consumers=1, stages=8),
          WgmmaConfig(bm=32, consumers=2, stages=8)],
-    256: [WgmmaConfig(bm=64, consumers=2, stages=6), WgmmaConfig(bm=64, consumers=1, stages=8)],
+    256: [WgmmaConfig(bm=64, consumers=2, stages=6), WgmmaConfig(bm=64, consumers=1, stages=8)] + _BIG,
     1 << 30: [WgmmaConfig(bm=64, consumers=2, stages=6), WgmmaConfig(bm=64, consumers=2, stages=6, group=16),
-              WgmmaConfig(bm=64, consumers=2, stages=4)],
+              WgmmaConfig(bm=64, consumers=2, stages=4)] + _BIG
+             + [WgmmaConfig(bm=256, consumers=1, stages=3), WgmmaConfig(bm=256, consumers=1, bk=64, stages=6)],
 }
-# Only spill-free configs. Two consumer warpgroups make 12 warps a block, so ptxas allocates at most 168
-# registers a thread whatever setmaxnreg gives later (bm128 x 2 consumers spills 100-370 bytes); one consumer
-# (8 warps, 255 registers) spills at bm128 (80 B) and bm256 (1.8 KB): acc + two A buffers + the loop's moves.
-# Token tiles past 64 need the A double buffer gone (unroll by two) or a smaller epilogue first.
+# Only spill-free configs (sm_90 census, docs/w4a16_gemm.md). Two consumers (12 warps: 168 registers a thread)
+# keep the wait(0) loop (wait(1) serializes the wgmma there); one consumer (255) runs the unrolled wait(1) loop.
+# bm >= 128 spills only in the split-K epilogue (36-260 B), so auto split is off for those tiles.
 
 
 def candidates(m: int) -> list[WgmmaConfig]:
@@ -196,25 +201,35 @@ if HAS_GLUON:
         return gl.convert_layout(gl.reshape(e, [64, BK]), a_layout)  # registers only: the A fragment layout
 
     @gluon.jit
-    def _consumer(w_smem, x_smem, sz_smem, ready, empty, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, it0, n_it,
-                  M, N, MAGIC, SPLIT_K, C: gl.constexpr, HAS_BIAS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                  BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
-        DT: gl.constexpr = x_smem.dtype
-        acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
-        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
-        acc = gl.zeros([64, BM], gl.float32, acc_l)
-        mbarrier.wait(ready.index(0), 0)
-        p, szw = _load_slot(w_smem.index(0), sz_smem.index(0), C, BK, SZR, 4)
-        a = _unpack(p, szw, MAGIC, DT, a_l, BK, 4)
+    def _step(a_prev, acc, w_smem, x_smem, sz_smem, ready, empty, j, MAGIC, C: gl.constexpr, a_l: gl.constexpr,
+              BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr):
+        """K step j >= 1, wgmma j-1 (A = a_prev) in flight: slot j's words to registers -> unpack A_j (ALU work under
+        wgmma j-1) -> issue wgmma j async (queued behind j-1: the tensor cores never wait for the unpack) ->
+        wait(1): wgmma j-1 retired, a_prev's registers free -> release slot j-1. The issue reads A_j, so ptxas
+        cannot sink the unpack below it (with wait(0) between issue and the next step's unpack it sank the
+        unpack of the first half of an unrolled pair below the wait: 48 % overlap)."""
+        s = j % STAGES
+        mbarrier.wait(ready.index(s), (j // STAGES) & 1)
+        p, szw = _load_slot(w_smem.index(s), sz_smem.index(s), C, BK, SZR, 4)
+        a = _unpack(p, szw, MAGIC, x_smem.dtype, a_l, BK, 4)
+        acc = warpgroup_mma(a, x_smem.index(s).permute((1, 0)), acc, is_async=True)
+        acc, a_prev = warpgroup_mma_wait(1, deps=(acc, a_prev))
+        mbarrier.arrive(empty.index((j - 1) % STAGES), count=1)
+        return acc, a
+
+    @gluon.jit
+    def _mainloop_wait0(a, acc, w_smem, x_smem, sz_smem, ready, empty, n_it, MAGIC, C: gl.constexpr,
+                        a_l: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr):
+        """The first loop (two consumer warpgroups): issue wgmma(A_j, x_j) -> unpack A_{j+1} -> wait(0) -> release j.
+        A_{j+1} is a dependency of the wait too (no sinking the unpack below it in the PTX), and A_j stays live
+        until wgmma j retires; the loop-carried a = a_next costs 21-58 register moves a step."""
         for j in range(n_it - 1):
             s = j % STAGES
             s1 = (j + 1) % STAGES
             mbarrier.wait(ready.index(s1), ((j + 1) // STAGES) & 1)  # slot j+1's words to registers first ...
             p, szw = _load_slot(w_smem.index(s1), sz_smem.index(s1), C, BK, SZR, 4)
             tok = warpgroup_mma(a, x_smem.index(s).permute((1, 0)), acc, is_async=True)
-            a_next = _unpack(p, szw, MAGIC, DT, a_l, BK, 4)  # ... then only ALU work under wgmma j
-            # a_next is a dependency too: it must be complete before the wait (no sinking the unpack below it), and
-            # A_j stays live (its registers untouched) until wgmma j retires
+            a_next = _unpack(p, szw, MAGIC, x_smem.dtype, a_l, BK, 4)  # ... then only ALU work under wgmma j
             acc, a, a_next = warpgroup_mma_wait(0, deps=(tok, a, a_next))
             mbarrier.arrive(empty.index(s), count=1)
             a = a_next
@@ -222,40 +237,109 @@ if HAS_GLUON:
         tok = warpgroup_mma(a, x_smem.index(s).permute((1, 0)), acc, is_async=True)
         acc, a = warpgroup_mma_wait(0, deps=(tok, a))
         mbarrier.arrive(empty.index(s), count=1)
+        return acc
 
-        # epilogue: acc (64 features, BM tokens) -> y[m, n]
-        offs_n = pid_n * BN + C * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, acc_l))
-        offs_m = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
+    @gluon.jit
+    def _mainloop_wait1(a0, acc, w_smem, x_smem, sz_smem, ready, empty, n_it, MAGIC, C: gl.constexpr,
+                        a_l: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr):
+        """Steps 0..n_it-1 (A_0 = a0 unpacked) with _step; returns the retired accumulator."""
+        acc = warpgroup_mma(a0, x_smem.index(0).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(1, deps=(acc, ))  # a no-op (one group in flight): the loop carries a tensor
+        # unrolled by two: steps 2i+1 and 2i+2 use the A buffers alternately, so A_j is unpacked into the registers
+        # that wgmma j-2 freed (no a = a_next copies: ptxas moved 21-58 registers a step for the loop-carried A)
+        for i in range((n_it - 1) // 2):
+            acc, a1 = _step(a0, acc, w_smem, x_smem, sz_smem, ready, empty, 2 * i + 1, MAGIC, C, a_l, BK, SZR, STAGES)
+            acc, a0 = _step(a1, acc, w_smem, x_smem, sz_smem, ready, empty, 2 * i + 2, MAGIC, C, a_l, BK, SZR, STAGES)
+        if (n_it - 1) % 2 == 1:  # an odd count of steps after the first
+            acc, a1 = _step(a0, acc, w_smem, x_smem, sz_smem, ready, empty, n_it - 1, MAGIC, C, a_l, BK, SZR, STAGES)
+            acc, a1 = warpgroup_mma_wait(0, deps=(acc, a1))
+        else:
+            acc, a0 = warpgroup_mma_wait(0, deps=(acc, a0))
+        mbarrier.arrive(empty.index((n_it - 1) % STAGES), count=1)
+        return acc
+
+    @gluon.jit
+    def _halves(t):
+        """(R, W) -> columns [0, W/2) and [W/2, W): the top column bit of the wgmma layout is a register bit."""
+        return gl.split(gl.permute(gl.reshape(t, [t.shape[0], 2, t.shape[1] // 2]), [0, 2, 1]))
+
+    @gluon.jit
+    def _epi_store(v, col0, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C: gl.constexpr,
+                   HAS_BIAS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, MODE: gl.constexpr):
+        """One column chunk (64 features, W tokens) of the accumulator, its offsets computed for it alone (the 64-bit
+        pointers of the whole tile would not fit beside acc at BM >= 128). MODE 0: to y; 1: to this split's
+        workspace slice; 2: the last split sums the slices in split order (v unused) and writes y."""
+        W: gl.constexpr = v.shape[1]
+        l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, W, 16])
+        offs_n = pid_n * BN + C * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, l))
+        offs_m = pid_m * BM + col0 + gl.arange(0, W, layout=gl.SliceLayout(0, l))
         mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(offs_m < M, 0)
         off = gl.expand_dims(offs_m * N, 0) + gl.expand_dims(offs_n, 1)  # M * N < 2^31 (unsupported())
-        if SPLIT_K > 1:  # slices + one ticket a (tile, consumer); the last split sums in split order
+        if MODE == 2:
+            acc = gl.load(ws_ptr + off, mask=mask, other=0.0, cache_modifier=".cg")
+            for sp in range(1, SPLIT_K):
+                acc += gl.load(ws_ptr + sp * M.to(gl.int64) * N + off, mask=mask, other=0.0, cache_modifier=".cg")
+        else:
+            acc = gl.convert_layout(v, l)  # the same registers (the chunk of the wgmma layout is this layout)
+        if MODE == 1:
             gl.store(ws_ptr + gl.program_id(1).to(gl.int64) * M * N + off, acc, mask=mask)
-            gl.thread_barrier()
-            tkt = gl.program_id(0) * CONSUMERS + C
-            if gl.atomic_add(cnt_ptr + tkt, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
-                acc = gl.load(ws_ptr + off, mask=mask, other=0.0, cache_modifier=".cg")
-                for sp in range(1, SPLIT_K):
-                    acc += gl.load(ws_ptr + sp * M.to(gl.int64) * N + off, mask=mask, other=0.0, cache_modifier=".cg")
-                gl.atomic_xchg(cnt_ptr + tkt, 0, sem="relaxed", scope="gpu")
-                if HAS_BIAS:
-                    acc += gl.expand_dims(gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32), 1)
-                gl.store(y_ptr + off, acc.to(DT), mask=mask)
         else:
             if HAS_BIAS:
                 acc += gl.expand_dims(gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32), 1)
-            # two stores of the (even, odd) token columns: half the 64-bit pointers live at once (no spills at bm128)
-            y0, y1 = gl.split(gl.reshape(acc.to(DT), [64, BM // 2, 2]))
-            o0, o1 = gl.split(gl.reshape(off, [64, BM // 2, 2]))
-            k0, k1 = gl.split(gl.reshape(mask, [64, BM // 2, 2]))
-            gl.store(y_ptr + o0, y0, mask=k0)
-            gl.store(y_ptr + o1, y1, mask=k1)
+            gl.store(y_ptr + off, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
+    @gluon.jit
+    def _epilogue(acc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C: gl.constexpr,
+                  HAS_BIAS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, CHUNKS: gl.constexpr,
+                  MODE: gl.constexpr):
+        """acc (64 features, BM tokens) -> y[m, n] (MODE, _epi_store) in CHUNKS (1, 2 or 4) column chunks."""
+        if CHUNKS == 1:
+            _epi_store(acc, 0, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, MODE)
+        else:
+            h0, h1 = _halves(acc)
+            if CHUNKS == 2:
+                _epi_store(h0, 0, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, MODE)
+                _epi_store(h1, BM // 2, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, MODE)
+            else:
+                q0, q1 = _halves(h0)
+                _epi_store(q0, 0, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, MODE)
+                _epi_store(q1, BM // 4, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, MODE)
+                q2, q3 = _halves(h1)
+                _epi_store(q2, BM // 2, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, MODE)
+                _epi_store(q3, 3 * BM // 4, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, MODE)
+
+    @gluon.jit
+    def _consumer(w_smem, x_smem, sz_smem, ready, empty, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, it0, n_it,
+                  M, N, MAGIC, SPLIT_K, C: gl.constexpr, HAS_BIAS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                  BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
+                  HAS_SPLIT: gl.constexpr):
+        acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
+        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+        acc = gl.zeros([64, BM], gl.float32, acc_l)
+        mbarrier.wait(ready.index(0), 0)
+        p, szw = _load_slot(w_smem.index(0), sz_smem.index(0), C, BK, SZR, 4)
+        a0 = _unpack(p, szw, MAGIC, x_smem.dtype, a_l, BK, 4)
+        if CONSUMERS == 2:  # 168 registers a thread (12 warps): the wait(1) pipeline serializes the wgmma there
+            acc = _mainloop_wait0(a0, acc, w_smem, x_smem, sz_smem, ready, empty, n_it, MAGIC, C, a_l, BK, SZR, STAGES)
+        else:
+            acc = _mainloop_wait1(a0, acc, w_smem, x_smem, sz_smem, ready, empty, n_it, MAGIC, C, a_l, BK, SZR, STAGES)
+        CHUNKS: gl.constexpr = 4 if BM >= 128 else (2 if BM == 64 else 1)  # 16..64 tokens a chunk
+        if HAS_SPLIT:
+            _epilogue(acc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, CHUNKS, 1)
+            gl.thread_barrier()  # slices + one ticket a (tile, consumer); the last split sums in split order
+            tkt = gl.program_id(0) * CONSUMERS + C
+            if gl.atomic_add(cnt_ptr + tkt, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
+                _epilogue(acc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN,
+                          CHUNKS, 2)
+                gl.atomic_xchg(cnt_ptr + tkt, 0, sem="relaxed", scope="gpu")
+        else:
+            _epilogue(acc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, CHUNKS, 0)
 
     @gluon.jit(do_not_specialize=["M", "N", "K", "SPLIT_K"])
     def w4a16_wgmma_kernel(w_desc, x_desc, sz_desc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, K, MAGIC, SPLIT_K,
                            G: gl.constexpr, HAS_BIAS: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
                            STAGES: gl.constexpr, CONSUMERS: gl.constexpr, GROUP: gl.constexpr,
-                           PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                           PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, HAS_SPLIT: gl.constexpr):
         BN: gl.constexpr = 64 * CONSUMERS
         SZR: gl.constexpr = sz_desc.block_type.shape[0]
         pid = gl.program_id(0)
@@ -281,16 +365,16 @@ if HAS_GLUON:
         if CONSUMERS == 2:
             gl.warp_specialize([
                 (_consumer, (w_smem, x_smem, sz_smem, ready, empty, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, it0,
-                             n_it, M, N, MAGIC, SPLIT_K, 0, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS)),
+                             n_it, M, N, MAGIC, SPLIT_K, 0, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT)),
                 (_consumer, (w_smem, x_smem, sz_smem, ready, empty, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, it0,
-                             n_it, M, N, MAGIC, SPLIT_K, 1, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS)),
+                             n_it, M, N, MAGIC, SPLIT_K, 1, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT)),
                 (_producer, (w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, pid_n, pid_m, it0, n_it, G,
                              BM, BN, BK, STAGES)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
         else:
             gl.warp_specialize([
                 (_consumer, (w_smem, x_smem, sz_smem, ready, empty, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, it0,
-                             n_it, M, N, MAGIC, SPLIT_K, 0, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS)),
+                             n_it, M, N, MAGIC, SPLIT_K, 0, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT)),
                 (_producer, (w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, pid_n, pid_m, it0, n_it, G,
                              BM, BN, BK, STAGES)),
             ], [1], [PRODUCER_REGS])
@@ -406,14 +490,15 @@ def w4a16_wgmma(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None,
     sz_desc = TensorDescriptor(p.sz, [ng, n_pad], [n_pad, 1], [_szr(cfg, p.group_size), cfg.bn], sz_l)
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
     k_steps = triton.cdiv(triton.cdiv(k, FRAG_K) * FRAG_K, cfg.bk)
-    split = cfg.split_k or auto_split(tiles, k_steps, _num_sms(x.device.index or 0))
+    # auto split only for token tiles <= 64: the split epilogue of bm >= 128 spills (docs/w4a16_gemm.md)
+    split = cfg.split_k or (auto_split(tiles, k_steps, _num_sms(x.device.index or 0)) if cfg.bm <= 64 else 1)
     split = max(1, min(split, k_steps))
     ws, cnt = _workspace(x.device, split * m * n if split > 1 else 1, tiles * cfg.consumers)
     w4a16_wgmma_kernel[(tiles, split)](
         w_desc, x_desc, sz_desc, y, bias if bias is not None else y, ws, cnt, m, n, k, MAGIC_ONE, split,
         G=p.group_size, HAS_BIAS=bias is not None, BM=cfg.bm, BK=cfg.bk, STAGES=cfg.stages,
         CONSUMERS=cfg.consumers, GROUP=cfg.group, PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs,
-        num_warps=4)
+        HAS_SPLIT=split > 1, num_warps=4)
     return y
 
 
@@ -436,7 +521,7 @@ def compile_sm90(cfg: WgmmaConfig, *, n: int = 8192, k: int = 8192, group_size: 
            "y_ptr": f"*{ty}", "bias_ptr": f"*{ty}", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32",
            "K": "i32", "MAGIC": "i32", "SPLIT_K": "i32"}
     cx = dict(G=group_size, HAS_BIAS=bias, BM=cfg.bm, BK=cfg.bk, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
-              GROUP=cfg.group, PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs)
+              GROUP=cfg.group, PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs, HAS_SPLIT=split_k > 1)
     names = list(sig)
     sig.update({key: "constexpr" for key in cx})
     attrs = {(names.index(a), ): [["tt.divisibility", 16]] for a in ("y_ptr", "bias_ptr", "ws_ptr", "cnt_ptr")}
@@ -447,9 +532,21 @@ def compile_sm90(cfg: WgmmaConfig, *, n: int = 8192, k: int = 8192, group_size: 
 _DEQUANT_OPS = ("LOP3", "SHF", "FFMA", "F2FP")
 
 
+def _is_move(instruction: str) -> bool:
+    """A register copy: MOV, IMAD.MOV, or PRMT with the identity selector 0x7610 of one register."""
+    from flashscale.kernels.aot import sass_opcode
+
+    op = sass_opcode(instruction)
+    if op in ("MOV", "IMAD.MOV", "IMAD.MOV.U32"):
+        return True
+    m = re.search(r"PRMT\s+R\d+,\s*(R\d+),\s*0x7610,\s*(R\d+)", instruction)
+    return bool(m) and m.group(1) == m.group(2)
+
+
 def census(cfg: WgmmaConfig, **kw) -> dict:
-    """Registers, spills, SMEM and the consumer main loop's SASS: HGMMA count, dequant instructions and how many
-    of them sit between the loop's async HGMMA issue and its wait (WARPGROUP.DEPBAR / WARPSYNC): the overlap."""
+    """Registers, spills, SMEM and the consumer main loop's SASS: HGMMA count, K steps (commit groups) and waits a
+    loop body, register moves, dequant instructions and how many of them are issued while a wgmma group is in flight
+    (between its first HGMMA and the WARPGROUP.DEPBAR that retires it): the overlap."""
     from flashscale.kernels.aot import ptxas_stats, sass, sass_key_loops, sass_opcode
 
     kern = compile_sm90(cfg, **kw)
@@ -457,23 +554,34 @@ def census(cfg: WgmmaConfig, **kw) -> dict:
     stats = ptxas_stats(ptx)
     text = sass(kern.asm["cubin"])
     loops = sass_key_loops(text, "HGMMA")
-    res = dict(config=cfg.label(), registers=stats["registers"], spill_stores=stats["spill_stores"],
-               spill_loads=stats["spill_loads"], stack=stats["stack"], local=len(re.findall(r"\b[LS]TL\b", text)),
-               shared=kern.metadata.shared, serialized="serialized" in stats["log"],
+    res = dict(config=cfg.label(), bk=cfg.bk, consumers=cfg.consumers, registers=stats["registers"],
+               spill_stores=stats["spill_stores"], spill_loads=stats["spill_loads"], stack=stats["stack"],
+               local=len(re.findall(r"\b[LS]TL\b", text)), shared=kern.metadata.shared,
+               serialized="serialized" in stats["log"],
                setmaxnreg=sorted({int(v) for v in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
                loops=[])
     for body in loops:
         ops = [sass_opcode(t) for _, t in body]
-        gm = [i for i, o in enumerate(ops) if "HGMMA" in o]
-        waits = [i for i, o in enumerate(ops) if o.startswith("WARPGROUP.DEPBAR") and i > gm[0]]
-        w = waits[0] if waits else len(ops)
-        between = ops[gm[0] + 1:w]  # ptxas interleaves the unpack with the HGMMA issues of the group
+        deq = [o.split(".")[0] in _DEQUANT_OPS for o in ops]
+        # the overlap: dequant ops issued while a wgmma group is in flight (issued, not yet retired by a
+        # WARPGROUP.DEPBAR.LE n); two passes over the body so the groups carried around the back edge count
+        between, flight, open_ = 0, 0, False
+        for rep in range(2):
+            for (_, t), o, d in zip(body, ops, deq):
+                if "HGMMA" in o:
+                    flight += not open_
+                    open_ = "gsb0" not in t  # the last HGMMA of a commit group carries gsb0
+                elif o.startswith("WARPGROUP.DEPBAR"):
+                    flight = min(flight, int(t.split(",")[-1].strip(), 0))
+                elif d and rep and (flight or open_):
+                    between += 1
         res["loops"].append(dict(
-            instructions=len(ops), hgmma=len(gm), lds128=sum(o.startswith("LDS.128") for o in ops),
-            sts=sum(o.startswith("STS") for o in ops), bar=sum(o.startswith("BAR") for o in ops),
+            instructions=len(ops), hgmma=sum("HGMMA" in o for o in ops), steps=sum("HGMMA" in o and "gsb0" in t for o, (_, t) in zip(ops, body)),
+            waits=sum(o.startswith("WARPGROUP.DEPBAR") for o in ops),
+            lds128=sum(o.startswith("LDS.128") for o in ops), sts=sum(o.startswith("STS") for o in ops),
+            bar=sum(o.startswith("BAR") for o in ops), moves=sum(_is_move(t) for _, t in body),
             dequant={d: sum(o.split(".")[0] == d for o in ops) for d in _DEQUANT_OPS},
-            dequant_between_issue_and_wait=sum(o.split(".")[0] in _DEQUANT_OPS for o in between),
-            dequant_total=sum(o.split(".")[0] in _DEQUANT_OPS for o in ops)))
+            dequant_between_issue_and_wait=between, dequant_total=sum(deq)))
     return res
 
 
@@ -490,10 +598,10 @@ def _main() -> None:  # python -m flashscale.kernels.w4a16_wgmma: the census of 
             lp = r["loops"]
             print(f"{k}x{n} {r['config']:24s} regs {r['registers']:3d} spill {r['spill_stores']}/{r['spill_loads']} "
                   f"local {r['local']} smem {r['shared']} maxnreg {r['setmaxnreg']} serialized {r['serialized']} | "
-                  + "; ".join(f"loop {x['instructions']} instr, {x['hgmma']} HGMMA, {x['lds128']} LDS.128, "
-                              f"{x['sts']} STS, {x['bar']} BAR, dequant {x['dequant_total']} "
-                              f"({x['dequant_between_issue_and_wait']} between issue and wait) {x['dequant']}"
-                              for x in lp), flush=True)
+                  + "; ".join(f"loop {x['steps']} steps, {x['instructions']} instr, {x['hgmma']} HGMMA, "
+                              f"{x['lds128']} LDS.128, {x['sts']} STS, {x['bar']} BAR, {x['moves']} moves, dequant "
+                              f"{x['dequant_total']} ({x['dequant_between_issue_and_wait']} between issue and wait) "
+                              f"{x['dequant']}" for x in lp), flush=True)
     if len(sys.argv) > 1:
         json.dump(rows, open(sys.argv[1], "w"), indent=1)
 
