@@ -467,8 +467,10 @@ def w4a16_wgmma(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None,
     m, k = x.shape
     n = p.out_features
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if m == 0:
+    if m == 0 or n == 0:  # (n == 0: no tile; auto_split would divide by zero tiles)
         return y
+    if k == 0:  # no K step: n_it = 0 and the consumers would wait forever on ring slot 0, which nobody fills
+        return y.zero_() if bias is None else y.copy_(bias.to(x.dtype).expand(m, n))
     cfg = config or candidates(m)[0]
     bad = config_error(cfg, p.group_size, k)
     if bad is not None:
