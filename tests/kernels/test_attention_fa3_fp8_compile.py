@@ -42,8 +42,15 @@ def loop_stats(body):
     # (DEPBAR.LE gsb0, 0x1) and the wait for PV (DEPBAR.LE gsb0, 0x0)
     w1 = next((i for i, (_, t) in enumerate(body) if "DEPBAR.LE gsb0, 0x1" in t), None)
     w0 = next((i for i, (_, t) in enumerate(body) if "DEPBAR.LE gsb0, 0x0" in t and w1 is not None and i > w1), None)
-    return dict(n=len(ops), mufu_ex2=ops.count("MUFU.EX2"), ffma=ops.count("FFMA"),
-                mufu_ex2_under_pv=None if w0 is None else ops[w1:w0].count("MUFU.EX2"))
+    # longest chain of dependent FMNMX (the row max: 32 deep as Triton reduces in the thread, ~8 as a tree)
+    depth, fmnmx_depth = {}, 0
+    for (_, t), o in zip(body, ops):
+        if o == "FMNMX":
+            regs = re.findall(r"\\bR\\d+\\b", t)
+            depth[regs[0]] = d = 1 + max([depth.get(r, 0) for r in regs[1:]] + [0])
+            fmnmx_depth = max(fmnmx_depth, d)
+    return dict(n=len(ops), mufu_ex2=ops.count("MUFU.EX2"), ffma=ops.count("FFMA"), fmnmx=ops.count("FMNMX"),
+                fmnmx_depth=fmnmx_depth, mufu_ex2_under_pv=None if w0 is None else ops[w1:w0].count("MUFU.EX2"))
 out, extra, res = sys.argv[1], json.loads(sys.argv[2]), {}
 jobs = [(f"d{d}_{'causal' if c else 'full'}", d, c, None) for d in fp8.HEAD_DIMS for c in (False, True)]
 jobs += [(name, d, c, fp8.FA3Fp8Config(**kw)) for name, (d, c, kw) in extra.items()]
@@ -82,6 +89,8 @@ EXTRA = {
     "late_d128_full": (128, False, dict(block_m=128, block_n=128, stages=3, late_pv_wait=True)),
     "late_fma3_d128_causal": (128, True, dict(block_m=128, block_n=128, stages=3, late_pv_wait=True, exp2_fma=3)),
     "n64_s4_late_d256_full": (256, False, dict(block_m=128, block_n=64, stages=4, late_pv_wait=True)),
+    # SASS audit: the row max as a tree (causal: the masked path too)
+    "tree_d128_causal": (128, True, dict(block_m=128, block_n=128, stages=3, tree_max=True)),
 }
 
 
@@ -185,6 +194,19 @@ def test_late_pv_wait_runs_the_softmax_under_the_pv_product(compiled, name):
     assert len(meta["key_loops"]) == 2
     for lp in meta["key_loops"]:
         assert lp["mufu_ex2_under_pv"] is not None and lp["mufu_ex2_under_pv"] >= on_mufu, lp
+
+
+def test_tree_max_shortens_the_row_max_chain(compiled):
+    # the default folds a row's 32 in-thread scores with 32 dependent FMNMX; tree_max halves the columns 4 times
+    # (independent FMNMX), then 2 in the thread + 2 after the shuffles: same instruction count, a shallow chain
+    _, base = compiled("d128_causal")
+    _, meta = compiled("tree_d128_causal")
+    assert len(meta["key_loops"]) == len(base["key_loops"]) == 2
+    for lb, lt in zip(base["key_loops"], meta["key_loops"]):
+        assert lb["fmnmx_depth"] >= 32, lb
+        assert lt["fmnmx_depth"] <= 10, lt
+        assert lt["fmnmx"] == lb["fmnmx"] and lt["mufu_ex2"] == lb["mufu_ex2"], (lb, lt)
+        assert abs(lt["n"] - lb["n"]) <= 8, (lb, lt)
 
 
 # ---- the accumulator -> FP8 A-operand register exchange, replayed on Triton's own linear layouts ----------------
@@ -292,4 +314,4 @@ def test_config_errors():
     assert "exp2_fma" in fp8.config_error(128, C(exp2_fma=9))
     assert "overlap" in fp8.config_error(128, C(late_pv_wait=True, overlap=False))
     for (d, _), cfg in fp8.DEFAULT_CONFIGS.items():  # the new knobs are opt-in
-        assert cfg.exp2_fma == 0 and not cfg.late_pv_wait
+        assert cfg.exp2_fma == 0 and not cfg.late_pv_wait and not cfg.tree_max

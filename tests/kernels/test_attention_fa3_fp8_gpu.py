@@ -234,6 +234,9 @@ def test_mufu_relief_variants_against_the_default(causal):
     ref, ref_lse = fp8.attention_fa3_fp8_fwd(*_args(x), causal=causal, config=table["pp"])
     late, late_lse = fp8.attention_fa3_fp8_fwd(*_args(x), causal=causal, config=table["pp_late"])
     assert torch.equal(late, ref) and torch.equal(late_lse, ref_lse)
+    # tree_max (SASS audit) only reorders the exact row max: bitwise the default's output too
+    tree, tree_lse = fp8.attention_fa3_fp8_fwd(*_args(x), causal=causal, config=table["pp_tree"])
+    assert torch.equal(tree, ref) and torch.equal(tree_lse, ref_lse)
     emu, _ = _emulation(x, 1500, causal, 128)
     e_fp8 = _rmse(emu, attention_ref(q.double(), k.double(), v.double(), causal=causal))
     for name in ("pp_fma2", "pp_late_fma3"):

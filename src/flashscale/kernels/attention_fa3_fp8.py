@@ -142,6 +142,14 @@ class FA3Fp8Config:
     # intra-warpgroup overlap is lost (SASS of the default). V_j is needed by the next PV anyway; the later wait on it
     # passes at once.
     late_pv_wait: bool = False
+    # Row max of S as a tree instead of Triton's in-thread chain. The SASS of the default shows the thread's 32 scores of
+    # a row folded by 32 dependent FMNMX (and the second row's chain only after the first row's shuffles): ~150 clocks
+    # between S's arrival and the first MUFU.EX2 in which the softmax warp issues almost nothing else. tree_max halves
+    # the columns log2(BN / 8) times with elementwise maxima (independent FMNMX of both rows; the halving is on column
+    # bits that are register bits of the accumulator layout, a free reshape/permute/split), then reduces the last 8
+    # columns as before: same instruction count, the loop's FMNMX dependency chain 8 deep instead of 34. max is exact,
+    # so the output is bitwise the default's. (docs/attention_fp8.md, "SASS audit".)
+    tree_max: bool = False
 
     @property
     def sub_m(self) -> int:
@@ -188,6 +196,8 @@ TUNING_CONFIGS = {
         "pp_late": _C(block_m=128, block_n=128, stages=3, late_pv_wait=True),
         "pp_late_fma2": _C(block_m=128, block_n=128, stages=3, late_pv_wait=True, exp2_fma=2),
         "pp_late_fma3": _C(block_m=128, block_n=128, stages=3, late_pv_wait=True, exp2_fma=3),
+        # SASS audit: the row max as a tree (shorter S -> first exp2 latency; bitwise the default's output)
+        "pp_tree": _C(block_m=128, block_n=128, stages=3, tree_max=True),
     },
     256: {
         "pp": _C(block_m=128, block_n=128, stages=2),  # causal: 44 B spilled (the diagonal block's mask)
@@ -406,8 +416,32 @@ if HAS_GLUON:
         return bits.to(gl.float32, bitcast=True)
 
     @gluon.jit
+    def _halve_max(x, ROWS: gl.constexpr, N: gl.constexpr):
+        """(ROWS, N) -> (ROWS, N / 2): the elementwise max of the two column halves (the top column bit must be a
+        register bit of x's layout: the reshape/permute/split is then a relabelling, no data movement)."""
+        a, b = x.reshape([ROWS, 2, N // 2]).permute((0, 2, 1)).split()
+        return gl.maximum(a, b)
+
+    @gluon.jit
+    def _row_max_tree(s, SUB_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """rowmax of s (SUB_M, BLOCK_N) in the wgmma accumulator layout, as a tree: halve the columns down to 8 (column
+        bits >= 3 are register bits of that layout), then reduce the 8 (2 in the thread, 4 lanes) as gl.reduce does.
+        Exact (max is associative), so bitwise gl.reduce(s, 1, max)."""
+        x = s
+        if BLOCK_N >= 256:
+            x = _halve_max(x, SUB_M, 256)
+        if BLOCK_N >= 128:
+            x = _halve_max(x, SUB_M, 128)
+        if BLOCK_N >= 64:
+            x = _halve_max(x, SUB_M, 64)
+        if BLOCK_N >= 32:
+            x = _halve_max(x, SUB_M, 32)
+        x = _halve_max(x, SUB_M, 16)
+        return gl.reduce(x, 1, _max_combine)
+
+    @gluon.jit
     def _softmax(s, j, m_i, l_i, rs, rows, off, seqlen_k, cols0, n_full, CAUSAL: gl.constexpr,
-                 BLOCK_N: gl.constexpr, EXP2_FMA: gl.constexpr):
+                 BLOCK_N: gl.constexpr, EXP2_FMA: gl.constexpr, TREE_MAX: gl.constexpr = False):
         """Online-softmax step on raw scores s (SUB_M, BN) fp32 with the per-row scale rs (log2 units)
         -> p = exp2(s * rs - m + 8) (fp32), alpha, new m, new l. Blocks j >= n_full (the ragged last block, the
         causal diagonal band) mask keys >= Sk and, if CAUSAL, past the diagonal (key > row + Sk - Sq)."""
@@ -418,7 +452,12 @@ if HAS_GLUON:
                 vis = vis & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + off)
             s = gl.where(vis, s, float("-inf"))
         # rs > 0 and rounding is monotonic: rowmax(s) * rs == rowmax(s * rs), bit for bit
-        m_new = gl.maximum(m_i, gl.reduce(s, 1, _max_combine) * rs)
+        if TREE_MAX:
+            # the reduced slice layout is the row layout relabelled: the conversion is proven free at compile time
+            row_max = gl.convert_layout(_row_max_tree(s, s.shape[0], BLOCK_N), m_i.type.layout, assert_trivial=True)
+            m_new = gl.maximum(m_i, row_max * rs)
+        else:
+            m_new = gl.maximum(m_i, gl.reduce(s, 1, _max_combine) * rs)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # nothing visible yet: no -inf - -inf
         x = s * gl.expand_dims(rs, 1) - gl.expand_dims(m_use - 8.0, 1)  # one FFMA an element
         if EXP2_FMA > 0:
@@ -441,7 +480,7 @@ if HAS_GLUON:
                        BLOCK_M: gl.constexpr, SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                        QBLOCK_M: gl.constexpr, QBLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                        OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
-                       EXP2_FMA: gl.constexpr, LATE_PV_WAIT: gl.constexpr):
+                       EXP2_FMA: gl.constexpr, LATE_PV_WAIT: gl.constexpr, TREE_MAX: gl.constexpr):
         """One tile of consumer C (attention_fa3._consumer_pp_tile with FP8 operands and descales). `it` / `t_i`:
         K/V blocks and tiles before this one. Returns the updated it."""
         # FP8 wgmma: instruction K = 32 (256 bits of e4m3); the accumulators are the bf16 kernel's
@@ -495,7 +534,7 @@ if HAS_GLUON:
                 if n_blocks == 1:
                     mbarrier.arrive(q_empty.index(C))  # last QK^T of the tile retired: Q slice free
                 p, alpha, m_i, l_i = _softmax(s, 0, m_i, l_i, row_scale * kd, rows, off, seqlen_k, cols0,
-                                              n_full, CAUSAL, BLOCK_N, EXP2_FMA)
+                                              n_full, CAUSAL, BLOCK_N, EXP2_FMA, TREE_MAX)
                 # P is carried in fp32 and converted at the top of the next iteration (before its waits): an e4m3
                 # tensor carried around the loop would be unpacked to one byte a register by the compiler
                 for j in range(1, n_blocks):
@@ -520,7 +559,7 @@ if HAS_GLUON:
                     if j == n_blocks - 1:
                         mbarrier.arrive(q_empty.index(C))
                     p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, row_scale * kd, rows, off, seqlen_k,
-                                                  cols0, n_full, CAUSAL, BLOCK_N, EXP2_FMA)
+                                                  cols0, n_full, CAUSAL, BLOCK_N, EXP2_FMA, TREE_MAX)
                     if LATE_PV_WAIT:  # a block boundary: keeps the wgmma wait below after the softmax
                         mbarrier.wait(v_ready.index(st), ((it + j) // STAGES) & 1)
                     acc = warpgroup_mma_wait(0, deps=(tok_o, ))
@@ -554,7 +593,7 @@ if HAS_GLUON:
                 s = warpgroup_mma_wait(0, deps=(tok, ))
                 mbarrier.arrive(k_empty.index(st))
                 p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, row_scale * kd, rows, off, seqlen_k, cols0,
-                                              n_full, CAUSAL, BLOCK_N, EXP2_FMA)
+                                              n_full, CAUSAL, BLOCK_N, EXP2_FMA, TREE_MAX)
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha * (vd_last / vd), row_o), 1)
                 vd_last = vd
                 p8 = _p_to_a(p, p_layout, SUB_M, BLOCK_N, f8)
@@ -593,7 +632,7 @@ if HAS_GLUON:
                   C: gl.constexpr, CONSUMERS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, QBLOCK_M: gl.constexpr, QBLOCK_N: gl.constexpr,
                   CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
-                  EXP2_FMA: gl.constexpr, LATE_PV_WAIT: gl.constexpr):
+                  EXP2_FMA: gl.constexpr, LATE_PV_WAIT: gl.constexpr, TREE_MAX: gl.constexpr):
         """Consumer C: rows [m0 + C * SUB_M, m0 + (C + 1) * SUB_M) of each tile; turn protocol of
         attention_fa3 (turn t of consumer c waits turn[c] on parity (t & 1) ^ (c == 0))."""
         SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
@@ -611,7 +650,7 @@ if HAS_GLUON:
                                     sqd_n, KD, skd_b, skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile, it, t_i, n_m, BH,
                                     H, GROUP, seqlen_q, seqlen_k, qk_scale, C, FIRST, HEAD_DIM, BLOCK_M, SUB_M,
                                     BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
-                                    EXP2_FMA, LATE_PV_WAIT)
+                                    EXP2_FMA, LATE_PV_WAIT, TREE_MAX)
                 t_i += 1
             tma.store_wait(pendings=0)
         else:  # one tile a program: constant counters (fewer live registers)
@@ -619,7 +658,7 @@ if HAS_GLUON:
                            my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b,
                            skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile0, 0, 0, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
                            qk_scale, C, FIRST, HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                           OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT)
+                           OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX)
 
     # One binary per (config, head dim, causal, quantization blocks, out dtype): no integer specialisation.
     @gluon.jit(do_not_specialize=["stride_lb", "stride_lh", "sqd_b", "sqd_h", "sqd_n", "skd_b", "skd_h", "skd_n",
@@ -630,7 +669,7 @@ if HAS_GLUON:
                             STAGES: gl.constexpr, QBLOCK_M: gl.constexpr, QBLOCK_N: gl.constexpr,
                             CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
                             CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, EXP2_FMA: gl.constexpr,
-                            LATE_PV_WAIT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                            LATE_PV_WAIT: gl.constexpr, TREE_MAX: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                             CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         f8: gl.constexpr = q_desc.dtype
         n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
@@ -666,12 +705,12 @@ if HAS_GLUON:
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
                              VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT)),
+                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
                              VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT)),
+                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
                              HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL)),
@@ -683,17 +722,17 @@ if HAS_GLUON:
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
                              VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT)),
+                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
                              VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT)),
+                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
                              VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 2, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT)),
+                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
                              HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL)),
@@ -836,7 +875,7 @@ def _constexprs(head_dim: int, causal: bool, cfg: FA3Fp8Config, block_m: int, bl
     return {"HEAD_DIM": head_dim, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
             "QBLOCK_M": block_m, "QBLOCK_N": block_n, "CAUSAL": causal, "OVERLAP": cfg.overlap,
             "PINGPONG": cfg.pingpong, "CONSUMERS": cfg.consumers, "PERSISTENT": cfg.persistent,
-            "EXP2_FMA": cfg.exp2_fma, "LATE_PV_WAIT": cfg.late_pv_wait,
+            "EXP2_FMA": cfg.exp2_fma, "LATE_PV_WAIT": cfg.late_pv_wait, "TREE_MAX": cfg.tree_max,
             "PRODUCER_REGS": cfg.producer_regs, "CONSUMER_REGS": cfg.worker_consumer_regs, "num_warps": cfg.num_warps}
 
 
