@@ -6,6 +6,7 @@
 #   device run:  bash benchmarks/gpu_pending.sh tests        # ~8 min: correctness of the offline kernels
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh probe   # ~8 min: W4A16 ring decode rows, varlen attention
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh sweep   # ~9 min: FA3 backward ws sweep, W4A16 wgmma GEMM
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fp8     # ~3 min, if time is left: the FP8 pp_tree config
 #
 # tests: the warp-specialized FA3 backward (tests/kernels/test_attention_fa3_bwd_gpu.py: every TUNING_CONFIGS
 #        entry, ws included, and ws == plain kernel), the Gluon W4A16 GEMM (test_w4a16_wgmma_gpu.py), the rest of
@@ -44,7 +45,10 @@ case "${1:-}" in
       --out "$OUT/attention-fa3-bwd-sweep-ws-h200.json"
     step w4a16_wgmma_bench 230 "$PY" benchmarks/w4a16.py --impls flashscale,bf16,flashscale-wgmma \
       --ms 64,256,1024,4096 --quick --out "$OUT" ;;
+  fp8)  # docs/attention_fp8.md "SASS audit": the tree row max beside pp (its GPU tests are in `tests`)
+    step fp8_tree 240 "$PY" benchmarks/attention_fa3_fp8_sweep.py --hdims 128 --seqlens 8192,16384 \
+      --variants pp,pp_tree,pp_late --out "$OUT/attention-fa3-fp8-tree-h200.json" ;;
   *)
-    echo "usage: [OUT=DIR] bash benchmarks/gpu_pending.sh tests|probe|sweep" >&2
+    echo "usage: [OUT=DIR] bash benchmarks/gpu_pending.sh tests|probe|sweep|fp8" >&2
     exit 2 ;;
 esac
