@@ -187,6 +187,11 @@ class Ctx:
     def want(self, *kinds) -> bool:
         return self.kinds is None or any(k in self.kinds for k in kinds)
 
+    def error(self, what: str, e: Exception) -> None:
+        """Record and print a row that raised (one config failing must not end the probe)."""
+        self.errors.append(f"{what}: {e!r}"[:400])
+        print(f"  ERROR {what}: {e!r}"[:300], flush=True)
+
 
 def graph_us(calls: list, ncopies: int, reps: int = 10) -> float:
     """calls[i]() launches the call on weight copy i; median over replays of a graph of R calls / R."""
@@ -363,8 +368,7 @@ def run_shape(ctx: Ctx, k: int, n: int, gen: torch.Generator, l2: int, deadline:
                               ncopies)
                 return row(**info, us=us, ok=ok, err=err)
             except Exception as e:  # noqa: BLE001 (one config failing must not end the probe)
-                ctx.errors.append(f"{k}x{n} M={m} {kind} {label}: {e!r}"[:400])
-                print(f"  ERROR {k}x{n} M={m} {kind} {label}: {e!r}"[:300], flush=True)
+                ctx.error(f"{k}x{n} M={m} {kind} {label}", e)
                 return row(**info, us=None, ok=False, err=None)
 
         if ctx.want("r-dec"):  # first: the rows this probe's budget is for since round 5
@@ -448,8 +452,7 @@ def run_ring(ctx: Ctx, k: int, n: int, m: int, x, base: PackedW4, packs: list[Pa
             regs = getattr(kern, "n_regs", None)
             options = cfg.per_sm_options(regs)
         except Exception as e:  # noqa: BLE001 (one config failing must not end the probe)
-            ctx.errors.append(f"{k}x{n} M={m} r-dec {cfg.label}: {e!r}"[:400])
-            print(f"  ERROR {k}x{n} M={m} r-dec {cfg.label}: {e!r}"[:300], flush=True)
+            ctx.error(f"{k}x{n} M={m} r-dec {cfg.label}", e)
             row(**info, split=None, us=None, ok=False, err=None)
             continue
         for per_sm in options:
@@ -462,8 +465,7 @@ def run_ring(ctx: Ctx, k: int, n: int, m: int, x, base: PackedW4, packs: list[Pa
                               len(packs))
                 row(**info, split=per_sm, regs=regs, in_flight_kb=cfg.in_flight_kb(per_sm), us=us, ok=ok, err=err)
             except Exception as e:  # noqa: BLE001
-                ctx.errors.append(f"{k}x{n} M={m} r-dec {cfg.label} per_sm={per_sm}: {e!r}"[:400])
-                print(f"  ERROR {k}x{n} M={m} r-dec {cfg.label} per_sm={per_sm}: {e!r}"[:300], flush=True)
+                ctx.error(f"{k}x{n} M={m} r-dec {cfg.label} per_sm={per_sm}", e)
                 row(**info, split=per_sm, us=None, ok=False, err=None)
     if fp16_check and not out_of_time(f"M={m} r-dec fp16"):
         cfg = WR.configs_for(m)[0]
@@ -506,8 +508,7 @@ def run_streams(ctx: Ctx, k: int, n: int, packs: list[PackedW4], sms: int, row, 
             regs, shared = getattr(kern, "n_regs", None), getattr(getattr(kern, "metadata", None), "shared", None)
             options = cfg.per_sm_options(regs, shared)
         except Exception as e:  # noqa: BLE001 (one config failing must not end the probe)
-            ctx.errors.append(f"{k}x{n} {kind} {cfg.label}: {e!r}"[:400])
-            print(f"  ERROR {k}x{n} {kind} {cfg.label}: {e!r}"[:300], flush=True)
+            ctx.error(f"{k}x{n} {kind} {cfg.label}", e)
             row(**info, split=None, us=None, ok=False, err=None)
             continue
         for per_sm in options:
@@ -524,8 +525,7 @@ def run_streams(ctx: Ctx, k: int, n: int, packs: list[PackedW4], sms: int, row, 
                 row(**info, split=per_sm, programs=progs, regs=regs, shared=shared,
                     in_flight_kb=cfg.in_flight_kb(per_sm, regs, shared), us=us, ok=ok, err=None, nbytes=qbytes)
             except Exception as e:  # noqa: BLE001
-                ctx.errors.append(f"{k}x{n} {kind} {cfg.label} per_sm={per_sm}: {e!r}"[:400])
-                print(f"  ERROR {k}x{n} {kind} {cfg.label} per_sm={per_sm}: {e!r}"[:300], flush=True)
+                ctx.error(f"{k}x{n} {kind} {cfg.label} per_sm={per_sm}", e)
                 row(**info, split=per_sm, us=None, ok=False, err=None)
     print_streams(ctx, k, n)
 

@@ -270,23 +270,35 @@ def _launch_gemv(x2d, p: PackedW4, bias, y, cfg: GemvConfig, split_k: int, probe
     )
 
 
-def decode_grid(x2d, p: PackedW4, cfg: DecodeConfig, per_sm: int) -> tuple[int, int, int, int]:
-    """(programs, items, steps per tile, workspace slots per tile) of the stream-K launch."""
-    tiles = triton.cdiv(p.out_features, cfg.bn)
-    steps = _k_steps(x2d, 64 * cfg.kt)
+def stream_k_grid(k: int, n: int, bn: int, kt: int, per_sm: int, num_sms: int) -> tuple[int, int, int, int]:
+    """(programs, items, steps per tile, workspace slots per tile) of a stream-K decode launch: items of bn
+    outputs x 64 kt inputs, one persistent wave of per_sm programs an SM (the decode and ring kernels)."""
+    tiles = triton.cdiv(n, bn)
+    steps = triton.cdiv(triton.cdiv(k, FRAG_K) * FRAG_K, 64 * kt)
     items = tiles * steps
-    progs = max(1, min(per_sm * _device_info(x2d.device)[1], items))
+    progs = max(1, min(per_sm * num_sms, items))
     return progs, items, steps, triton.cdiv(steps, items // progs) + 1
+
+
+def decode_grid(x2d, p: PackedW4, cfg: DecodeConfig, per_sm: int) -> tuple[int, int, int, int]:
+    """stream_k_grid of the decode kernel on x2d's device."""
+    return stream_k_grid(x2d.shape[1], p.out_features, cfg.bn, cfg.kt, per_sm, _device_info(x2d.device)[1])
+
+
+def x_words(x2d: torch.Tensor, p: PackedW4) -> torch.Tensor:
+    """x (M, K) 16-bit -> (M, K / 2) int32 words of two inputs, as the decode kernels load it: act-order
+    gathered once (pairs of inputs are loaded as one word), rows word-aligned."""
+    if p.perm is not None:
+        x2d = x2d[:, p.perm.long()]
+    if x2d.stride(1) != 1 or x2d.stride(0) % 2 or x2d.data_ptr() % 4:
+        x2d = x2d.clone(memory_format=torch.contiguous_format)
+    return x2d.view(torch.int32)
 
 
 def _launch_decode(x2d, p: PackedW4, bias, y, cfg: DecodeConfig, per_sm: int, probe: int = 0) -> None:
     m, k = x2d.shape
     n = p.out_features
-    if p.perm is not None:
-        x2d = x2d[:, p.perm.long()]  # act-order: gather x once (pairs of inputs are loaded as one word)
-    if x2d.stride(1) != 1 or x2d.stride(0) % 2 or x2d.data_ptr() % 4:
-        x2d = x2d.clone(memory_format=torch.contiguous_format)
-    xw = x2d.view(torch.int32)  # (M, K / 2) words of two 16-bit inputs
+    xw = x_words(x2d, p)
     progs, items, steps, cmax = decode_grid(x2d, p, cfg, per_sm)
     bm = 8 if m <= 8 else 16
     tiles = triton.cdiv(n, cfg.bn)

@@ -330,6 +330,26 @@ def _dec_b(xk, TWO: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
+def _dec_layout(U, K, N, stride_pn, NB: tl.constexpr, KT: tl.constexpr):
+    """A stream-K decode program's coordinates (the decode kernel's and w4a16_ring's): program pid of P takes
+    items [u0, u1); (NB, KT, 128) word offsets of an item, 16 bytes a thread, laid out so warps split NB (see
+    the GEMV above); the scale/zero words of rows g, g + 8 (adjacent), loaded lanes first and permuted (the
+    GEMV's trick)."""
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    u0 = pid * U // P
+    u1 = (pid + 1) * U // P
+    k_pad = tl.cdiv(K, 64) * 64
+    n_frag = tl.cdiv(N, 16)
+    nb = tl.arange(0, NB)
+    lane = tl.arange(0, 32)
+    w_off = (nb * stride_pn)[:, None, None] + tl.arange(0, KT)[None, :, None] * 128 + tl.arange(0, 128)[None, None, :]
+    kt_first = tl.arange(0, KT)[None, :, None] * 64
+    sz_off = (lane // 4)[:, None, None] * 2 + nb[None, :, None] * 16 + tl.arange(0, 2)[None, None, :]
+    return pid, P, u0, u1, k_pad, n_frag, nb, w_off, kt_first, sz_off, lane[None, :]
+
+
+@triton.jit
 def _dec_item(acc, accb, w, sz, xw, NB: tl.constexpr, KT: tl.constexpr, TWO: tl.constexpr, BF16: tl.constexpr,
           ASM: tl.constexpr):
     """acc (+ accb for tokens 8..15) += s * 2^11 (D / D_UNIT - (OFF + z) sum(x)) of one item: w its packed words
@@ -429,20 +449,7 @@ def w4a16_decode_kernel(
     NB: tl.constexpr = BN // 16
     BK: tl.constexpr = KT * 64
     TWO: tl.constexpr = BM == 16
-    pid = tl.program_id(0)
-    P = tl.num_programs(0)
-    u0 = pid * U // P
-    u1 = (pid + 1) * U // P
-    k_pad = tl.cdiv(K, 64) * 64
-    n_frag = tl.cdiv(N, 16)
-    nb = tl.arange(0, NB)
-    lane = tl.arange(0, 32)
-    # (NB, KT, 128) words of an item, 16 bytes a thread; laid out so warps split NB (see the GEMV above)
-    w_off = (nb * stride_pn)[:, None, None] + tl.arange(0, KT)[None, :, None] * 128 + tl.arange(0, 128)[None, None, :]
-    kt_first = tl.arange(0, KT)[None, :, None] * 64
-    # scale/zero words of rows g, g + 8 (adjacent), loaded lanes first and permuted (the GEMV's trick)
-    sz_off = (lane // 4)[:, None, None] * 2 + nb[None, :, None] * 16 + tl.arange(0, 2)[None, None, :]
-    lane1 = lane[None, :]
+    pid, P, u0, u1, k_pad, n_frag, nb, w_off, kt_first, sz_off, lane1 = _dec_layout(U, K, N, stride_pn, NB, KT)
 
     # item coordinates kept incrementally (no division in the loop): (tile, ks) computed now, (tile_p,
     # ks_p) the next one to load; loads past the range re-read the last item (in L2) instead of masking

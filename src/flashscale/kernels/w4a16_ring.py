@@ -44,10 +44,10 @@ import torch
 import triton
 import triton.language as tl
 
-from flashscale.kernels.w4a16 import _device_info, _interpreting
+from flashscale.kernels.w4a16 import _device_info, _interpreting, stream_k_grid, x_words
 from flashscale.kernels.w4a16_common import (D_UNIT_F16, OFF_BF16, OFF_F16, last_split, mma_column, reset_ticket,
                                              split_k_slices, split_k_workspace, x_sums)
-from flashscale.kernels.w4a16_gemv import _dec_item, _dec_store, _dec_w, _dec_x, _next_item
+from flashscale.kernels.w4a16_gemv import _dec_item, _dec_layout, _dec_store, _dec_w, _dec_x, _next_item
 from flashscale.kernels.w4a16_pack import PackedW4
 
 REGS_PER_SM = 65536
@@ -228,19 +228,7 @@ def w4a16_ring_kernel(
     NB: tl.constexpr = BN // 16
     BK: tl.constexpr = KT * 64
     TWO: tl.constexpr = BM == 16
-    pid = tl.program_id(0)
-    P = tl.num_programs(0)
-    u0 = pid * U // P
-    u1 = (pid + 1) * U // P
-    k_pad = tl.cdiv(K, 64) * 64
-    n_frag = tl.cdiv(N, 16)
-    nb = tl.arange(0, NB)
-    lane = tl.arange(0, 32)
-    # (NB, KT, 128) words of an item, 16 bytes a thread, warps split NB
-    w_off = (nb * stride_pn)[:, None, None] + tl.arange(0, KT)[None, :, None] * 128 + tl.arange(0, 128)[None, None, :]
-    kt_first = tl.arange(0, KT)[None, :, None] * 64
-    sz_off = (lane // 4)[:, None, None] * 2 + nb[None, :, None] * 16 + tl.arange(0, 2)[None, None, :]
-    lane1 = lane[None, :]
+    pid, P, u0, u1, k_pad, n_frag, nb, w_off, kt_first, sz_off, lane1 = _dec_layout(U, K, N, stride_pn, NB, KT)
 
     tile = u0 // S  # the item consumed next
     ks = u0 - tile * S
@@ -309,12 +297,8 @@ def w4a16_ring_kernel(
 # ---- launcher
 
 def ring_grid(k: int, n: int, cfg: RingConfig, per_sm: int, num_sms: int) -> tuple[int, int, int, int]:
-    """(programs, items, items a tile S, workspace slots a tile CMAX) of a launch."""
-    tiles = triton.cdiv(n, cfg.bn)
-    steps = triton.cdiv(triton.cdiv(k, 64) * 64, 64 * cfg.kt)
-    items = tiles * steps
-    progs = max(1, min(per_sm * num_sms, items))
-    return progs, items, steps, triton.cdiv(steps, items // progs) + 1
+    """(programs, items, items a tile S, workspace slots a tile CMAX) of a launch: the decode kernel's grid."""
+    return stream_k_grid(k, n, cfg.bn, cfg.kt, per_sm, num_sms)
 
 
 def check_args(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, cfg: RingConfig, per_sm: int) -> None:
@@ -368,11 +352,7 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
     (on a GPU the compiled kernel: .n_regs, .metadata.shared)."""
     m, k = x.shape
     n = p.out_features
-    if p.perm is not None:
-        x = x[:, p.perm.long()]  # act-order: gather x once (pairs of inputs are loaded as one word)
-    if x.stride(1) != 1 or x.stride(0) % 2 or x.data_ptr() % 4:
-        x = x.clone(memory_format=torch.contiguous_format)
-    xw = x.view(torch.int32)  # (M, K / 2) words of two 16-bit inputs
+    xw = x_words(x, p)  # (M, K / 2) words of two 16-bit inputs
     progs, items, steps, cmax = ring_grid(k, n, cfg, per_sm, _device_info(x.device)[1])
     bm = 8 if m <= 8 else 16
     tiles = triton.cdiv(n, cfg.bn)
@@ -433,35 +413,6 @@ def hot_loop(ins: list[tuple[int, str]]) -> tuple[list[tuple[int, str]], int]:
     return keep, len(body) - len(keep)
 
 
-def load_waits(body: list[tuple[int, str]], latency: int = 1000) -> int:
-    """Instructions of one steady-state iteration that wait on a global load (w4a16_stream.sass_load_rate's model:
-    in-order issue, a load's registers ready `latency` cycles after it issues)."""
-    import re
-
-    from flashscale.kernels.w4a16_stream import _regs_of
-
-    ready: dict[int, int] = {}
-    t, waits = 0, 0
-    for it in range(3):
-        for _, txt in body:
-            txt = re.sub(r"^@!?U?P\w+\s+", "", txt)
-            op = txt.split()[0]
-            parts = txt[len(op):].split(",")
-            dst, srcs = _regs_of(parts[0]), _regs_of(",".join(parts[1:]))
-            writes = not op.startswith(("ST", "BRA", "RED", "ATOM"))
-            need = max([0] + [ready.get(r, 0) for r in set(srcs) | (set(dst) if writes else set())])
-            waits += it == 2 and need > t + 1
-            t = max(t + 1, need)
-            if op.startswith("LDG"):
-                width = 4 if op.endswith(".128") else 2 if op.endswith(".64") else 1
-                for r in range(dst[0], dst[0] + width):
-                    ready[r] = t + latency
-            elif writes:
-                for r in dst:
-                    ready[r] = 0
-    return waits
-
-
 def census(cfg: RingConfig, **kw) -> dict:
     """Compile for sm_90 and count: registers, spills, local memory, shared memory, atomics, and the hot loop's
     instruction mix a RING-item iteration, its modelled loads in flight a thread and load waits an iteration."""
@@ -492,7 +443,7 @@ def census(cfg: RingConfig, **kw) -> dict:
                 lop3=ops["LOP3.LUT"], shifts=n("SHF", "IMAD.SHL"), prmt=ops["PRMT"], moves=n("MOV", "IMAD.MOV"),
                 uniform=n("U"), fp32=n("FFMA", "FMUL", "FADD"), smem=n("LDS", "STS"), bar=n("BAR"),
                 loads_in_flight=rate["loads_in_flight"], ldg_per_iter=rate["ldg_per_iter"],
-                cycles_per_iter=rate["cycles_per_iter"], waits_per_iter=load_waits(body),
+                cycles_per_iter=rate["cycles_per_iter"], waits_per_iter=rate["waits_per_iter"],
                 resident=cfg.resident(stats["registers"]), per_sm_options=cfg.per_sm_options(stats["registers"]))
 
 

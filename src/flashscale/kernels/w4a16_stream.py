@@ -435,12 +435,13 @@ def sass_load_rate(body: list[tuple[int, str]], latency: int = 1000, iters: int 
     that reads (or overwrites) a register whose LDG is in flight waits until the load is back `latency` cycles
     after it issued. Returns the loop's LDGs an iteration, its steady-state cycles an iteration and
     loads_in_flight = LDGs a latency (Little's law: what a thread keeps in flight, as the ptxas schedule
-    allows). This is what exposes a register ring rotated by moves (the move waits for the load it copies)
-    or two boxes' XORs fused into one LOP3 (the older waits for the newer)."""
+    allows), and waits_per_iter: the instructions of a steady-state iteration (the third) that stall on a load.
+    This is what exposes a register ring rotated by moves (the move waits for the load it copies) or two boxes'
+    XORs fused into one LOP3 (the older waits for the newer)."""
     import re
 
     ready: dict[int, int] = {}
-    t, starts, nld = 0, [], 0
+    t, starts, nld, waits = 0, [], 0, 0
     for it in range(iters):
         starts.append(t)
         for _, txt in body:
@@ -450,7 +451,9 @@ def sass_load_rate(body: list[tuple[int, str]], latency: int = 1000, iters: int 
             dst, srcs = _regs_of(parts[0]), _regs_of(",".join(parts[1:]))
             writes = not op.startswith(("ST", "BRA", "RED", "ATOM"))
             used = set(srcs) | (set(dst) if writes else set())  # reads, and WAW on a load's destination
-            t = max([t + 1] + [ready.get(r, 0) for r in used])
+            need = max([0] + [ready.get(r, 0) for r in used])
+            waits += it == 2 and need > t + 1
+            t = max(t + 1, need)
             if op.startswith("LDG"):
                 width = 4 if op.endswith(".128") else 2 if op.endswith(".64") else 1
                 for r in range(dst[0], dst[0] + width):
@@ -460,7 +463,8 @@ def sass_load_rate(body: list[tuple[int, str]], latency: int = 1000, iters: int 
                 for r in dst:
                     ready[r] = 0
     per_iter = (starts[-1] - starts[iters // 2]) / (iters - 1 - iters // 2)
-    return dict(ldg_per_iter=nld, cycles_per_iter=per_iter, loads_in_flight=nld * latency / per_iter)
+    return dict(ldg_per_iter=nld, cycles_per_iter=per_iter, loads_in_flight=nld * latency / per_iter,
+                waits_per_iter=waits)
 
 
 def census(cfg: StreamConfig) -> dict:
