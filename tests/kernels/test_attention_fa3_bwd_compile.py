@@ -30,7 +30,7 @@ from flashscale.kernels.aot import ptxas_stats
 out, res = sys.argv[1], {}
 for d, causal, group in ((64, True, 1), (128, False, 4), (256, True, 2)):
     name = f"d{d}_{'causal' if causal else 'full'}_g{group}"
-    k = bwd.compile_sm90(d, causal, group=group)
+    k = bwd.compile_sm90(d, causal, group=group, config=bwd.PLAIN_CONFIGS[d])
     open(f"{out}/{name}.ptx", "w").write(k.asm["ptx"])
     st = ptxas_stats(k.asm["ptx"])
     st.pop("log")
@@ -116,9 +116,10 @@ def compiled_ws(tmp_path_factory):
     return json.loads((out / "compiled_ws.json").read_text())
 
 
-def test_ws_configs_are_listed_and_defaults_unchanged():
+def test_ws_configs_are_listed_and_are_the_defaults_where_they_fit():
     assert {"n128_m64_ws", "n128_m64_ws_s3"} <= set(bwd.TUNING_CONFIGS[128])
-    assert not any(cfg.ws for cfg in bwd.DEFAULT_CONFIGS.values())
+    assert bwd.DEFAULT_CONFIGS[64].ws and bwd.DEFAULT_CONFIGS[128].ws  # measured faster (docs/attention_fa3.md)
+    assert not bwd.DEFAULT_CONFIGS[256].ws and not any(cfg.ws for cfg in bwd.PLAIN_CONFIGS.values())
     assert len(WS_NAMES) >= 4
 
 

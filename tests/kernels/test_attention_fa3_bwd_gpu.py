@@ -117,3 +117,21 @@ def test_auto_takes_the_gluon_backward_at_head_dim_256(monkeypatch):
     assert_close_rule(run_all(q, q.detach().clone().requires_grad_(), q.detach().clone().requires_grad_(),
                               impl="auto", causal=True))
     assert calls, "auto did not take the Gluon backward at head_dim 256"
+
+
+def test_auto_backward_rule_by_head_dim_causal_and_length():
+    """ops.attention's auto backward takes the Gluon kernel only in the cells where it measured faster
+    (attention_op.FA3_BWD_AUTO_MIN_SEQLEN_Q): d128 non-causal from 8k, d64 non-causal from 16k, d256 always."""
+    if not _hopper():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    from flashscale.ops import attention_op
+
+    def wanted(D, S, causal, impl="auto"):
+        q = torch.empty(1, S, 2, D, dtype=torch.bfloat16, device=CUDA)
+        return attention_op.fa3_bwd_wanted(q, q, q, None, -1, 0 if causal else -1, 0.0, None, 0.0, False, impl)
+
+    assert wanted(128, 8192, False) and wanted(128, 16384, False)
+    assert not wanted(128, 4096, False) and not wanted(128, 16384, True)
+    assert wanted(64, 16384, False) and not wanted(64, 8192, False) and not wanted(64, 16384, True)
+    assert wanted(256, 128, True) and wanted(256, 128, False)
+    assert wanted(128, 128, True, impl="fa3")  # forced

@@ -83,17 +83,25 @@ class FA3BwdConfig:
         return wm, NUM_WARPS // wm
 
 
-DEFAULT_CONFIGS = {64: FA3BwdConfig(block_n=128, block_m=128), 128: FA3BwdConfig(block_n=128, block_m=64),
-                   256: FA3BwdConfig(block_n=64, block_m=64)}
+# The single-partition kernel's best tiles (the fallback; FA3BwdConfig(ws=False) everywhere).
+PLAIN_CONFIGS = {64: FA3BwdConfig(block_n=128, block_m=128), 128: FA3BwdConfig(block_n=128, block_m=64),
+                 256: FA3BwdConfig(block_n=64, block_m=64)}
+# Defaults: warp-specialized at head dims 64 and 128, where the H200 measured it 1.05-1.3x the plain kernel in
+# every cell of the sweep (benchmarks/results/attention-fa3-bwd-sweep-ws-h200.json, 2026-12-02: d128 16k 383
+# against 294 TFLOP/s non-causal, 364 against 308 causal; d64 16k 330 against 315 / 313 against 281); D 256
+# does not fit its shared memory.
+DEFAULT_CONFIGS = {64: FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=2),
+                   128: FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=2, dq_stages=2),
+                   256: PLAIN_CONFIGS[256]}
 TUNING_CONFIGS = {
-    64: {"n128_m128": DEFAULT_CONFIGS[64], "n128_m64": FA3BwdConfig(block_n=128, block_m=64),
-         "n128_m64_ws_s3": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=2)},
-    128: {"n128_m64": DEFAULT_CONFIGS[128], "n128_m64_atom": FA3BwdConfig(block_n=128, block_m=64, red_v2=False),
+    64: {"n128_m128": PLAIN_CONFIGS[64], "n128_m64": FA3BwdConfig(block_n=128, block_m=64),
+         "n128_m64_ws_s3": DEFAULT_CONFIGS[64]},
+    128: {"n128_m64": PLAIN_CONFIGS[128], "n128_m64_atom": FA3BwdConfig(block_n=128, block_m=64, red_v2=False),
           "n64_m128": FA3BwdConfig(block_n=64, block_m=128),
-          # warp-specialized (offline-compiled, not yet timed): 2 or 3 Q/dO stages, 2 or 1 dQ tiles
-          "n128_m64_ws": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=2, dq_stages=2),
+          # warp-specialized: 2 or 3 Q/dO stages, 2 or 1 dQ tiles (the same speed on the H200)
+          "n128_m64_ws": DEFAULT_CONFIGS[128],
           "n128_m64_ws_s3": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=1)},
-    256: {"n64_m64": DEFAULT_CONFIGS[256], "n64_m64_atom": FA3BwdConfig(block_n=64, block_m=64, red_v2=False)},
+    256: {"n64_m64": PLAIN_CONFIGS[256], "n64_m64_atom": FA3BwdConfig(block_n=64, block_m=64, red_v2=False)},
 }
 
 

@@ -69,10 +69,13 @@ def fwd_impl(q, k, v, cu_q, cu_k, alibi, seed: int, max_q, max_k, scale, wl, wr,
 
 
 # The Hopper backward (kernels.attention_fa3_bwd) where the H200 measured it faster than the tuned FA2
-# backward (benchmarks/results/attention-fa3-bwd-sweep-h200.json against attention-h200.json): head_dim 256 from
-# any length (1.6-2.0x); at 64 and 128 FA2's Triton backward is still ahead. FLASHSCALE_FA3=1 takes it wherever
-# it applies (and impl="fa3"), =0 never; deterministic=True always runs FA2's dQ kernel (no atomics).
-FA3_BWD_AUTO_MIN_SEQLEN_Q = {256: 0}
+# backward, by (head_dim, causal) -> from how many query rows: head_dim 256 at any length (1.6-2.0x:
+# attention-fa3-bwd-sweep-h200.json against attention-h200.json); the warp-specialized kernel at 128
+# non-causal from 8192 (355 / 383 TFLOP/s at 8k / 16k against FA2's 335 / 341) and at 64 non-causal from
+# 16384 (330 against 296) (attention-fa3-bwd-sweep-ws-h200.json, 2026-12-02). Causal 64/128 and shorter rows
+# stay FA2's (its causal backward is within 2% or ahead). FLASHSCALE_FA3=1 takes it wherever it applies (and
+# impl="fa3"), =0 never; deterministic=True always runs FA2's dQ kernel (no atomics).
+FA3_BWD_AUTO_MIN_SEQLEN_Q = {(256, False): 0, (256, True): 0, (128, False): 8192, (64, False): 16384}
 
 
 def fa3_bwd_wanted(q, k, v, cu_q, wl, wr, softcap, alibi, dropout_p, deterministic, impl) -> bool:
@@ -87,7 +90,7 @@ def fa3_bwd_wanted(q, k, v, cu_q, wl, wr, softcap, alibi, dropout_p, determinist
     mode = os.environ.get("FLASHSCALE_FA3", "")
     if mode == "0":
         return False
-    need = FA3_BWD_AUTO_MIN_SEQLEN_Q.get(q.shape[-1])
+    need = FA3_BWD_AUTO_MIN_SEQLEN_Q.get((q.shape[-1], wr == 0))
     return impl == "fa3" or mode == "1" or (need is not None and q.shape[1] >= need)
 
 
