@@ -49,6 +49,21 @@ def test_state_dict_roundtrip_and_repack():
     assert torch.equal(fresh(x), q(x))  # the load hook repacked the kernel layout
 
 
+def test_packed_is_one_object_until_the_buffers_change():
+    """packed() hands out the same PackedW4 while pk_* are unchanged (the wgmma kernel keeps its TMA
+    descriptors on it), and a fresh one after repack() or a load; never a stale one."""
+    q = QuantLinear.from_float(_linear(64, 32, bias=False), group_size=32)
+    p = q.packed()
+    assert q.packed() is p and q.half().packed() is p  # int buffers: dtype moves keep them
+    q.repack()
+    p2 = q.packed()
+    assert p2 is not p and p2.qweight is q.pk_qweight and torch.equal(p2.qweight, p.qweight)
+    fresh = QuantLinear(64, 32, group_size=32, bias=False, checkpoint_format="gptq_v2")
+    p3 = fresh.packed()
+    fresh.load_state_dict(q.state_dict())
+    assert fresh.packed() is not p3 and torch.equal(fresh.packed().qweight, p2.qweight)
+
+
 def test_from_gptq_v1_and_awq_match_v2():
     torch.manual_seed(3)
     k, n, g = 64, 32, 16

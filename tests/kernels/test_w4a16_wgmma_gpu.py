@@ -94,3 +94,52 @@ def test_errors():
         with pytest.raises(ValueError, match="sm_90"):
             wg.w4a16_wgmma(torch.randn(4, 128).half(), p64)
     assert not wg.supported(torch.randn(4, 128), p64)
+
+
+def test_dispatch_candidates_and_tuned_table_round_trip(monkeypatch):
+    """w4a16_matmul's automatic dispatch: the wgmma configs join the candidates only on sm_90 from M = 17
+    (none on the CPU or with FLASHSCALE_W4A16_WGMMA=0; a bad value is refused), and a tuned wgmma entry
+    survives tuned_configs() -> load_tuned_configs() as a WgmmaConfig (its split in "split_k")."""
+    from flashscale.kernels import w4a16
+
+    p = pack_w4(torch.randint(0, 16, (128, 64)), torch.zeros(1, 64, dtype=torch.int64),
+                torch.ones(1, 64).half(), group_size=128)
+    assert w4a16.wgmma_candidates(torch.randn(64, 128).half(), p, None) == []  # CPU tensor
+    monkeypatch.setenv(w4a16.WGMMA_ENV, "yes")
+    with pytest.raises(ValueError, match=w4a16.WGMMA_ENV):
+        w4a16.wgmma_candidates(torch.randn(64, 128).half(), p, None)
+    monkeypatch.setenv(w4a16.WGMMA_ENV, "0")
+    if HOPPER:
+        assert w4a16.wgmma_candidates(torch.randn(64, 128, device="cuda").half(), p.to("cuda"), None) == []
+        monkeypatch.delenv(w4a16.WGMMA_ENV)
+        got = w4a16.wgmma_candidates(torch.randn(64, 128, device="cuda").half(), p.to("cuda"), None)
+        assert got == wg.candidates(64)
+    cfg = wg.WgmmaConfig(bm=128, consumers=1, stages=4)
+    key = ("gemm", 256, 64, 128, 128, "bfloat16", "noperm", "test-device")
+    monkeypatch.setitem(w4a16._TUNED, key, dict(dataclasses.asdict(cfg), split_k=3))
+    table = {k: v for k, v in w4a16.tuned_configs().items() if k.endswith("test-device")}
+    w4a16._TUNED.pop(key)
+    w4a16.load_tuned_configs(table)
+    try:
+        got, split = w4a16._tune(key, [], None, None)
+        assert got == cfg and split == 3
+    finally:
+        w4a16._TUNED.pop(key, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("m", [17, 64, 300])
+def test_w4a16_matmul_auto_and_forced_wgmma(m):
+    """Automatic dispatch with the wgmma candidates in the autotune (whichever wins is correct), and
+    kernel="wgmma" / a WgmmaConfig forced through w4a16_matmul, bias and act-order included."""
+    from flashscale.kernels import w4a16
+
+    p = _weight(1024, 384, 128, act_order=True, seed=m)
+    x = torch.randn(m, 1024, dtype=torch.bfloat16, device="cuda")
+    bias = torch.randn(384, dtype=torch.bfloat16, device="cuda")
+    oracle = w4a16_linear_ref(x.double(), p, bias.double(), compute_dtype=torch.float64)
+    same = w4a16_linear_ref(x, p, bias, compute_dtype=x.dtype)
+    for y in (w4a16.w4a16_matmul(x, p, bias), w4a16.w4a16_matmul(x, p, bias, kernel="wgmma"),
+              w4a16.w4a16_matmul(x, p, bias, config=wg.candidates(m)[-1])):
+        assert _err(y, oracle) <= 2 * _err(same, oracle) + 1e-6

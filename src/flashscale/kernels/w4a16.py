@@ -6,6 +6,9 @@
     M <= 16     w4a16_gemv.py   w4a16_decode_kernel: mma.sync on packed-half dequantization, stream-K
                                 over one persistent wave; extra autotune candidates of the M = 1 and
                                 M <= 16 buckets (docs/w4a16_decode.md)
+    M >= 17     w4a16_wgmma.py  on Hopper (sm_90): the Gluon GEMM (TMA ring, warp-specialized producer,
+                                register-A wgmma on in-register dequantization); its configs join the
+                                autotune candidates of the bucket (docs/w4a16_gemm.md)
 
 Autotuning: the first call of a (kernel, M bucket, N, K, G, dtype, act-order) key on a GPU times the
 candidate configs of its bucket (a handful, so few compiles) with triton.testing.do_bench and keeps
@@ -20,6 +23,7 @@ import functools
 import os
 import sys
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -30,6 +34,9 @@ from flashscale.kernels.w4a16_common import MAGIC_ONE, split_k_slices, split_k_w
 from flashscale.kernels.w4a16_gemm import w4a16_gemm_kernel
 from flashscale.kernels.w4a16_gemv import w4a16_decode_kernel, w4a16_gemv_kernel
 from flashscale.kernels.w4a16_pack import FRAG_K, PackedW4, pack_w4
+
+if TYPE_CHECKING:
+    from flashscale.kernels.w4a16_wgmma import WgmmaConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,7 +207,39 @@ def load_tuned_configs(table: dict[str, dict]) -> None:
 
 
 def _config_class(fields: dict):
+    if "consumers" in fields:
+        from flashscale.kernels.w4a16_wgmma import WgmmaConfig
+
+        return WgmmaConfig
     return DecodeConfig if "asm" in fields else GemvConfig if "kt" in fields else GemmConfig
+
+
+def _is_wgmma(cfg) -> bool:
+    return hasattr(cfg, "consumers")  # kernels.w4a16_wgmma.WgmmaConfig (imported only where it can run)
+
+
+# The Hopper GEMM of kernels.w4a16_wgmma joins automatic dispatch from M = 17 (above the decode kernel's range):
+# on the H200 it measured 1.1-1.7x the Triton GEMM of w4a16_gemm.py at M 64..4096 on every shape of the quick
+# grid (benchmarks/results/w4a16-wgmma-h200.json, 2026-12-02); the autotuner times both and keeps the faster.
+# FLASHSCALE_W4A16_WGMMA=0 leaves it out.
+WGMMA_ENV = "FLASHSCALE_W4A16_WGMMA"
+WGMMA_MIN_M = 17
+
+
+def wgmma_candidates(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None) -> list:
+    """The wgmma GEMM's configs for this call, or [] where it cannot run (not sm_90, no Gluon, G = 32, ...)."""
+    mode = os.environ.get(WGMMA_ENV, "")
+    if mode not in ("", "0", "1"):
+        raise ValueError(f"{WGMMA_ENV}={mode!r}: takes 0 (never the wgmma GEMM) or 1 / unset (an autotune candidate "
+                         f"from M = {WGMMA_MIN_M} on sm_90)")
+    if mode == "0" or not x2d.is_cuda or _interpreting():
+        return []
+    from flashscale.kernels import w4a16_wgmma as wg
+
+    if not wg.supported(x2d, p, bias):
+        return []
+    m, k = x2d.shape
+    return [c for c in wg.candidates(m) if wg.config_error(c, p.group_size, k) is None]
 
 
 def _common_args(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Tensor):
@@ -315,7 +354,13 @@ def _launch_decode(x2d, p: PackedW4, bias, y, cfg: DecodeConfig, per_sm: int, pr
 
 
 def _launch(x2d, p: PackedW4, bias, y, cfg, split: int) -> None:
-    if isinstance(cfg, DecodeConfig):
+    if _is_wgmma(cfg):
+        from dataclasses import replace
+
+        from flashscale.kernels.w4a16_wgmma import w4a16_wgmma
+
+        w4a16_wgmma(x2d, p, bias, replace(cfg, split_k=split) if split else cfg, out=y)
+    elif isinstance(cfg, DecodeConfig):
         _launch_decode(x2d, p, bias, y, cfg, split)
     elif isinstance(cfg, GemvConfig):
         _launch_gemv(x2d, p, bias, y, cfg, split)
@@ -334,8 +379,9 @@ def _tune(key: tuple, cands: list, split_of, launch, steps_of=lambda c: 0) -> tu
         return _config_class(fields)(**fields), split
     if not _AUTOTUNE or _interpreting() or torch.cuda.is_current_stream_capturing():
         return cands[0], split_of(cands[0])
-    trials = [(c, s) for c in cands for s in _split_options(split_of(c), getattr(c, "slices", False), steps_of(c),
-                                                               isinstance(c, DecodeConfig))]
+    trials = [(c, s) for c in cands for s in ([split_of(c)] if _is_wgmma(c) else  # its own auto split
+                                               _split_options(split_of(c), getattr(c, "slices", False), steps_of(c),
+                                                              isinstance(c, DecodeConfig)))]
     if len(trials) == 1:
         return trials[0]
     best, best_t = None, float("inf")
@@ -354,11 +400,11 @@ def _tune(key: tuple, cands: list, split_of, launch, steps_of=lambda c: 0) -> tu
 
 
 def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None, *,
-                 kernel: str | None = None, config: GemmConfig | GemvConfig | None = None,
+                 kernel: str | None = None, config: GemmConfig | GemvConfig | DecodeConfig | WgmmaConfig | None = None,
                  split_k: int | None = None) -> torch.Tensor:
     """x2d (M, K) fp16/bf16, unit stride along K -> y (M, N) in x's dtype. Inputs are validated by
-    flashscale.ops.w4a16_linear; this launcher assumes them right. kernel: None (by M), "gemv", "gemm";
-    config / split_k: force them (tests, benchmarks) instead of the tuned choice."""
+    flashscale.ops.w4a16_linear; this launcher assumes them right. kernel: None (by M), "gemv", "gemm",
+    "decode" or "wgmma" (Hopper); config / split_k: force them (tests, benchmarks) instead of the tuned choice."""
     m, k = x2d.shape
     n = p.out_features
     y = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
@@ -368,7 +414,8 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
     if kernel is None:
         kernel = "gemv" if m == 1 and gemv_candidates(p) else "gemm"
     if config is not None:
-        kernel = {DecodeConfig: "decode", GemvConfig: "gemv", GemmConfig: "gemm"}[type(config)]
+        kernel = "wgmma" if _is_wgmma(config) else {DecodeConfig: "decode", GemvConfig: "gemv",
+                                                     GemmConfig: "gemm"}[type(config)]
     dec = decode_candidates(p) if m <= 16 else []
     if kernel == "gemv":
         if m != 1:
@@ -378,7 +425,15 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
             raise ValueError(f"the gemv kernel needs a group size that is a multiple of 64 or one group per "
                              f"row; this weight has group_size={p.group_size}, K={k}")
     elif kernel == "gemm":
-        cands, bucket = gemm_candidates(m) + (dec if auto else []), m_bucket(m)
+        wg = wgmma_candidates(x2d, p, bias) if auto and m >= WGMMA_MIN_M else []
+        cands, bucket = gemm_candidates(m) + (dec if auto else []) + wg, m_bucket(m)
+    elif kernel == "wgmma":
+        from flashscale.kernels import w4a16_wgmma as wgm
+
+        why = wgm.unsupported(x2d, p, bias, config)
+        if why is not None:
+            raise ValueError(f"the wgmma kernel cannot take this call: {why}")
+        cands, bucket = wgm.candidates(m), m_bucket(m)
     elif kernel == "decode":
         if m > 16:
             raise ValueError(f"the decode kernel takes up to 16 tokens, got M={m}")
@@ -387,9 +442,11 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
             raise ValueError(f"the decode kernel needs a group size that is a multiple of 64 or one group per "
                              f"row; this weight has group_size={p.group_size}, K={k}")
     else:
-        raise ValueError(f"kernel={kernel!r}; expected None, 'gemv', 'gemm' or 'decode'")
+        raise ValueError(f"kernel={kernel!r}; expected None, 'gemv', 'gemm', 'decode' or 'wgmma'")
 
     def split_of(c):
+        if _is_wgmma(c):
+            return c.split_k  # 0: w4a16_wgmma's auto split
         if isinstance(c, DecodeConfig):
             return max(1, _DECODE_WARPS_PER_SM // c.num_warps)
         return _gemv_split(x2d, p, c) if isinstance(c, GemvConfig) else _gemm_split(x2d, p, c)

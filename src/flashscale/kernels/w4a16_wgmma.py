@@ -386,6 +386,7 @@ def _gl_dtype(dtype: torch.dtype):
     return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
 
 
+@functools.lru_cache(maxsize=None)  # get_default_for alone took 14 us a call (host time of every launch)
 def _layouts(cfg: WgmmaConfig, dtype: torch.dtype):
     w_l = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
     sz_l = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
@@ -457,16 +458,37 @@ def _workspace(device: torch.device, floats: int, tickets: int):
     return buf[0], buf[1]
 
 
+def _weight_descs(p: PackedW4, cfg: WgmmaConfig, w_l, sz_l):
+    """The TMA descriptors of the packed words and the scale/zero words, kept on p (host time: ~8 us each to
+    build and validate), rebuilt when p's tensors are replaced."""
+    cache = p.__dict__.setdefault("_wgmma_descs", {})
+    key = (cfg.bn, cfg.bk, _szr(cfg, p.group_size), p.qweight.data_ptr(), p.sz.data_ptr(), p.qweight.shape, p.sz.shape)
+    hit = cache.get(key)
+    if hit is None:
+        nb_all, kt_all = p.qweight.shape[:2]
+        w3 = p.qweight.view(nb_all, kt_all, 128)
+        ng, n_pad = p.sz.shape
+        hit = cache[key] = (
+            TensorDescriptor(w3, [nb_all, kt_all, 128], [kt_all * 128, 128, 1], [cfg.bn // 16, cfg.bk // 64, 128], w_l),
+            TensorDescriptor(p.sz, [ng, n_pad], [n_pad, 1], [_szr(cfg, p.group_size), cfg.bn], sz_l))
+    return hit
+
+
 def w4a16_wgmma(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None,
-                config: WgmmaConfig | None = None) -> torch.Tensor:
+                config: WgmmaConfig | None = None, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) bf16/fp16 -> y (M, N) = x @ W + bias in x's dtype (semantics of w4a16_matmul). config: the
-    first candidate of M's bucket by default. Raises ValueError naming the argument it cannot take."""
+    first candidate of M's bucket by default. out: a contiguous (M, N) tensor of x's dtype to write y into
+    (w4a16_matmul's). Raises ValueError naming the argument it cannot take."""
     why = unsupported(x, p, bias, config)
     if why is not None:
         raise ValueError(f"w4a16_wgmma: {why}")
     m, k = x.shape
     n = p.out_features
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if out is not None and (out.shape != (m, n) or out.dtype != x.dtype or not out.is_contiguous()
+                            or out.device != x.device):
+        raise ValueError(f"w4a16_wgmma: out must be a contiguous ({m}, {n}) {x.dtype} tensor on {x.device}, got "
+                         f"{tuple(out.shape)} {out.dtype} on {out.device}")
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     if m == 0 or n == 0:  # (n == 0: no tile; auto_split would divide by zero tiles)
         return y
     if k == 0:  # no K step: n_it = 0 and the consumers would wait forever on ring slot 0, which nobody fills
@@ -484,12 +506,8 @@ def w4a16_wgmma(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None,
     if bias is not None:
         bias = bias.to(x.dtype).contiguous()
     w_l, x_l, sz_l = _layouts(cfg, x.dtype)
-    nb_all, kt_all = p.qweight.shape[:2]
-    w3 = p.qweight.view(nb_all, kt_all, 128)
-    w_desc = TensorDescriptor(w3, [nb_all, kt_all, 128], [kt_all * 128, 128, 1], [cfg.bn // 16, cfg.bk // 64, 128], w_l)
+    w_desc, sz_desc = _weight_descs(p, cfg, w_l, sz_l)
     x_desc = TensorDescriptor(x, [m, k], [x.stride(0), 1], [cfg.bm, cfg.bk], x_l)
-    ng, n_pad = p.sz.shape
-    sz_desc = TensorDescriptor(p.sz, [ng, n_pad], [n_pad, 1], [_szr(cfg, p.group_size), cfg.bn], sz_l)
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
     k_steps = triton.cdiv(triton.cdiv(k, FRAG_K) * FRAG_K, cfg.bk)
     # auto split only for token tiles <= 64: the split epilogue of bm >= 128 spills (docs/w4a16_gemm.md)

@@ -69,10 +69,16 @@ class QuantLinear(nn.Module):
         return self
 
     def packed(self) -> PackedW4:
+        """The kernel-layout weight; the same object while the pk_* buffers are (kernels keep per-weight host
+        state on it, e.g. w4a16_wgmma's TMA descriptors)."""
         if self.pk_qweight is None:
             self.repack()
-        return PackedW4(qweight=self.pk_qweight, sz=self.pk_sz, perm=self.pk_perm, in_features=self.in_features,
-                        out_features=self.out_features, group_size=self.in_features // self.scales.shape[0])
+        p = self.__dict__.get("_packed")
+        if p is None or p.qweight is not self.pk_qweight or p.sz is not self.pk_sz or p.perm is not self.pk_perm:
+            p = PackedW4(qweight=self.pk_qweight, sz=self.pk_sz, perm=self.pk_perm, in_features=self.in_features,
+                         out_features=self.out_features, group_size=self.in_features // self.scales.shape[0])
+            self.__dict__["_packed"] = p
+        return p
 
     def _apply(self, fn, recurse=True):
         # model.to(torch.bfloat16) must not round the float16 scales (the checkpoint's values and
