@@ -60,21 +60,38 @@ def attention_table(res: dict, name: str) -> list[str]:
     return out
 
 
+def varlen_table(res: dict, name: str) -> list[str]:
+    """The packed variable-length layout: TFLOP/s (useful FLOPs) a row per (hdim, causal, max length)."""
+    cells: dict[tuple, dict[str, float]] = defaultdict(dict)
+    impls: list[str] = []
+    for r in res["rows"]:
+        cells[(r["hdim"], r["causal"], r["max_seqlen"], r["nseq"])][r["impl"]] = r["tflops"]
+        if r["impl"] not in impls:
+            impls.append(r["impl"])
+    out = [f"Variable-length attention forward TFLOP/s ({res.get('setting', 'bf16')}; sdpa_* run the batch padded "
+           f"to the longest sequence). {_provenance(res, name)}", "",
+           "| hdim | causal | max seqlen | seqs | " + " | ".join(impls) + " |", "|---|---|---|---|" + "---|" * len(impls)]
+    for key in sorted(cells):
+        out.append("| " + " | ".join(map(str, key)) + " | " + " | ".join(_fmt(cells[key].get(i), 0) for i in impls) + " |")
+    return out
+
+
 def w4a16_table(res: dict, name: str) -> list[str]:
-    """Speedup of ours over bf16 F.linear, a row per (K, N), a column per M (the rows hold both)."""
+    """Speedup of ours over bf16 F.linear, a row per (K, N) and implementation, a column per M."""
     us: dict[tuple, dict[str, float]] = defaultdict(dict)
     for r in res["rows"]:
         us[(r["K"], r["N"], r["M"])][r["impl"]] = r["us"]
     ms = sorted({k[2] for k in us})
+    impls = list(dict.fromkeys(r["impl"] for r in res["rows"] if r["impl"] != "bf16"))
     out = [f"W4A16 linear (group size 128): speedup over bf16 F.linear (µs of bf16 / µs of ours). {_provenance(res, name)}",
-           "", "| K x N | " + " | ".join(f"M={m}" for m in ms) + " |", "|---|" + "---|" * len(ms)]
+           "", "| K x N | impl | " + " | ".join(f"M={m}" for m in ms) + " |", "|---|---|" + "---|" * len(ms)]
     for kn in sorted({k[:2] for k in us}):
-        cells = []
-        for m in ms:
-            c = us.get((*kn, m), {})
-            ours = next((v for k, v in c.items() if k != "bf16"), None)
-            cells.append(f"{c['bf16'] / ours:.2f}" if ours and "bf16" in c else "–")
-        out.append(f"| {kn[0]} x {kn[1]} | " + " | ".join(cells) + " |")
+        for impl in impls:
+            cells = []
+            for m in ms:
+                c = us.get((*kn, m), {})
+                cells.append(f"{c['bf16'] / c[impl]:.2f}" if impl in c and "bf16" in c else "–")
+            out.append(f"| {kn[0]} x {kn[1]} | {impl} | " + " | ".join(cells) + " |")
     return out
 
 
@@ -164,6 +181,9 @@ SECTIONS = [
      ["model", "method", "bits", "group_size", "ppl", "seconds"]),
     ("quant-quality-ref125M-run1-h200.json", "The same, an earlier training of the 125M model in the same session "
      "(same code)", ["model", "method", "bits", "group_size", "ppl", "seconds"]),
+    ("quant-quality-ref125M-run3-h200.json", "The same, a third training of the 125M model (next session, same code; "
+     "its training run: train-reference-run3-h200.json, 2753 steps, moby_dick 192.2)",
+     ["model", "method", "bits", "group_size", "ppl", "seconds"]),
     ("gptq-speed-h200.json", "GPTQ speed and memory, Llama-3-8B shape (128 x 2048 calibration tokens)",
      ["model", "method", "bits", "group_size", "layers", "seconds", "peak_gpu_gb", "passed"]),
     ("generate_w4a16-h200.json", "Decode at batch 1, Llama-3-8B shape (random weights)",
@@ -183,7 +203,8 @@ def render() -> str:
     for res_name in sorted(p.name for p in RESULTS.glob("attention-*.json")):
         if "fp8-accuracy" in res_name:
             continue
-        parts += attention_table(_load(res_name), res_name) + [""]
+        table = varlen_table if "varlen" in res_name else attention_table
+        parts += table(_load(res_name), res_name) + [""]
         found = True
     for res_name in sorted(p.name for p in RESULTS.glob("w4a16-*.json")):
         parts += w4a16_table(_load(res_name), res_name) + [""]

@@ -166,9 +166,9 @@ def test_fa3_auto_rule(monkeypatch):
         attention(*_qkv(), impl="auto")
 
 
-def test_fa3_auto_takes_varlen_by_the_dense_rule(monkeypatch):
-    """impl="auto" sends the packed varlen layout to the fa3 forward by the dense layout's rule (its GPU tests
-    passed on an H200: ops.attention.FA3_AUTO_VARLEN); with the flag off it keeps varlen on FA2, FLASHSCALE_FA3=1
+def test_fa3_auto_takes_varlen_by_its_measured_rule(monkeypatch):
+    """impl="auto" sends the packed varlen layout to the fa3 forward where the H200 measured it faster (its GPU
+    tests passed there: ops.attention.FA3_AUTO_VARLEN); with the flag off it keeps varlen on FA2, FLASHSCALE_FA3=1
     included; a bad FLASHSCALE_FA3 raises either way."""
     import importlib
     from types import SimpleNamespace
@@ -179,7 +179,13 @@ def test_fa3_auto_takes_varlen_by_the_dense_rule(monkeypatch):
     assert A.FA3_AUTO_VARLEN is True
     monkeypatch.setenv("FLASHSCALE_FA3", "")
     assert A._auto_takes_fa3(gpu, 16384, varlen=True) and A._auto_takes_fa3(gpu, 16384, varlen=False)
-    assert not A._auto_takes_fa3(gpu, 512, varlen=True)  # short: FA2 measured faster (FA3_AUTO_MIN_SEQLEN_Q)
+    assert not A._auto_takes_fa3(gpu, 512, varlen=True)  # short: FA2 measured faster
+    # varlen's own measured rule (FA3_AUTO_VARLEN_MIN_SEQLEN_Q): by head dim and causality
+    assert A._auto_takes_fa3(gpu, 900, varlen=True) and not A._auto_takes_fa3(gpu, 900, varlen=False)
+    assert not A._auto_takes_fa3(gpu, 900, varlen=True, causal=True) and A._auto_takes_fa3(gpu, 2000, True, True)
+    d64 = SimpleNamespace(is_cuda=True, shape=(1, 1, 64))
+    assert A._auto_takes_fa3(d64, 4000, varlen=True) and not A._auto_takes_fa3(d64, 4000, varlen=True, causal=True)
+    assert A._auto_takes_fa3(d64, 8000, varlen=True, causal=True)
     monkeypatch.setenv("FLASHSCALE_FA3", "0")
     assert not A._auto_takes_fa3(gpu, 16384, varlen=True)
     monkeypatch.setattr(A, "FA3_AUTO_VARLEN", False)

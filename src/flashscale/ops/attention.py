@@ -28,13 +28,19 @@ _IMPLS = ("auto", "triton", "fa3", "reference")
 # FLASHSCALE_FA3=1 takes it wherever it applies, =0 never.
 FA3_ENV = "FLASHSCALE_FA3"
 FA3_AUTO_MIN_SEQLEN_Q = {64: 2048, 128: 1024, 256: 2048}
-# The packed varlen layout goes to the fa3 forward under "auto" by the same rule (max_seqlen_q for the length)
-# since its GPU tests (tests/kernels/test_attention_fa3_gpu.py -k varlen: 43 passed on an H200, 2026-12-02);
-# False keeps varlen on FA2's Triton kernels (impl="fa3" still takes it).
+# The packed varlen layout goes to the fa3 forward under "auto" since its GPU tests (tests/kernels/
+# test_attention_fa3_gpu.py -k varlen: 43 passed on an H200, 2026-12-02), by its own rule: (head_dim, causal) ->
+# from which max_seqlen_q. benchmarks/attention_varlen.py on the H200 (attention-varlen-h200.json, 2026-12-02;
+# 16k tokens a call, lengths uniform in [max/4, max]) measured fa3 faster than FA2's varlen forward in every cell
+# from max 4096 (d64 full), 8192 (d64 causal), 1024 (d128 full, 1.15x), 2048 (d128 causal), 1024 (d256, 1.2-1.8x)
+# and FA2 ahead below those (d64 causal up to 1.2x); the thresholds are 3/4 of those lengths (a batch's
+# max_seqlen_q sits a little under the nominal max). False keeps varlen on FA2 (impl="fa3" still takes it).
 FA3_AUTO_VARLEN = True
+FA3_AUTO_VARLEN_MIN_SEQLEN_Q = {(64, False): 3072, (64, True): 6144, (128, False): 768, (128, True): 1536,
+                                (256, False): 768, (256, True): 768}
 
 
-def _auto_wants_fa3(q: torch.Tensor, seqlen_q: int) -> bool:
+def _auto_wants_fa3(q: torch.Tensor, seqlen_q: int, varlen: bool = False, causal: bool = False) -> bool:
     mode = os.environ.get(FA3_ENV, "")
     if mode not in ("", "0", "1"):
         raise ValueError(f"{FA3_ENV}={mode!r}: takes 1 (the fa3 forward wherever it applies), 0 (never) or unset "
@@ -42,16 +48,17 @@ def _auto_wants_fa3(q: torch.Tensor, seqlen_q: int) -> bool:
                                                          for d, n in FA3_AUTO_MIN_SEQLEN_Q.items()) + ")")
     if mode == "0" or not q.is_cuda:
         return False
-    need = FA3_AUTO_MIN_SEQLEN_Q.get(q.shape[-1])
+    d = q.shape[-1]
+    need = FA3_AUTO_VARLEN_MIN_SEQLEN_Q.get((d, bool(causal))) if varlen else FA3_AUTO_MIN_SEQLEN_Q.get(d)
     return mode == "1" or (need is not None and seqlen_q >= need)
 
 
-def _auto_takes_fa3(q: torch.Tensor, seqlen_q: int, varlen: bool) -> bool:
+def _auto_takes_fa3(q: torch.Tensor, seqlen_q: int, varlen: bool, causal: bool = False) -> bool:
     """impl="auto": whether to try the fa3 forward (then only if fa3_unsupported finds nothing)."""
     if varlen and not FA3_AUTO_VARLEN:
         _auto_wants_fa3(q, seqlen_q)  # still rejects a bad FLASHSCALE_FA3 value
         return False
-    return _auto_wants_fa3(q, seqlen_q)
+    return _auto_wants_fa3(q, seqlen_q, varlen, causal)
 
 
 def fa3_unsupported(q, k, v, *, varlen: bool, left: int, right: int, causal: bool, softcap: float,
@@ -157,7 +164,7 @@ def attention(
     dense or packed varlen, causal or full, no softcap/alibi/dropout, head_dim 64/128/256, 16-bit, sm_90:
     anything else raises) or "reference". On an sm_90 GPU "auto" takes "fa3" for the dense layout where it
     is the faster forward (FA3_AUTO_MIN_SEQLEN_Q); FLASHSCALE_FA3=1: wherever it applies, =0: never; the packed
-    varlen layout by the same rule, its max_seqlen_q for the length (FA3_AUTO_VARLEN).
+    varlen layout by its own measured rule on max_seqlen_q (FA3_AUTO_VARLEN_MIN_SEQLEN_Q).
     fp8: FlashAttention-3's FP8 forward (flashscale.ops.attention_fp8 with its defaults: Hadamard, block
     quantization; bf16 backward); dense layout, causal and softmax_scale only.
     Returns out like q [, lse].
@@ -248,7 +255,7 @@ def attention(
         if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(f"impl='triton' needs a CUDA tensor (q is on {q.device}) or TRITON_INTERPRET=1")
 
-    if impl == "fa3" or (impl == "auto" and _auto_takes_fa3(q, max_seqlen_q, varlen)):
+    if impl == "fa3" or (impl == "auto" and _auto_takes_fa3(q, max_seqlen_q, varlen, causal)):
         why = fa3_unsupported(q, k, v, varlen=varlen, left=left, right=right, causal=causal, softcap=softcap,
                               alibi_slopes=alibi_slopes, dropout_p=dropout_p)
         if why is None:
