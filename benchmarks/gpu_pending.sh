@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
-# The GPU work written offline and not yet run on an H200, in three device calls of < 10 minutes each
-# (one `run` per step, back to back; each step's commands have their own timeouts so one hang costs only
-# its share). Outputs go to $OUT (at most 8 files come back from a call: logs are joined into one per step).
+# The GPU work pending after 2026-12-02 (the previous list - ws backward, wgmma GEMM, ring decode, varlen, FP8
+# tree - ran that day: docs/attention_fa3.md, w4a16_gemm.md, w4a16_decode.md, attention_fp8.md). One `run` per
+# step, back to back; each step's commands have their own timeouts so one hang costs only its share. Outputs go
+# to $OUT (at most 8 files come back from a call: logs are joined into one per step).
 #
-#   device run:  bash benchmarks/gpu_pending.sh tests        # ~8 min: correctness of the offline kernels
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh probe   # ~8 min: W4A16 ring decode rows, varlen attention
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh sweep   # ~9 min: FA3 backward ws sweep, W4A16 wgmma GEMM
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fp8     # ~3 min, if time is left: the FP8 pp_tree config
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~5 min: the new dispatch paths on the GPU
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh refresh   # ~10 min: the README's attention and W4A16 tables
+#                                                                  # with the new defaults (ws backward, wgmma in
+#                                                                  # the W4A16 autotune)
 #
-# tests: the warp-specialized FA3 backward (tests/kernels/test_attention_fa3_bwd_gpu.py: every TUNING_CONFIGS
-#        entry, ws included, and ws == plain kernel), the Gluon W4A16 GEMM (test_w4a16_wgmma_gpu.py), the rest of
-#        the FP8 attention GPU file (cut by the budget on 2026-12-02).
-# probe: benchmarks/w4a16_probe.py r-dec rows beside the current decode kernel, the copy and bf16 (docs/w4a16_decode.md
-#        "Round 5"), then benchmarks/attention_varlen.py (FA3 varlen under auto vs FA2 vs SDPA padded).
-# sweep: benchmarks/attention_fa3_bwd_sweep.py at d128/d64 (ws rows beside the plain ones and cuDNN), then
-#        benchmarks/w4a16.py with the wgmma rows at M 64..4096 (docs/w4a16_gemm.md).
+# tests:   the auto backward rule (d128 non-causal >= 8k, d64 >= 16k: FA3_BWD_AUTO_MIN_SEQLEN_Q), the wgmma configs
+#          in w4a16_matmul's autotune (auto / kernel="wgmma" / a WgmmaConfig, act-order + bias), QuantLinear's
+#          end-to-end logits (now through whichever GEMM the tuner keeps), the varlen auto rule and the API tests.
+# refresh: benchmarks/attention.py (the FA papers' grid; backward through the new dispatch) and benchmarks/w4a16.py
+#          (all six shapes, default dispatch) into $OUT; copy them over benchmarks/results/attention-h200.json and
+#          w4a16-h200.json and rerun make_tables.py.
+# Issue 6 (separate calls, docs/quant_quality.md "a third time"): SmolLM2's AWQ with clip_mode "both" on the GPU
+# protocol (carry .gl/smollm2.partaa: `bash benchmarks/quant_quality_device.sh stash`; then carry .gl/smollm2.partab,
+# .gl/smollm2.sha256, .whl: `OUT=$OUT PARALLEL=1 CONFIGS=4:-1,4:64 METHODS=awq_clipboth T_RUN=420 NAME=qq-clipboth
+# bash benchmarks/quant_quality_device.sh run`), and a fourth 125M training (carry .cache/corpus: `OUT=$OUT
+# T_TOTAL=585 T_QUANT=215 QCONFIGS="4:128/rtn,gptq,awq,gptq_act_order 4:128/awq_clipboth 3:128/rtn,gptq,gptq_act_order"
+# bash benchmarks/quant_quality_125m.sh`).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -33,22 +39,19 @@ step() {  # step NAME SECONDS command...: run with a timeout, log to $OUT/NAME.l
 
 case "${1:-}" in
   tests)
-    step fa3_bwd_ws 250 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_attention_fa3_bwd_gpu.py -x
-    step w4a16_wgmma 200 "$PY" -m pytest -q -p no:cacheprovider tests/kernels/test_w4a16_wgmma_gpu.py -x
-    step fa3_fp8 110 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_attention_fa3_fp8_gpu.py -k "not exp2 and not late" ;;
-  probe)
-    step w4a16_ring 330 "$PY" benchmarks/w4a16_probe.py --kinds r-dec,dec,e-copy,bf16 \
-      --shapes 8192x8192,4096x4096,8192x28672 --budget 100 --out "$OUT"
-    step attention_varlen 220 "$PY" benchmarks/attention_varlen.py --out "$OUT" ;;
-  sweep)
-    step fa3_bwd_sweep 330 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 128,64 --budget 280 \
-      --out "$OUT/attention-fa3-bwd-sweep-ws-h200.json"
-    step w4a16_wgmma_bench 230 "$PY" benchmarks/w4a16.py --impls flashscale,bf16,flashscale-wgmma \
-      --ms 64,256,1024,4096 --quick --out "$OUT" ;;
-  fp8)  # docs/attention_fp8.md "SASS audit": the tree row max beside pp (its GPU tests are in `tests`)
-    step fp8_tree 240 "$PY" benchmarks/attention_fa3_fp8_sweep.py --hdims 128 --seqlens 8192,16384 \
-      --variants pp,pp_tree,pp_late --out "$OUT/attention-fa3-fp8-tree-h200.json" ;;
+    step dispatch 330 "$PY" -m pytest -q -p no:cacheprovider -m gpu -x \
+      tests/kernels/test_attention_fa3_bwd_gpu.py::test_auto_backward_rule_by_head_dim_causal_and_length \
+      tests/kernels/test_attention_fa3_bwd_gpu.py::test_auto_takes_the_gluon_backward_at_head_dim_256 \
+      tests/kernels/test_w4a16_wgmma_gpu.py::test_w4a16_matmul_auto_and_forced_wgmma \
+      tests/test_qlinear.py
+    step fa3_auto 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -x tests/kernels/test_attention_fa3_gpu.py \
+      -k "ops_attention"
+    step api 120 "$PY" -m pytest -q -p no:cacheprovider -x tests/kernels/test_attention_api.py \
+      tests/kernels/test_w4a16_wgmma_gpu.py::test_dispatch_candidates_and_tuned_table_round_trip ;;
+  refresh)
+    step attention 330 "$PY" benchmarks/attention.py --out "$OUT"
+    step w4a16 250 "$PY" benchmarks/w4a16.py --out "$OUT" ;;
   *)
-    echo "usage: [OUT=DIR] bash benchmarks/gpu_pending.sh tests|probe|sweep|fp8" >&2
+    echo "usage: [OUT=DIR] bash benchmarks/gpu_pending.sh tests|refresh" >&2
     exit 2 ;;
 esac
