@@ -143,3 +143,19 @@ def test_w4a16_matmul_auto_and_forced_wgmma(m):
     for y in (w4a16.w4a16_matmul(x, p, bias), w4a16.w4a16_matmul(x, p, bias, kernel="wgmma"),
               w4a16.w4a16_matmul(x, p, bias, config=wg.candidates(m)[-1])):
         assert _err(y, oracle) <= 2 * _err(same, oracle) + 1e-6
+
+
+def test_weight_descriptors_are_kept_per_tile_shape_and_rebuilt_for_new_tensors():
+    """The packed words' and scale/zero words' TMA descriptors live on the PackedW4 (host time a launch), one
+    entry a tile shape, rebuilt (the old one dropped) when p's tensors are replaced."""
+    if not wg.HAS_GLUON:
+        pytest.skip("needs triton.experimental.gluon")
+    p = pack_w4(torch.randint(0, 16, (256, 128)), torch.zeros(2, 128, dtype=torch.int64),
+                torch.ones(2, 128).half(), group_size=128)
+    a, b = wg.candidates(64)[0], wg.WgmmaConfig(bm=64, consumers=1, stages=8)
+    lay = wg._layouts(a, torch.bfloat16)
+    da = wg._weight_descs(p, a, lay[0], lay[2])
+    assert wg._weight_descs(p, a, lay[0], lay[2]) is da and wg._weight_descs(p, b, lay[0], lay[2]) is not da
+    p.qweight = p.qweight.clone()
+    dn = wg._weight_descs(p, a, lay[0], lay[2])
+    assert dn is not da and dn[0].base.data_ptr() == p.qweight.data_ptr() and len(p._wgmma_descs) == 2

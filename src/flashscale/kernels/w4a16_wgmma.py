@@ -462,16 +462,17 @@ def _weight_descs(p: PackedW4, cfg: WgmmaConfig, w_l, sz_l):
     """The TMA descriptors of the packed words and the scale/zero words, kept on p (host time: ~8 us each to
     build and validate), rebuilt when p's tensors are replaced."""
     cache = p.__dict__.setdefault("_wgmma_descs", {})
-    key = (cfg.bn, cfg.bk, _szr(cfg, p.group_size), p.qweight.data_ptr(), p.sz.data_ptr(), p.qweight.shape, p.sz.shape)
+    key = (cfg.bn, cfg.bk, _szr(cfg, p.group_size))
+    now = (p.qweight.data_ptr(), p.sz.data_ptr(), p.qweight.shape, p.sz.shape)
     hit = cache.get(key)
-    if hit is None:
+    if hit is None or hit[0] != now:  # one entry a tile shape: a replaced tensor's descriptors are dropped
         nb_all, kt_all = p.qweight.shape[:2]
         w3 = p.qweight.view(nb_all, kt_all, 128)
         ng, n_pad = p.sz.shape
-        hit = cache[key] = (
+        hit = cache[key] = (now, (
             TensorDescriptor(w3, [nb_all, kt_all, 128], [kt_all * 128, 128, 1], [cfg.bn // 16, cfg.bk // 64, 128], w_l),
-            TensorDescriptor(p.sz, [ng, n_pad], [n_pad, 1], [_szr(cfg, p.group_size), cfg.bn], sz_l))
-    return hit
+            TensorDescriptor(p.sz, [ng, n_pad], [n_pad, 1], [_szr(cfg, p.group_size), cfg.bn], sz_l)))
+    return hit[1]
 
 
 def w4a16_wgmma(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None,
