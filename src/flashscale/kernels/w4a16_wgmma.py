@@ -1,4 +1,4 @@
-"""Hopper W4A16 GEMM in Gluon (opt-in; w4a16_matmul's dispatch is unchanged): y (M, N) = x (M, K) @ W (K, N).
+"""Hopper W4A16 GEMM in Gluon (an autotune candidate of w4a16_matmul from M = 17): y (M, N) = x (M, K) @ W (K, N).
 
 Swap AB as w4a16_gemm.py: each consumer warpgroup computes acc^T (64 features, BM tokens) = W^T (64, BK) @
 x^T (BK, BM) with RS-wgmma (m64nBMk16: A, the dequantized weights, from registers; B, x^T, from shared memory).
