@@ -8,6 +8,9 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh refresh   # ~10 min: the README's attention and W4A16 tables
 #                                                                  # with the new defaults (ws backward, wgmma in
 #                                                                  # the W4A16 autotune)
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh e2e       # ~6 min: StaticDecoder (infer/decode.py, now the
+#                                                                  # library's) on the GPU: its tests, CUDA-graph
+#                                                                  # capture included, then generate_w4a16.py
 #
 # tests:   the auto backward rule (d128 non-causal >= 8k, d64 >= 16k: FA3_BWD_AUTO_MIN_SEQLEN_Q), the wgmma configs
 #          in w4a16_matmul's autotune (auto / kernel="wgmma" / a WgmmaConfig, act-order + bias), QuantLinear's
@@ -51,7 +54,11 @@ case "${1:-}" in
   refresh)
     step attention 330 "$PY" benchmarks/attention.py --out "$OUT"
     step w4a16 250 "$PY" benchmarks/w4a16.py --out "$OUT" ;;
+  e2e)
+    step decode_tests 150 "$PY" -m pytest -q -p no:cacheprovider -x tests/test_infer_decode.py \
+      tests/test_generate.py tests/test_cli_convert_generate.py -k "not smollm2"
+    step generate 400 "$PY" benchmarks/generate_w4a16.py --out "$OUT" ;;
   *)
-    echo "usage: [OUT=DIR] bash benchmarks/gpu_pending.sh tests|refresh" >&2
+    echo "usage: [OUT=DIR] bash benchmarks/gpu_pending.sh tests|refresh|e2e" >&2
     exit 2 ;;
 esac

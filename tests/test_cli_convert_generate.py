@@ -51,6 +51,14 @@ def test_generate_greedy_matches_the_library(capsys, tiny, tokenizer):
     assert out == "Call me" + tokenizer.decode(ref[0, len(ids):].tolist()) + "\n"
 
 
+def test_generate_cuda_graph_flag_gives_the_same_text(capsys, tiny):
+    """--cuda-graph decodes through StaticDecoder (eagerly on the CPU): the same greedy text."""
+    _, d = tiny
+    argv = ("generate", d, "--prompt", "Call me", "--max-new-tokens", 6, "--temperature", 0)
+    plain, graph = _run(capsys, *argv), _run(capsys, *argv, "--cuda-graph")
+    assert plain[0] == graph[0] == 0 and plain[1] == graph[1]
+
+
 def test_generate_sampling_is_seeded(capsys, tiny):
     _, d = tiny
     argv = ("generate", d, "--prompt", "I thought", "--max-new-tokens", 8, "--temperature", 1.0, "--top-k", 50)

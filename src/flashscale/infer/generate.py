@@ -70,17 +70,22 @@ def sample_next(logits: torch.Tensor, *, temperature: float, top_k: int | None, 
 @torch.no_grad()
 def generate(model: Llama, input_ids: torch.Tensor, *, max_new_tokens: int, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None,
-             eos_token_id: int | Sequence[int] | None = None, seed: int | None = None) -> torch.Tensor:
+             eos_token_id: int | Sequence[int] | None = None, seed: int | None = None,
+             cuda_graph: bool = False) -> torch.Tensor:
     """Continues each prompt of input_ids (B, S0); returns (B, S0 + n), n <= max_new_tokens.
 
     A sequence that produced an EOS id keeps it and is padded with eos_token_id (the first, if a list)
     afterwards, as transformers does; generation stops early once every sequence has finished.
     temperature 0 is greedy (top_k/top_p then have no effect). seed: the draws are reproducible.
+    cuda_graph (batch 1): decode through flashscale.infer.decode.StaticDecoder, one CUDA graph replay a token on
+    a GPU (the same decoder, eagerly, on the CPU); the same tokens as the default path up to rounding.
     """
     if not isinstance(model, Llama):
         raise TypeError(f"model must be a flashscale Llama, got {type(model).__name__}")
     config = model.config
     eos = _check(input_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id, config.vocab_size)
+    if cuda_graph:
+        return _generate_static(model, input_ids, max_new_tokens, temperature, top_k, top_p, eos, seed)
     weight = model.embed_tokens.weight
     input_ids = input_ids.to(weight.device)
     if max_new_tokens == 0:
@@ -105,4 +110,34 @@ def generate(model: Llama, input_ids: torch.Tensor, *, max_new_tokens: int, temp
         if step == max_new_tokens - 1 or (eos and bool(finished.all())):
             break
         logits = model(token[:, None], cache=cache)[:, -1]
+    return torch.cat(out, dim=1)
+
+
+def _generate_static(model: Llama, input_ids: torch.Tensor, max_new_tokens: int, temperature: float,
+                     top_k: int | None, top_p: float | None, eos: list[int], seed: int | None) -> torch.Tensor:
+    """generate(cuda_graph=True): prefill by Llama.forward, then StaticDecoder steps (graph replays on CUDA)."""
+    from flashscale.infer.decode import StaticDecoder, unsupported
+
+    B, S0 = input_ids.shape
+    max_len = S0 + max(max_new_tokens - 1, 0)
+    on_cuda = model.embed_tokens.weight.is_cuda
+    why = "batch > 1 (the static decoder is batch 1)" if B != 1 else unsupported(model, max_len + 3 * on_cuda)
+    if why is not None:
+        raise ValueError(f"generate: cuda_graph=True cannot take this call: {why}; use cuda_graph=False")
+    device = model.embed_tokens.weight.device
+    input_ids = input_ids.to(device)
+    if max_new_tokens == 0:
+        return input_ids.clone()
+    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None and temperature > 0 else None
+    dec = StaticDecoder(model, max_len + 3 * on_cuda)  # capture's 3 warm-up steps need room past the end
+    logits = dec.prefill(input_ids)
+    if on_cuda:
+        dec.capture()
+    out = [input_ids]
+    for step in range(max_new_tokens):
+        token = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # (1,)
+        out.append(token[:, None])
+        if step == max_new_tokens - 1 or (eos and int(token) in eos):
+            break
+        logits = dec.step(token)
     return torch.cat(out, dim=1)

@@ -1,0 +1,197 @@
+"""The batch-1 decode step over a static KV cache, capturable in one CUDA graph (what serving engines and
+gpt-fast do for latency): token and position live on the device, the cache is preallocated (L, G, T, D), and a
+block is its linears (the model's own modules: float or QuantLinear, so W4A16 checkpoints decode through the
+W4A16 kernels) plus three small Triton kernels (flashscale.kernels.decode). Replaying the graph costs one launch
+a token instead of a few hundred Python-side ones.
+
+    dec = StaticDecoder(model, max_len)         # model: a flashscale Llama on a GPU (or the CPU, interpreted)
+    logits = dec.prefill(prompt_ids)            # Llama.forward over the prompt, its KV copied into the cache
+    dec.capture()                               # CUDA only; step() replays the graph from then on
+    logits = dec.step(token)                    # (1, V) float32 of the token at the next position
+
+fuse=True builds fused q/k/v and gate/up linears (one GEMV each instead of three / two; a copy of those weights)
+from float linears, each passed through `linear_fn` (e.g. QuantLinear.from_float): the benchmark's layout.
+Shapes: E hidden size, H query heads, G kv heads, D head_dim, L layers, T max_len, V vocab.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import triton
+from torch import nn
+
+from flashscale.kernels.decode import add_rmsnorm_kernel, decode_attention_kernel, silu_mul_kernel
+from flashscale.models.llama import KVCache, Llama
+
+
+def unsupported(model: nn.Module, max_len: int) -> str | None:
+    """Why StaticDecoder cannot take this model (None: it can)."""
+    if not isinstance(model, Llama):
+        return f"model must be a flashscale Llama, got {type(model).__name__}"
+    cfg = model.config
+    d = cfg.head_dim
+    if d & (d - 1) or d < 16:
+        return f"head_dim {d}: the decode attention kernel takes a power of two >= 16"
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        return "num_attention_heads must be a multiple of num_key_value_heads"
+    if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1:
+        return f"max_len must be an int >= 1, got {max_len!r}"
+    if getattr(model.layers[0].self_attn, "n_heads", None) != cfg.num_attention_heads:
+        return "a tensor-parallel (sharded) model: decode it with Llama.forward"
+    return None
+
+
+def _fuse(mods: list[nn.Linear], linear_fn: Callable[[nn.Linear], nn.Module] | None) -> nn.Module:
+    w = torch.cat([m.weight.detach() for m in mods])
+    has_bias = mods[0].bias is not None
+    lin = nn.Linear(w.shape[1], w.shape[0], bias=has_bias, device=w.device, dtype=w.dtype)
+    lin.weight.data = w
+    if has_bias:
+        lin.bias.data = torch.cat([m.bias.detach() for m in mods])
+    return linear_fn(lin) if linear_fn is not None else lin
+
+
+class StaticDecoder:
+    """One-token decode of a Llama at batch 1 over a static cache of max_len positions (see the module doc)."""
+
+    def __init__(self, model: Llama, max_len: int, *, fuse: bool = False,
+                 linear_fn: Callable[[nn.Linear], nn.Module] | None = None, lm_head: nn.Module | None = None):
+        why = unsupported(model, max_len)
+        if why is not None:
+            raise ValueError(f"StaticDecoder: {why}")
+        if fuse and not all(type(m) is nn.Linear for b in model.layers for m in (
+                b.self_attn.q_proj, b.self_attn.k_proj, b.self_attn.v_proj, b.mlp.gate_proj, b.mlp.up_proj)):
+            raise ValueError("StaticDecoder: fuse=True builds fused copies from float nn.Linear layers (quantize them "
+                             "through linear_fn); this model's are already replaced: use fuse=False")
+        cfg = model.config
+        self.model, self.cfg, self.max_len, self.fused = model, cfg, max_len, fuse
+        self.lm_head = lm_head if lm_head is not None else model.lm_head
+        self.blocks = []
+        for b in model.layers:
+            a, f = b.self_attn, b.mlp
+            if fuse:
+                qkv, gu = _fuse([a.q_proj, a.k_proj, a.v_proj], linear_fn), _fuse([f.gate_proj, f.up_proj], linear_fn)
+                o = linear_fn(a.o_proj) if linear_fn is not None else a.o_proj
+                down = linear_fn(f.down_proj) if linear_fn is not None else f.down_proj
+            else:
+                qkv, gu, o, down = (a.q_proj, a.k_proj, a.v_proj), (f.gate_proj, f.up_proj), a.o_proj, f.down_proj
+            self.blocks.append(dict(ln1=b.input_layernorm, ln2=b.post_attention_layernorm, qkv=qkv, o=o, gu=gu,
+                                    down=down))
+        dev, dt = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
+        shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        self.k = torch.zeros(shape, device=dev, dtype=dt)  # (L, G, T, D)
+        self.v = torch.zeros(shape, device=dev, dtype=dt)
+        self.tok = torch.zeros(1, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+        e = cfg.hidden_size
+        self.x = torch.zeros(1, e, device=dev, dtype=dt)  # residual stream
+        self.h = torch.zeros(1, e, device=dev, dtype=dt)
+        self.attn = torch.zeros(1, cfg.num_attention_heads * cfg.head_dim, device=dev, dtype=dt)
+        self.act = torch.zeros(1, cfg.intermediate_size, device=dev, dtype=dt)
+        self.logits = torch.zeros(1, cfg.vocab_size, device=dev, dtype=torch.float32)
+        self.greedy = False  # step writes argmax(logits) into tok (a replayed graph then runs a whole generation)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.length = 0  # positions filled (host-side mirror of pos)
+
+    def _norm(self, norm: nn.Module, r: torch.Tensor | None = None) -> None:
+        e = self.cfg.hidden_size
+        add_rmsnorm_kernel[(1,)](self.x, self.x if r is None else r, norm.weight, self.h, e, norm.eps,
+                                 HAS_R=r is not None, BLOCK=triton.next_power_of_2(e), num_warps=8)
+
+    @staticmethod
+    def _linear(mods, h: torch.Tensor) -> torch.Tensor:
+        return torch.cat([m(h) for m in mods], dim=-1) if isinstance(mods, tuple) else mods(h)
+
+    @torch.no_grad()
+    def _step(self) -> None:
+        """logits <- the logits (1, V) of `tok` at `pos`; pos += 1 (and tok <- argmax with greedy), in place."""
+        cfg, m = self.cfg, self.model
+        h_q, h_kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.x.copy_(m.embed_tokens(self.tok))
+        cos, sin = m.rope(self.pos[None], self.x.dtype)  # (1, 1, 1, D)
+        r = None
+        for i, b in enumerate(self.blocks):
+            self._norm(b["ln1"], r)
+            qkv = self._linear(b["qkv"], self.h)  # (1, (H + 2G) D)
+            decode_attention_kernel[(h_q,)](qkv, cos, sin, self.k[i], self.v[i], self.attn, self.pos, self.max_len,
+                                            d ** -0.5, H=h_q, G=h_kv, D=d, BT=64, num_warps=4)
+            self._norm(b["ln2"], b["o"](self.attn))
+            f = cfg.intermediate_size
+            if isinstance(b["gu"], tuple):
+                g, u = (mod(self.h) for mod in b["gu"])
+            else:
+                gu = b["gu"](self.h)  # (1, 2F)
+                g, u = gu[:, :f], gu[:, f:]
+            silu_mul_kernel[(triton.cdiv(f, 1024),)](g, u, self.act, F_=f, BLOCK=1024, num_warps=4)
+            r = b["down"](self.act)
+        self._norm(m.norm, r)
+        self.logits.copy_(self.lm_head(self.h))
+        if self.greedy:
+            self.tok.copy_(self.logits.argmax(-1))
+        self.pos.add_(1)
+
+    def step(self, token: int | torch.Tensor | None = None) -> torch.Tensor:
+        """The logits (1, V) float32 of `token` (None: the one already in tok) at the next position; a view of
+        a static buffer that the next step overwrites."""
+        if self.length >= self.max_len:
+            raise ValueError(f"the static cache holds {self.max_len} positions, all used")
+        if token is not None:
+            self.tok.copy_(torch.as_tensor(token).reshape(1))
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._step()
+        self.length += 1
+        return self.logits
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Llama.forward over the prompt (1, S0) with a KVCache, its keys/values copied into the static cache;
+        the logits (1, V) float32 of the last prompt token. Resets the decoder. With fuse=True the decoder's
+        linears are not the model's, so the prompt goes through step() a token at a time instead."""
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
+            raise ValueError(f"input_ids must be (1, S0), got {tuple(getattr(input_ids, 'shape', ()))}")
+        s0 = input_ids.shape[1]
+        if not 1 <= s0 <= self.max_len:
+            raise ValueError(f"a prompt of {s0} tokens does not fit a static cache of {self.max_len} positions")
+        if self.fused:
+            self.pos.zero_()
+            self.length = 0
+            for t in input_ids[0].tolist():
+                self.step(t)
+            return self.logits
+        cache = KVCache.empty(self.cfg, 1, s0, device=self.x.device, dtype=self.x.dtype)
+        logits = self.model(input_ids.to(self.x.device), cache=cache)[:, -1]  # (1, V)
+        self.k.zero_()
+        self.v.zero_()
+        for i in range(self.cfg.num_hidden_layers):  # (1, S0, G, D) -> (G, S0, D)
+            self.k[i, :, :s0] = cache.k[i][0].transpose(0, 1)
+            self.v[i, :, :s0] = cache.v[i][0].transpose(0, 1)
+        self.pos.fill_(s0)
+        self.length = s0
+        self.logits.copy_(logits)
+        return self.logits
+
+    def capture(self) -> None:
+        """Record one step as a CUDA graph (warm-up steps first: autotuning and compiles stay outside it);
+        tok, pos and the logits are restored afterwards. The warm-up wrote cache rows from pos on, which no step
+        reads before writing its own row (attention reads rows < pos and the new one from registers)."""
+        if not self.x.is_cuda:
+            raise ValueError("capture needs the model on a CUDA device")
+        if self.length + 3 > self.max_len:
+            raise ValueError(f"capture runs 3 steps from position {self.length}: a static cache of "
+                             f"{self.max_len} positions is too short")
+        saved = (self.tok.clone(), self.pos.clone(), self.logits.clone())
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                self._step()
+        torch.cuda.current_stream().wait_stream(s)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self._step()
+        for t, old in zip((self.tok, self.pos, self.logits), saved):
+            t.copy_(old)

@@ -1,0 +1,122 @@
+"""StaticDecoder (flashscale.infer.decode): the batch-1 decode step of three Triton kernels plus the model's own
+linears (float or QuantLinear) over a static cache equals Llama.forward with a KVCache, prompt prefill included,
+fused and unfused; generate(cuda_graph=True) equals the eager loop; bad input is refused. On the CPU the kernels run
+under Triton's interpreter (float32); the CUDA-graph capture runs where there is a GPU."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from flashscale.infer.decode import StaticDecoder, unsupported
+from flashscale.infer.generate import generate
+from flashscale.models import Llama, LlamaConfig
+from flashscale.models.llama import KVCache
+from flashscale.quant.qlinear import QuantLinear
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _model(bias=False, tied=False, seed=3):
+    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, attention_bias=bias, mlp_bias=bias,
+                      tie_word_embeddings=tied)
+    return Llama(cfg).init_weights(seed=seed).eval().to(DEV)
+
+
+def _reference(model, ids, steps):
+    """Llama.forward with a KVCache: the prompt's last logits, then one token a call (the tokens given)."""
+    cache = KVCache.empty(model.config, 1, ids.shape[1] + len(steps), device=DEV, dtype=torch.float32)
+    out = [model(ids, cache=cache)[:, -1]]
+    for t in steps:
+        out.append(model(torch.tensor([[t]], device=DEV), cache=cache)[:, -1])
+    return out
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("bias,tied", [(False, False), (True, True)])
+@torch.no_grad()
+def test_step_equals_forward_with_kv_cache(bias, tied):
+    model = _model(bias, tied)
+    ids = torch.tensor([[5, 17, 33, 2, 60]], device=DEV)
+    steps = [7, 81, 40, 12]
+    want = _reference(model, ids, steps)
+    dec = StaticDecoder(model, 16)
+    got = [dec.prefill(ids).clone()] + [dec.step(t).clone() for t in steps]
+    for g, w in zip(got, want):
+        assert _rel(g, w) < 1e-5
+    assert dec.length == ids.shape[1] + len(steps) and int(dec.pos) == dec.length
+
+
+@torch.no_grad()
+def test_fused_quantized_layout_equals_the_quantized_model():
+    """fuse=True with linear_fn=QuantLinear.from_float (the benchmark's layout): the same logits as the model
+    whose linears were quantized one by one (RTN per output row: fusing rows does not change them)."""
+    model = _model(bias=True)
+    qfn = lambda lin: QuantLinear.from_float(lin, group_size=32, sym=True)  # noqa: E731
+    dec = StaticDecoder(model, 12, fuse=True, linear_fn=qfn)
+    qmodel = copy.deepcopy(model)
+    for block in qmodel.layers:
+        for parent in (block.self_attn, block.mlp):
+            for name, child in list(parent.named_children()):
+                setattr(parent, name, qfn(child))
+    ids = torch.tensor([[9, 3, 44]], device=DEV)
+    want = _reference(qmodel, ids, [11, 70])
+    got = [dec.prefill(ids).clone(), dec.step(11).clone(), dec.step(70).clone()]
+    for g, w in zip(got, want):
+        assert _rel(g, w) < 1e-4
+    with pytest.raises(ValueError, match="fuse=True"):
+        StaticDecoder(qmodel, 12, fuse=True)
+
+
+@torch.no_grad()
+def test_generate_with_cuda_graph_equals_eager():
+    model = _model()
+    ids = torch.tensor([[4, 8, 15, 16]], device=DEV)
+    eager = generate(model, ids, max_new_tokens=6)
+    fast = generate(model, ids, max_new_tokens=6, cuda_graph=True)  # on the CPU: the same decoder, no graph
+    assert torch.equal(eager, fast)
+    sampled = [generate(model, ids, max_new_tokens=6, temperature=0.9, top_k=20, seed=s, cuda_graph=True)
+               for s in (1, 1)]
+    assert torch.equal(sampled[0], sampled[1])
+    assert torch.equal(sampled[0], generate(model, ids, max_new_tokens=6, temperature=0.9, top_k=20, seed=1))
+
+
+def test_errors():
+    model = _model()
+    assert unsupported(nn.Linear(2, 2), 4) is not None
+    with pytest.raises(ValueError, match="max_len"):
+        StaticDecoder(model, 0)
+    dec = StaticDecoder(model, 4)
+    with pytest.raises(ValueError, match=r"\(1, S0\)"):
+        dec.prefill(torch.zeros(2, 3, dtype=torch.long, device=DEV))
+    with pytest.raises(ValueError, match="does not fit"):
+        dec.prefill(torch.zeros(1, 5, dtype=torch.long, device=DEV))
+    dec.prefill(torch.zeros(1, 4, dtype=torch.long, device=DEV))
+    with pytest.raises(ValueError, match="all used"):
+        dec.step(1)
+    odd = Llama(LlamaConfig(vocab_size=32, hidden_size=48, intermediate_size=64, num_hidden_layers=1,
+                            num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16))
+    assert "power of two" in unsupported(odd, 8)
+    with pytest.raises(ValueError, match="generate: cuda_graph"):
+        generate(model, torch.zeros(2, 3, dtype=torch.long, device=DEV), max_new_tokens=2, cuda_graph=True)
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_capture_replays_the_same_steps():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    model = _model().to(torch.bfloat16)
+    ids = torch.tensor([[5, 17, 33]], device=DEV)
+    plain, graphed = StaticDecoder(model, 16), StaticDecoder(model, 16)
+    a = [plain.prefill(ids).clone()] + [plain.step(t).clone() for t in (7, 8, 9)]
+    graphed.prefill(ids)
+    graphed.capture()
+    b = [graphed.logits.clone()] + [graphed.step(t).clone() for t in (7, 8, 9)]
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
