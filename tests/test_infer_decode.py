@@ -18,16 +18,17 @@ from flashscale.quant.qlinear import QuantLinear
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _model(bias=False, tied=False, seed=3):
+def _model(bias=False, tied=False, seed=3, dtype=torch.float32):
     cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=64, attention_bias=bias, mlp_bias=bias,
                       tie_word_embeddings=tied)
-    return Llama(cfg).init_weights(seed=seed).eval().to(DEV)
+    return Llama(cfg).init_weights(seed=seed).eval().to(DEV, dtype)
 
 
 def _reference(model, ids, steps):
     """Llama.forward with a KVCache: the prompt's last logits, then one token a call (the tokens given)."""
-    cache = KVCache.empty(model.config, 1, ids.shape[1] + len(steps), device=DEV, dtype=torch.float32)
+    dtype = model.embed_tokens.weight.dtype
+    cache = KVCache.empty(model.config, 1, ids.shape[1] + len(steps), device=DEV, dtype=dtype)
     out = [model(ids, cache=cache)[:, -1]]
     for t in steps:
         out.append(model(torch.tensor([[t]], device=DEV), cache=cache)[:, -1])
@@ -47,16 +48,20 @@ def test_step_equals_forward_with_kv_cache(bias, tied):
     want = _reference(model, ids, steps)
     dec = StaticDecoder(model, 16)
     got = [dec.prefill(ids).clone()] + [dec.step(t).clone() for t in steps]
+    tol = 5e-3 if DEV == "cuda" else 1e-5  # on a GPU Llama.forward's float32 attention may use TF32 dots
     for g, w in zip(got, want):
-        assert _rel(g, w) < 1e-5
+        assert _rel(g, w) < tol
     assert dec.length == ids.shape[1] + len(steps) and int(dec.pos) == dec.length
 
 
 @torch.no_grad()
 def test_fused_quantized_layout_equals_the_quantized_model():
     """fuse=True with linear_fn=QuantLinear.from_float (the benchmark's layout): the same logits as the model
-    whose linears were quantized one by one (RTN per output row: fusing rows does not change them)."""
-    model = _model(bias=True)
+    whose linears were quantized one by one (RTN per output row: fusing rows does not change them). On a GPU in
+    float16 (the W4A16 kernels take 16-bit activations), to within its rounding."""
+    cuda = DEV == "cuda"
+    model = _model(bias=True, dtype=torch.float16 if cuda else torch.float32)
+    tol = 2e-2 if cuda else 1e-4
     qfn = lambda lin: QuantLinear.from_float(lin, group_size=32, sym=True)  # noqa: E731
     dec = StaticDecoder(model, 12, fuse=True, linear_fn=qfn)
     qmodel = copy.deepcopy(model)
@@ -68,7 +73,7 @@ def test_fused_quantized_layout_equals_the_quantized_model():
     want = _reference(qmodel, ids, [11, 70])
     got = [dec.prefill(ids).clone(), dec.step(11).clone(), dec.step(70).clone()]
     for g, w in zip(got, want):
-        assert _rel(g, w) < 1e-4
+        assert _rel(g, w) < tol
     with pytest.raises(ValueError, match="fuse=True"):
         StaticDecoder(qmodel, 12, fuse=True)
 
