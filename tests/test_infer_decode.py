@@ -48,7 +48,7 @@ def test_step_equals_forward_with_kv_cache(bias, tied):
     want = _reference(model, ids, steps)
     dec = StaticDecoder(model, 16)
     got = [dec.prefill(ids).clone()] + [dec.step(t).clone() for t in steps]
-    tol = 5e-3 if DEV == "cuda" else 1e-5  # on a GPU Llama.forward's float32 attention may use TF32 dots
+    tol = 1e-4 if DEV == "cuda" else 1e-5  # GPU: cuBLAS and the kernels sum in other orders
     for g, w in zip(got, want):
         assert _rel(g, w) < tol
     assert dec.length == ids.shape[1] + len(steps) and int(dec.pos) == dec.length
