@@ -219,7 +219,7 @@ def _is_wgmma(cfg) -> bool:
 
 
 # The Hopper GEMM of kernels.w4a16_wgmma joins automatic dispatch from M = 17 (above the decode kernel's range):
-# on the H200 it measured 1.1-1.7x the Triton GEMM of w4a16_gemm.py at M 64..4096 on every shape of the quick
+# on the H200 it measured 1.06-2.3x the Triton GEMM of w4a16_gemm.py at M 64..4096 on every shape of the quick
 # grid (benchmarks/results/w4a16-wgmma-h200.json, 2026-12-02); the autotuner times both and keeps the faster.
 # FLASHSCALE_W4A16_WGMMA=0 leaves it out.
 WGMMA_ENV = "FLASHSCALE_W4A16_WGMMA"
