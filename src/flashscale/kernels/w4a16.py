@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -236,10 +236,14 @@ def wgmma_candidates(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None) 
         return []
     from flashscale.kernels import w4a16_wgmma as wg
 
-    if not wg.supported(x2d, p, bias):
-        return []
-    m, k = x2d.shape
-    return [c for c in wg.candidates(m) if wg.config_error(c, p.group_size, k) is None]
+    return _wgmma_configs(x2d.shape[0], p) if wg.supported(x2d, p, bias) else []
+
+
+def _wgmma_configs(m: int, p: PackedW4) -> list:
+    """M's bucket of w4a16_wgmma candidates that fit p's group size (kernels.w4a16_wgmma.config_error)."""
+    from flashscale.kernels import w4a16_wgmma as wg
+
+    return [c for c in wg.candidates(m) if wg.config_error(c, p.group_size, p.in_features) is None]
 
 
 def _common_args(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Tensor):
@@ -355,8 +359,6 @@ def _launch_decode(x2d, p: PackedW4, bias, y, cfg: DecodeConfig, per_sm: int, pr
 
 def _launch(x2d, p: PackedW4, bias, y, cfg, split: int) -> None:
     if _is_wgmma(cfg):
-        from dataclasses import replace
-
         from flashscale.kernels.w4a16_wgmma import w4a16_wgmma
 
         w4a16_wgmma(x2d, p, bias, replace(cfg, split_k=split) if split else cfg, out=y)
@@ -425,15 +427,14 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
             raise ValueError(f"the gemv kernel needs a group size that is a multiple of 64 or one group per "
                              f"row; this weight has group_size={p.group_size}, K={k}")
     elif kernel == "gemm":
-        wg = wgmma_candidates(x2d, p, bias) if auto and m >= WGMMA_MIN_M else []
-        cands, bucket = gemm_candidates(m) + (dec if auto else []) + wg, m_bucket(m)
+        cands, bucket = gemm_candidates(m) + (dec if auto else []), m_bucket(m)
     elif kernel == "wgmma":
-        from flashscale.kernels import w4a16_wgmma as wgm
+        from flashscale.kernels.w4a16_wgmma import unsupported
 
-        why = wgm.unsupported(x2d, p, bias, config)
+        why = unsupported(x2d, p, bias, config)
         if why is not None:
             raise ValueError(f"the wgmma kernel cannot take this call: {why}")
-        cands, bucket = wgm.candidates(m), m_bucket(m)
+        cands, bucket = _wgmma_configs(m, p), m_bucket(m)
     elif kernel == "decode":
         if m > 16:
             raise ValueError(f"the decode kernel takes up to 16 tokens, got M={m}")
@@ -459,6 +460,8 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
     else:
         key = (kernel, bucket, n, k, p.group_size, str(x2d.dtype).removeprefix("torch."),
                "perm" if p.perm is not None else "noperm", _device_info(x2d.device)[0])
+        if kernel == "gemm" and auto and m >= WGMMA_MIN_M and key not in _TUNED:  # only a tuning run looks
+            cands = cands + wgmma_candidates(x2d, p, bias)
         cfg, split = _tune(key, cands, split_of, lambda c, s: _launch(x2d, p, bias, y, c, s), steps_of)
         split = split_k or split
     _launch(x2d, p, bias, y, cfg, split)
