@@ -391,18 +391,27 @@ def _dec_item(acc, accb, w, sz, xw, NB: tl.constexpr, KT: tl.constexpr, TWO: tl.
 
 
 @triton.jit
+def _dec_tile(tile, P, S, U, NB: tl.constexpr, BN: tl.constexpr):
+    """A tile's accumulator geometry and contributors: rows and tokens (NB, 32, 4) of the mma C layout, each
+    element's offset in a workspace slot, and the first and last program with items of the tile (stream-K)."""
+    nb = tl.arange(0, NB)[:, None, None]
+    lane = tl.arange(0, 32)[None, :, None]
+    c4 = tl.arange(0, 4)[None, None, :]
+    rows = tile * BN + nb * 16 + lane // 4 + 8 * (c4 // 2)
+    toks = 2 * (lane % 4) + c4 % 2
+    e_off = nb * 128 + lane * 4 + c4
+    pf = ((tile * S + 1) * P - 1) // U
+    pl = ((tile * S + S) * P - 1) // U
+    return rows, toks, e_off, pf, pl
+
+
+@triton.jit
 def _dec_flush(acc, accb, tile, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym,
                NB: tl.constexpr, BN: tl.constexpr, TWO: tl.constexpr, HAS_BIAS: tl.constexpr, PROBE: tl.constexpr):
     """End of this program's part of `tile`: store it (sole contributor) or put it in the tile's
     workspace slot and, if this is the last contributor, sum the slots in order and store."""
     SLOT: tl.constexpr = NB * 128 * (1 + TWO)
-    nb = tl.arange(0, NB)[:, None, None]
-    lane = tl.arange(0, 32)[None, :, None]
-    c4 = tl.arange(0, 4)[None, None, :]
-    rows = tile * BN + nb * 16 + lane // 4 + 8 * (c4 // 2)  # (NB, 32, 4): the mma C layout
-    toks = 2 * (lane % 4) + c4 % 2
-    pf = ((tile * S + 1) * P - 1) // U  # first and last program with items of this tile
-    pl = ((tile * S + S) * P - 1) // U
+    rows, toks, e_off, pf, pl = _dec_tile(tile, P, S, U, NB, BN)
     direct = pf == pl
     if PROBE == 2:
         direct = pf < 0  # every partial to the workspace, no reduction
@@ -411,7 +420,6 @@ def _dec_flush(acc, accb, tile, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt
         if TWO:
             _dec_store(accb * (1.0 / 2048), y_ptr, bias_ptr, rows, toks + 8, M, N, stride_ym, HAS_BIAS)
     else:
-        e_off = nb * 128 + lane * 4 + c4
         wsp = ws_ptr + (tile * CMAX + pid - pf).to(tl.int64) * SLOT + e_off
         tl.store(wsp, acc, mask=toks < M)
         if TWO:

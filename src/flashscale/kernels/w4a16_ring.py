@@ -1,7 +1,8 @@
 """W4A16 decode (M <= 16) on a register ring of items rotated by position (docs/w4a16_decode.md "Round 5").
 
 y (M, N) = x (M, K) @ dequant(W) (K, N) (+ bias) for a PackedW4 weight (w4a16_pack.py), opt-in (w4a16_ring(); not in
-w4a16_matmul's dispatch: on the H200 it lost at M = 16 and won at M = 1 only with the atomic fold, docs/w4a16_decode.md).
+w4a16_matmul's dispatch: on the H200 it lost at M = 16 and won at M = 1 only with the atomic fold:
+docs/w4a16_decode.md).
 
 The math is the stream-K decode kernel's (w4a16_gemv.w4a16_decode_kernel, w4a16_common "tensor-core decode"):
 a packed word is one lane's share of an mma.m16n8k16 A fragment; 3 shifts + 4 LOP3 turn it into four pairs of
@@ -47,7 +48,7 @@ import triton.language as tl
 from flashscale.kernels.w4a16 import _device_info, _interpreting, stream_k_grid, x_words
 from flashscale.kernels.w4a16_common import (D_UNIT_F16, OFF_BF16, OFF_F16, last_split, mma_column, reset_ticket,
                                              split_k_slices, split_k_workspace, x_sums)
-from flashscale.kernels.w4a16_gemv import _dec_item, _dec_layout, _dec_store, _dec_w, _dec_x, _next_item
+from flashscale.kernels.w4a16_gemv import _dec_item, _dec_layout, _dec_store, _dec_tile, _dec_w, _dec_x, _next_item
 from flashscale.kernels.w4a16_pack import PackedW4
 
 REGS_PER_SM = 65536
@@ -159,14 +160,7 @@ def _flush(acc, accb, tile, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr
            NB: tl.constexpr, BN: tl.constexpr, TWO: tl.constexpr, HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr):
     """This program's part of `tile` is done: store it (sole contributor) or reduce it (module docstring)."""
     SLOT: tl.constexpr = NB * 128 * (1 + TWO)
-    nb = tl.arange(0, NB)[:, None, None]
-    lane = tl.arange(0, 32)[None, :, None]
-    c4 = tl.arange(0, 4)[None, None, :]
-    rows = tile * BN + nb * 16 + lane // 4 + 8 * (c4 // 2)  # (NB, 32, 4): the mma C layout
-    toks = 2 * (lane % 4) + c4 % 2
-    e_off = nb * 128 + lane * 4 + c4
-    pf = ((tile * S + 1) * P - 1) // U  # first and last program with items of this tile
-    pl = ((tile * S + S) * P - 1) // U
+    rows, toks, e_off, pf, pl = _dec_tile(tile, P, S, U, NB, BN)
     if pf == pl:
         _dec_store(acc * (1.0 / 2048), y_ptr, bias_ptr, rows, toks, M, N, stride_ym, HAS_BIAS)
         if TWO:
