@@ -134,6 +134,30 @@ def config_error(head_dim: int, cfg: FA3BwdConfig) -> str | None:
 if HAS_GLUON:
 
     @gluon.jit
+    def _kv_block(H, seqlen_q, seqlen_k, GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  CAUSAL: gl.constexpr):
+        """This program's key block and its work: batch b, K/V head hk, first key n0, off = Sk - Sq, query blocks
+        [m_lo, n_m) (n_mb of them, for each of the GROUP query heads: n_steps), [m_lo, m_full) crossing the
+        diagonal. Shared by the plain and the warp-specialized kernels."""
+        pid_n = gl.program_id(0)
+        bh = gl.program_id(1)
+        Hkv = H // GROUP
+        b = bh // Hkv
+        hk = bh % Hkv
+        n0 = pid_n * BLOCK_N
+        off = seqlen_k - seqlen_q
+        n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
+        if CAUSAL:  # query blocks from the first one with a row that sees key n0 (i >= n0 - off)
+            m_lo = gl.minimum(gl.maximum(n0 - off, 0) // BLOCK_M, n_m)
+            # blocks [m_lo, m_full) cross the diagonal: some row sees some key of the block but not all
+            m_full = gl.minimum(gl.maximum(n0 + BLOCK_N - 1 - off + BLOCK_M - 1, 0) // BLOCK_M, n_m)
+        else:
+            m_lo = 0
+            m_full = 0
+        n_mb = n_m - m_lo
+        return b, hk, n0, off, m_lo, m_full, n_mb, GROUP * n_mb
+
+    @gluon.jit
     def _issue_qdo(q_desc, do_desc, q_smem, do_smem, ready, step, n_mb, m_lo, b, hk, GROUP: gl.constexpr,
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
         """TMA-load step `step`'s Q and dO tiles (query head hk * G + step // n_mb) into slot step % 2."""
@@ -176,23 +200,8 @@ if HAS_GLUON:
         col_s: gl.constexpr = gl.SliceLayout(0, st_layout)  # a query's value, broadcast over the keys
         row_s: gl.constexpr = gl.SliceLayout(1, st_layout)
 
-        pid_n = gl.program_id(0)
-        bh = gl.program_id(1)
-        Hkv = H // GROUP
-        b = bh // Hkv
-        hk = bh % Hkv
-        n0 = pid_n * BLOCK_N
-        off = seqlen_k - seqlen_q
-        n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
-        if CAUSAL:  # query blocks from the first one with a row that sees key n0 (i >= n0 - off)
-            m_lo = gl.minimum(gl.maximum(n0 - off, 0) // BLOCK_M, n_m)
-            # blocks [m_lo, m_full) cross the diagonal: some row sees some key of the block but not all
-            m_full = gl.minimum(gl.maximum(n0 + BLOCK_N - 1 - off + BLOCK_M - 1, 0) // BLOCK_M, n_m)
-        else:
-            m_lo = 0
-            m_full = 0
-        n_mb = n_m - m_lo
-        n_steps = GROUP * n_mb
+        b, hk, n0, off, m_lo, m_full, n_mb, n_steps = _kv_block(H, seqlen_q, seqlen_k, GROUP, BLOCK_M, BLOCK_N,
+                                                                CAUSAL)
 
         k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)

@@ -44,6 +44,8 @@ if HAS_GLUON:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                    warpgroup_mma, warpgroup_mma_wait)
 
+    from flashscale.kernels.attention_fa3_bwd import _kv_block
+
     @gluon.jit
     def _red_add_v4(ptrs, vals, mask):
         """*ptrs += vals with red.global.add.v4.f32 (sm_90): four floats a thread-instruction. The four
@@ -216,22 +218,8 @@ if HAS_GLUON:
                            DQ_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, WRITER_REGS: gl.constexpr,
                            num_warps: gl.constexpr):
         dtype: gl.constexpr = q_desc.dtype
-        pid_n = gl.program_id(0)
-        bh = gl.program_id(1)
-        Hkv = H // GROUP
-        b = bh // Hkv
-        hk = bh % Hkv
-        n0 = pid_n * BLOCK_N
-        off = seqlen_k - seqlen_q
-        n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
-        if CAUSAL:  # as the plain kernel: first query block with a row that sees key n0; [m_lo, m_full) cross
-            m_lo = gl.minimum(gl.maximum(n0 - off, 0) // BLOCK_M, n_m)
-            m_full = gl.minimum(gl.maximum(n0 + BLOCK_N - 1 - off + BLOCK_M - 1, 0) // BLOCK_M, n_m)
-        else:
-            m_lo = 0
-            m_full = 0
-        n_mb = n_m - m_lo
-        n_steps = GROUP * n_mb
+        b, hk, n0, off, m_lo, m_full, n_mb, n_steps = _kv_block(H, seqlen_q, seqlen_k, GROUP, BLOCK_M, BLOCK_N,
+                                                                CAUSAL)
 
         k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
