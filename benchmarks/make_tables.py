@@ -36,19 +36,21 @@ def _fmt(x, nd=1) -> str:
     return str(x)
 
 
-def attention_table(res: dict, name: str) -> list[str]:
+def _pivot(rows, key, impl) -> tuple[dict[tuple, dict[str, float]], list[str]]:
+    """TFLOP/s cells {key(row): {impl(row): tflops}} and the implementations in order of appearance."""
     cells: dict[tuple, dict[str, float]] = defaultdict(dict)
-    impls: list[str] = []
+    for r in rows:
+        cells[key(r)][impl(r)] = r["tflops"]
+    return cells, list(dict.fromkeys(impl(r) for r in rows))
+
+
+def attention_table(res: dict, name: str) -> list[str]:
     fp8 = "fp8" in name
-    for r in res["rows"]:
-        if "tflops" not in r or "causal" not in r:  # the FP8 file's pre-pass rows (GB/s): not a TFLOP/s cell
-            continue
-        # the FA3 sweep's rows are forward-only and name their config in "variant" (fa3 pp, fa3 coop, ...)
-        impl = r["impl"] if r.get("variant") in (None, r["impl"]) else f"{r['impl']} {r['variant']}"
-        key = (r["hdim"], r["causal"], r["seqlen"], r.get("pass", "fwd"))
-        cells[key][impl] = r["tflops"]
-        if impl not in impls:
-            impls.append(impl)
+    # the FP8 file's pre-pass rows (GB/s) are not TFLOP/s cells; the FA3 sweeps name their config in "variant"
+    cells, impls = _pivot(
+        [r for r in res["rows"] if "tflops" in r and "causal" in r],
+        lambda r: (r["hdim"], r["causal"], r["seqlen"], r.get("pass", "fwd")),
+        lambda r: r["impl"] if r.get("variant") in (None, r["impl"]) else f"{r['impl']} {r['variant']}")
     what = ("FP8 attention forward TFLOP/s (e4m3 per-block scales + Hadamard; _e2e includes the quantizing "
             "pre-pass from bf16; bf16 kernels beside" if fp8 else "Attention TFLOP/s (bf16")
     out = [f"{what}, batch·seqlen = 16384, heads·hdim = 2048). {_provenance(res, name)}", "",
@@ -62,12 +64,8 @@ def attention_table(res: dict, name: str) -> list[str]:
 
 def varlen_table(res: dict, name: str) -> list[str]:
     """The packed variable-length layout: TFLOP/s (useful FLOPs) a row per (hdim, causal, max length)."""
-    cells: dict[tuple, dict[str, float]] = defaultdict(dict)
-    impls: list[str] = []
-    for r in res["rows"]:
-        cells[(r["hdim"], r["causal"], r["max_seqlen"], r["nseq"])][r["impl"]] = r["tflops"]
-        if r["impl"] not in impls:
-            impls.append(r["impl"])
+    cells, impls = _pivot(res["rows"], lambda r: (r["hdim"], r["causal"], r["max_seqlen"], r["nseq"]),
+                          lambda r: r["impl"])
     out = [f"Variable-length attention forward TFLOP/s ({res.get('setting', 'bf16')}; sdpa_* run the batch padded "
            f"to the longest sequence). {_provenance(res, name)}", "",
            "| hdim | causal | max seqlen | seqs | " + " | ".join(impls) + " |", "|---|---|---|---|" + "---|" * len(impls)]

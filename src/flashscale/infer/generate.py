@@ -119,9 +119,10 @@ def _generate_static(model: Llama, input_ids: torch.Tensor, max_new_tokens: int,
     from flashscale.infer.decode import StaticDecoder, unsupported
 
     B, S0 = input_ids.shape
-    max_len = S0 + max(max_new_tokens - 1, 0)
     on_cuda = model.embed_tokens.weight.is_cuda
-    why = "batch > 1 (the static decoder is batch 1)" if B != 1 else unsupported(model, max_len + 3 * on_cuda)
+    # the last new token is never fed back; capture's 3 warm-up steps need room past the end
+    max_len = S0 + max(max_new_tokens - 1, 0) + (3 if on_cuda else 0)
+    why = "batch > 1 (the static decoder is batch 1)" if B != 1 else unsupported(model, max_len)
     if why is not None:
         raise ValueError(f"generate: cuda_graph=True cannot take this call: {why}; use cuda_graph=False")
     device = model.embed_tokens.weight.device
@@ -129,7 +130,7 @@ def _generate_static(model: Llama, input_ids: torch.Tensor, max_new_tokens: int,
     if max_new_tokens == 0:
         return input_ids.clone()
     generator = torch.Generator(device=device).manual_seed(seed) if seed is not None and temperature > 0 else None
-    dec = StaticDecoder(model, max_len + 3 * on_cuda)  # capture's 3 warm-up steps need room past the end
+    dec = StaticDecoder(model, max_len)
     logits = dec.prefill(input_ids)
     if on_cuda:
         dec.capture()
