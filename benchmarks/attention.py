@@ -163,27 +163,30 @@ def plot(rows, path, gpu):
     except ImportError:
         print("matplotlib missing: no plot")
         return
-    impls = [i for i in ("flashscale", "flashscale_fa3", "sdpa_flash", "sdpa_cudnn") if any(r["impl"] == i for r in rows)]
+    impls = [i for i in ("flashscale", "flashscale_fa3", "flashscale_fa2", "flashscale_det", "sdpa_flash", "sdpa_cudnn") if any(r["impl"] == i for r in rows)]
     hdims = sorted({r["hdim"] for r in rows})
     panels = [(m, c) for m in ("fwd", "bwd") for c in (False, True)]
     fig, axes = plt.subplots(len(panels), len(hdims), figsize=(5 * len(hdims), 3.2 * len(panels)), squeeze=False)
-    colors = {"flashscale": "#d62728", "sdpa_flash": "#1f77b4", "sdpa_cudnn": "#7f7f7f"}
+    colors = {"flashscale": "#d62728", "flashscale_fa3": "#9467bd", "flashscale_fa2": "#ff7f0e",
+              "flashscale_det": "#2ca02c", "sdpa_flash": "#1f77b4", "sdpa_cudnn": "#7f7f7f"}
     for pi, (mode, causal) in enumerate(panels):
         for hi, d in enumerate(hdims):
             ax = axes[pi][hi]
             sel = [r for r in rows if r["pass"] == mode and r["causal"] == causal and r["hdim"] == d]
             seqs = sorted({r["seqlen"] for r in sel})
-            w = 0.8 / max(len(impls), 1)
-            for ii, impl in enumerate(impls):
+            pimpls = [i for i in impls if any(r["impl"] == i for r in sel)]  # backward-only variants: bwd panels
+            w = 0.8 / max(len(pimpls), 1)
+            for ii, impl in enumerate(pimpls):
                 vals = [next((r["tflops"] for r in sel if r["impl"] == impl and r["seqlen"] == s), 0) for s in seqs]
-                xs = [x + (ii - (len(impls) - 1) / 2) * w for x in range(len(seqs))]
+                xs = [x + (ii - (len(pimpls) - 1) / 2) * w for x in range(len(seqs))]
                 bars = ax.bar(xs, vals, w, label=impl, color=colors.get(impl))
                 for b, val in zip(bars, vals):
-                    ax.text(b.get_x() + b.get_width() / 2, val, f"{val:.0f}", ha="center", va="bottom", fontsize=6)
+                    if val:  # an impl not run in this cell (e.g. a backward-only variant) gets no label
+                        ax.text(b.get_x() + b.get_width() / 2, val, f"{val:.0f}", ha="center", va="bottom", fontsize=6)
             ax.set_xticks(range(len(seqs)), [f"{s // 1024}k" if s >= 1024 else str(s) for s in seqs])
             ax.set_title(f"{mode}, head dim {d}, {'causal' if causal else 'non-causal'}", fontsize=9)
             ax.set_ylabel("TFLOP/s")
-            if pi == 0 and hi == 0:
+            if hi == 0:
                 ax.legend(fontsize=7)
     fig.suptitle(f"Attention bf16 on {gpu} (batch x seqlen = {TOKENS}, hidden {HIDDEN})")
     fig.tight_layout()

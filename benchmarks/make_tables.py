@@ -59,6 +59,8 @@ def attention_table(res: dict, name: str) -> list[str]:
     for key in sorted(cells):
         row = cells[key]
         out.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | " + " | ".join(_fmt(row.get(i), 0) for i in impls) + " |")
+    if res.get("note"):
+        out += ["", f"Note: {res['note']}"]
     return out
 
 

@@ -166,6 +166,67 @@ def test_fa3_auto_rule(monkeypatch):
         attention(*_qkv(), impl="auto")
 
 
+def test_auto_fa3_forward_keeps_autos_backward_rule(monkeypatch):
+    """When auto gives the forward to fa3, the backward is still auto's choice (impl "auto_fa3"), not forced as by
+    impl="fa3": until 2026-12-02 the forward's choice forced the Hopper backward into every such cell (d128 from
+    1k, d64 from 2k), where FA2's measured up to 1.7x faster. Recorded through the real autograd path on the CPU
+    (kernels replaced by the reference); then the two rules themselves, on a stand-in for a GPU tensor."""
+    import importlib
+    from types import SimpleNamespace
+
+    A = importlib.import_module("flashscale.ops.attention")
+    op = importlib.import_module("flashscale.ops.attention_op")
+    seen = []
+    real_fwd, real_bwd = op.fwd_impl, op.bwd_impl
+
+    def fwd(*a):
+        seen.append(("fwd", a[-1]))
+        return real_fwd(*a[:-1], "reference")
+
+    def bwd(*a):
+        seen.append(("bwd", a[-1]))
+        return real_bwd(*a[:-1], "reference")
+
+    monkeypatch.setattr(op, "fwd_impl", fwd)
+    monkeypatch.setattr(op, "bwd_impl", bwd)
+    monkeypatch.setattr(A, "_auto_takes_fa3", lambda *a, **kw: True)
+    monkeypatch.setattr(A, "fa3_unsupported", lambda *a, **kw: None)
+    for impl, expect in (("auto", "auto_fa3"), ("fa3", "fa3")):
+        seen.clear()
+        q, k, v = _qkv(D=64, requires_grad=True)
+        attention(q, k, v, causal=True, impl=impl).sum().backward()
+        assert seen == [("fwd", expect), ("bwd", expect)], (impl, seen)
+        ref = attention_ref(q.detach(), k.detach(), v.detach(), causal=True)
+        torch.testing.assert_close(attention(q, k, v, causal=True, impl=impl).detach(), ref)
+
+    bwd_mod = importlib.import_module("flashscale.kernels.attention_fa3_bwd")
+    monkeypatch.setattr(bwd_mod, "unsupported_bwd", lambda *a: None)
+    monkeypatch.delenv("FLASHSCALE_FA3", raising=False)
+    gpu = lambda S, D: SimpleNamespace(is_cuda=True, shape=(1, S, 2, D))  # noqa: E731
+
+    def fa3_bwd(S, D, causal, impl):
+        return op.fa3_bwd_wanted(gpu(S, D), None, None, None, -1, 0 if causal else -1, 0.0, None, 0.0, False, impl)
+
+    assert fa3_bwd(2048, 64, True, "fa3") and fa3_bwd(1024, 128, False, "fa3")  # forced
+    assert not fa3_bwd(2048, 64, True, "auto_fa3") and not fa3_bwd(1024, 128, False, "auto_fa3")
+    for impl in ("auto", "auto_fa3"):  # the measured rule, FA3_BWD_AUTO_MIN_SEQLEN_Q
+        assert [fa3_bwd(s, 128, False, impl) for s in (4096, 8192)] == [False, True]
+        assert [fa3_bwd(s, 64, False, impl) for s in (8192, 16384)] == [False, True]
+        assert not fa3_bwd(16384, 128, True, impl) and not fa3_bwd(16384, 64, True, impl)
+        assert [fa3_bwd(s, 256, False, impl) for s in (512, 1024)] == [False, True]
+        assert [fa3_bwd(s, 256, True, impl) for s in (1024, 2048)] == [False, True]
+    assert not fa3_bwd(16384, 128, False, "triton")
+
+    def dq_kernel(S, D, causal, cu=None, impl="auto"):
+        return op.fa2_dq_kernel_wanted(gpu(S, D), cu, 0 if causal else -1, impl)
+
+    assert dq_kernel(512, 64, True) and dq_kernel(512, 128, True) and dq_kernel(512, 256, False)
+    assert [dq_kernel(s, 64, False) for s in (1024, 2048)] == [False, True]
+    assert not dq_kernel(16384, 128, False) and not dq_kernel(4096, 96, True)  # unmeasured head dim: atomics
+    assert not dq_kernel(4096, 64, True, cu=_cu(4096)) and not dq_kernel(4096, 64, True, impl="reference")
+    assert not op.fa2_dq_kernel_wanted(SimpleNamespace(is_cuda=False, shape=(1, 4096, 2, 64)), None, 0, "triton")
+
+
 def test_fa3_auto_takes_varlen_by_its_measured_rule(monkeypatch):
     """impl="auto" sends the packed varlen layout to the fa3 forward where the H200 measured it faster (its GPU
     tests passed there: ops.attention.FA3_AUTO_VARLEN); with the flag off it keeps varlen on FA2, FLASHSCALE_FA3=1

@@ -111,7 +111,7 @@ def test_auto_takes_the_gluon_backward_at_head_dim_256(monkeypatch):
     calls = []
     real = bwd.attention_fa3_bwd
     monkeypatch.setattr(bwd, "attention_fa3_bwd", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    q = randn(1, 256, 2, 256, dtype=torch.bfloat16, device=CUDA)
+    q = randn(1, 2048, 2, 256, dtype=torch.bfloat16, device=CUDA)  # causal d256: from 2048 (FA2 ahead below)
     assert attention_op.fa3_bwd_wanted(q, q, q, None, -1, 0, 0.0, None, 0.0, False, "auto")
     assert not attention_op.fa3_bwd_wanted(q, q, q, None, -1, 0, 0.0, None, 0.0, True, "auto")  # deterministic
     assert_close_rule(run_all(q, q.detach().clone().requires_grad_(), q.detach().clone().requires_grad_(),
@@ -121,7 +121,8 @@ def test_auto_takes_the_gluon_backward_at_head_dim_256(monkeypatch):
 
 def test_auto_backward_rule_by_head_dim_causal_and_length():
     """ops.attention's auto backward takes the Gluon kernel only in the cells where it measured faster
-    (attention_op.FA3_BWD_AUTO_MIN_SEQLEN_Q): d128 non-causal from 8k, d64 non-causal from 16k, d256 always."""
+    (attention_op.FA3_BWD_AUTO_MIN_SEQLEN_Q): d128 non-causal from 8k, d64 non-causal from 16k, d256 from 1k
+    non-causal and 2k causal; the same when auto gave the forward to fa3 ("auto_fa3"), forced only by "fa3"."""
     if not _hopper():
         pytest.skip("needs an sm_90 GPU and Gluon")
     from flashscale.ops import attention_op
@@ -133,5 +134,7 @@ def test_auto_backward_rule_by_head_dim_causal_and_length():
     assert wanted(128, 8192, False) and wanted(128, 16384, False)
     assert not wanted(128, 4096, False) and not wanted(128, 16384, True)
     assert wanted(64, 16384, False) and not wanted(64, 8192, False) and not wanted(64, 16384, True)
-    assert wanted(256, 128, True) and wanted(256, 128, False)
+    assert wanted(256, 2048, True) and not wanted(256, 1024, True)
+    assert wanted(256, 1024, False) and not wanted(256, 512, False)
+    assert not wanted(128, 4096, False, impl="auto_fa3") and wanted(128, 8192, False, impl="auto_fa3")
     assert wanted(128, 128, True, impl="fa3")  # forced

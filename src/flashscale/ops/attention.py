@@ -160,10 +160,11 @@ def attention(
     the backward. return_lse: also return the natural-log LSE, float32, (B, H, Sq) or (H, Tq).
     deterministic: bitwise-reproducible gradients (a separate dQ pass instead of atomics).
     impl: "auto" (Triton kernels on CUDA, reference elsewhere), "triton" (also on CPU when
-    TRITON_INTERPRET=1, for tests), "fa3" (the Hopper forward of kernels.attention_fa3, FA2's backward;
-    dense or packed varlen, causal or full, no softcap/alibi/dropout, head_dim 64/128/256, 16-bit, sm_90:
+    TRITON_INTERPRET=1, for tests), "fa3" (the Hopper forward of kernels.attention_fa3, and its backward
+    where that applies, else FA2's; dense or packed varlen, causal or full, no softcap/alibi/dropout, head_dim 64/128/256, 16-bit, sm_90:
     anything else raises) or "reference". On an sm_90 GPU "auto" takes "fa3" for the dense layout where it
-    is the faster forward (FA3_AUTO_MIN_SEQLEN_Q); FLASHSCALE_FA3=1: wherever it applies, =0: never; the packed
+    is the faster forward (FA3_AUTO_MIN_SEQLEN_Q), and the Hopper backward where that is the faster one
+    (attention_op.FA3_BWD_AUTO_MIN_SEQLEN_Q); FLASHSCALE_FA3=1: wherever it applies, =0: never; the packed
     varlen layout by its own measured rule on max_seqlen_q (FA3_AUTO_VARLEN_MIN_SEQLEN_Q).
     fp8: FlashAttention-3's FP8 forward (flashscale.ops.attention_fp8 with its defaults: Hadamard, block
     quantization; bf16 backward); dense layout, causal and softmax_scale only.
@@ -259,7 +260,7 @@ def attention(
         why = fa3_unsupported(q, k, v, varlen=varlen, left=left, right=right, causal=causal, softcap=softcap,
                               alibi_slopes=alibi_slopes, dropout_p=dropout_p)
         if why is None:
-            impl = "fa3"
+            impl = "fa3" if impl == "fa3" else "auto_fa3"  # auto's choice keeps auto's backward rule
         elif impl == "fa3":
             raise ValueError(f"impl='fa3' cannot take this call: {why}; use impl='auto' or 'triton'")
     if (impl == "auto" and q.device.type == "cpu" and not varlen and not return_lse and left == -1

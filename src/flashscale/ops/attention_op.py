@@ -12,7 +12,9 @@ Inputs arrive validated by flashscale.ops.attention.attention. Dispatch per call
   impl="reference" -> plain PyTorch (flashscale.reference.attention)
   impl="auto"      -> Triton on CUDA for 16/32-bit floats, the reference otherwise (CPU, float64)
   impl="fa3"       -> the Hopper forward (kernels.attention_fa3, dense or varlen; checked eligible by
-                      ops.attention), the Triton FA2 backward (same out/lse conventions, varlen included)
+                      ops.attention) and the Hopper backward wherever it applies (FA2's otherwise)
+  impl="auto_fa3"  -> what "auto" becomes when ops.attention gives the forward to fa3: the Hopper forward,
+                      and the backward by auto's own measured rule (fa3_bwd_wanted), not forced
 Causal is window_right = 0 here. Outputs are always freshly allocated and contiguous (the fakes say so).
 """
 
@@ -31,7 +33,7 @@ _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 def use_triton(q: Tensor, impl: str) -> bool:
     if impl == "reference":
         return False
-    if impl in ("triton", "fa3"):
+    if impl in ("triton", "fa3", "auto_fa3"):
         return True
     return q.is_cuda and q.dtype in _KERNEL_DTYPES
 
@@ -47,7 +49,7 @@ def _ref_kwargs(cu_q, cu_k, alibi, seed, max_q, max_k, scale, wl, wr, softcap, d
 
 def fwd_impl(q, k, v, cu_q, cu_k, alibi, seed: int, max_q, max_k, scale, wl, wr, softcap, dropout_p, impl):
     """-> out (like q, contiguous), lse (B, H, Sq) or (H, Tq) float32."""
-    if impl == "fa3":
+    if impl in ("fa3", "auto_fa3"):
         from flashscale.kernels.attention_fa3 import attention_fa3_fwd
 
         return attention_fa3_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal=wr == 0,
@@ -68,18 +70,29 @@ def fwd_impl(q, k, v, cu_q, cu_k, alibi, seed: int, max_q, max_k, scale, wl, wr,
     return out.contiguous(), lse.to(torch.float32).contiguous()
 
 
-# The Hopper backward (kernels.attention_fa3_bwd) where the H200 measured it faster than the tuned FA2
-# backward, by (head_dim, causal) -> from how many query rows: head_dim 256 at any length (1.6-2.0x:
-# attention-fa3-bwd-sweep-h200.json against attention-h200.json); the warp-specialized kernel at 128
-# non-causal from 8192 (355 / 383 TFLOP/s at 8k / 16k against FA2's 335 / 341) and at 64 non-causal from
-# 16384 (330 against 296) (attention-fa3-bwd-sweep-ws-h200.json, 2026-12-02). Causal 64/128 and shorter rows
-# stay FA2's (its causal backward is within 2% or ahead). FLASHSCALE_FA3=1 takes it wherever it applies (and
-# impl="fa3"), =0 never; deterministic=True always runs FA2's dQ kernel (no atomics).
-FA3_BWD_AUTO_MIN_SEQLEN_Q = {(256, False): 0, (256, True): 0, (128, False): 8192, (64, False): 16384}
+# The Hopper backward (kernels.attention_fa3_bwd) where the H200 measured it faster than FA2's backward, by
+# (head_dim, causal) -> from how many query rows: the warp-specialized kernel at 128 non-causal from 8192 (353 /
+# 377 TFLOP/s at 8k / 16k against FA2's 335 / 341) and at 64 non-causal from 16384 (328 against 299); the plain
+# kernel at 256 from 1024 non-causal (154 against 133) and 2048 causal (149 against 126; at 512 / 1024 causal FA2
+# leads, 94 / 114 against 69 / 108). Causal 64/128 and shorter rows stay FA2's (its backward with the dQ kernel
+# leads there: 323 / 375 against 313 / 361 at 16k). Sources: benchmarks/results/attention-h200.json (2026-12-02,
+# where every FA3-forward cell ran this backward: the dispatch bug below) and attention-fa3-bwd-sweep-ws-h200.json.
+# FLASHSCALE_FA3=1 takes it wherever it applies (and impl="fa3"), =0 never; deterministic=True always runs FA2's
+# dQ kernel (no atomics). Until 2026-12-02 ops.attention passed impl="fa3" on when auto chose the fa3 forward, so
+# the backward was forced too in every such cell (d64 from 2k, d128 from 1k): "auto_fa3" keeps auto's rule.
+FA3_BWD_AUTO_MIN_SEQLEN_Q = {(256, False): 1024, (256, True): 2048, (128, False): 8192, (64, False): 16384}
+
+# FA2's backward computes dQ either by atomics inside the dK/dV kernel or by its own kernel (the deterministic
+# path). The H200 measured the dQ kernel faster in these dense cells, (head_dim, causal) -> from how many query
+# rows (benchmarks/results/attention-h200.json, 2026-11-29 and 2026-12-02, flashscale vs flashscale_det rows):
+# causal 64 and 128 at every length (+4-15 %: 271 / 305 / 326 against 246 / 269 / 284 at d64 2k / 4k / 8k),
+# 64 non-causal from 2048 (272 / 297 against 265 / 277 at 2k / 4k; within 2 % above), 256 at every length (where
+# FA2 still runs it: 118 / 94 against 115 / 87 at 512). Elsewhere (d128 non-causal: 269 against 277 at 1k) atomics.
+FA2_BWD_DQ_KERNEL_MIN_SEQLEN_Q = {(64, True): 0, (128, True): 0, (64, False): 2048, (256, False): 0, (256, True): 0}
 
 
 def fa3_bwd_wanted(q, k, v, cu_q, wl, wr, softcap, alibi, dropout_p, deterministic, impl) -> bool:
-    if impl not in ("fa3", "auto") or deterministic or cu_q is not None or not q.is_cuda:
+    if impl not in ("fa3", "auto", "auto_fa3") or deterministic or cu_q is not None or not q.is_cuda:
         return False
     if wl != -1 or wr not in (-1, 0) or softcap or alibi is not None or dropout_p:
         return False
@@ -92,6 +105,15 @@ def fa3_bwd_wanted(q, k, v, cu_q, wl, wr, softcap, alibi, dropout_p, determinist
         return False
     need = FA3_BWD_AUTO_MIN_SEQLEN_Q.get((q.shape[-1], wr == 0))
     return impl == "fa3" or mode == "1" or (need is not None and q.shape[1] >= need)
+
+
+def fa2_dq_kernel_wanted(q, cu_q, wr, impl) -> bool:
+    """Whether FA2's backward (not deterministic by request) takes its dQ kernel over atomics: on CUDA, dense,
+    in the cells where that measured faster (FA2_BWD_DQ_KERNEL_MIN_SEQLEN_Q)."""
+    if impl == "reference" or not q.is_cuda or cu_q is not None:
+        return False
+    need = FA2_BWD_DQ_KERNEL_MIN_SEQLEN_Q.get((q.shape[-1], wr == 0))
+    return need is not None and q.shape[1] >= need
 
 
 def bwd_impl(dout, q, k, v, out, lse, dlse, cu_q, cu_k, alibi, seed: int, max_q, max_k, scale, wl, wr, softcap,
@@ -119,7 +141,8 @@ def bwd_impl(dout, q, k, v, out, lse, dlse, cu_q, cu_k, alibi, seed: int, max_q,
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, dlse=dlse, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                       max_seqlen_q=max_q, max_seqlen_k=max_k, softmax_scale=scale, window=(wl, wr), softcap=softcap,
-                      alibi_slopes=alibi, dropout_p=dropout_p, seed=seed, deterministic=deterministic)
+                      alibi_slopes=alibi, dropout_p=dropout_p, seed=seed,
+                      deterministic=deterministic or fa2_dq_kernel_wanted(q, cu_q, wr, impl))
         return dq, dk, dv
     # FA2's backward formulas in plain PyTorch (autograd cannot run inside a custom op's kernel).
     with torch.autocast(q.device.type, enabled=False):
