@@ -92,6 +92,8 @@ def w4a16_table(res: dict, name: str) -> list[str]:
                 c = us.get((*kn, m), {})
                 cells.append(f"{c['bf16'] / c[impl]:.2f}" if impl in c and "bf16" in c else "–")
             out.append(f"| {kn[0]} x {kn[1]} | {impl} | " + " | ".join(cells) + " |")
+    if res.get("note"):
+        out += ["", f"Note: {res['note']}"]
     return out
 
 
@@ -184,6 +186,9 @@ SECTIONS = [
     ("quant-quality-ref125M-run3-h200.json", "The same, a third training of the 125M model (next session, same code; "
      "its training run: train-reference-run3-h200.json, 2753 steps, moby_dick 192.2)",
      ["model", "method", "bits", "group_size", "ppl", "seconds"]),
+    ("quant-quality-ref125M-run4-h200.json", "The same, a fourth training of the 125M model (2026-12-02, session 18, "
+     "same code; its training run: train-reference-run4-h200.json, 2729 steps, moby_dick 193.2; awq_clipboth is AWQ "
+     "with clip_mode='both')", ["model", "method", "bits", "group_size", "ppl", "seconds"]),
     ("gptq-speed-h200.json", "GPTQ speed and memory, Llama-3-8B shape (128 x 2048 calibration tokens)",
      ["model", "method", "bits", "group_size", "layers", "seconds", "peak_gpu_gb", "passed"]),
     ("generate_w4a16-h200.json", "Decode at batch 1, Llama-3-8B shape (random weights)",
