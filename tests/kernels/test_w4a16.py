@@ -353,6 +353,42 @@ def test_decode_dispatch():
     assert DecodeConfig().asm  # the interpreter runs the emulation whatever the config says
 
 
+def test_tune_times_the_leaders_again(monkeypatch):
+    """_tune keeps the fastest of a second timing round over the RETIME_TOP fastest trials of the first, not the
+    first round's winner alone; configs that do not fit are skipped; the choice is cached under the key."""
+    from triton.runtime.errors import OutOfResources
+
+    from flashscale.kernels import w4a16
+
+    cands = [w4a16.GemmConfig(bm=16, bn=64, bk=128, num_stages=s) for s in (2, 3, 4, 5, 6)]
+    first = {2: 11.0, 3: 10.0, 4: 12.0, 5: 20.0}  # num_stages 6 does not fit (OutOfResources)
+    second = {2: 9.0, 3: 10.5, 4: 12.0}
+    rounds: dict[int, int] = {}
+
+    def fake_time(launch, c, s):
+        n = rounds[c.num_stages] = rounds.get(c.num_stages, 0) + 1
+        return (first if n == 1 else second)[c.num_stages]
+
+    def launch(c, s):
+        if c.num_stages == 6:
+            raise OutOfResources(1, 0, "shared memory")
+
+    monkeypatch.setattr(w4a16, "_AUTOTUNE", True)
+    monkeypatch.setattr(w4a16, "_interpreting", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(w4a16, "_split_options", lambda *a: [1])
+    monkeypatch.setattr(w4a16, "_time", fake_time)
+    key = ("gemm", 16, 64, 128, 128, "bfloat16", "noperm", "test-gpu")
+    monkeypatch.setitem(w4a16._TUNED, key, None)  # so that monkeypatch removes the key afterwards
+    del w4a16._TUNED[key]
+    cfg, split = w4a16._tune(key, cands, lambda c: 1, launch)
+    assert (cfg.num_stages, split) == (2, 1)  # second in the first round, fastest in the second
+    assert rounds == {2: 2, 3: 2, 4: 2, 5: 1}  # the three leaders timed twice, the slow one once
+    assert w4a16._TUNED[key]["num_stages"] == 2 and w4a16._TUNED[key]["split_k"] == 1
+    assert w4a16._tune(key, cands, lambda c: 1, launch)[0] == cfg  # cached: no more timing
+    assert rounds == {2: 2, 3: 2, 4: 2, 5: 1}
+
+
 def test_probe_modes_interpreter():
     """benchmarks/w4a16_probe.py's kernel modes and their host-side checks: PROBE=1 reads every packed
     word once (checksum), PROBE=2 leaves partials that sum to the product (GEMV slices, decode slots)."""
