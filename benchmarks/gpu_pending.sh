@@ -7,16 +7,17 @@
 #
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: the fixed backward dispatch on the GPU
 #                                                                  # (auto_fa3, FA2's dQ-kernel rule, d256 rule)
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh refresh   # ~4 min: the attention grid through the fixed
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh refresh   # ~7 min: the attention grid through the fixed
 #                                                                  # dispatch, FA2 configs seeded from the committed
 #                                                                  # results (2026-11-29's tuning), so only the
-#                                                                  # dispatch differs from results/attention-h200.json
+#                                                                  # dispatch differs from results/attention-h200.json;
+#                                                                  # then benchmarks/w4a16.py (the tuner's 2nd round)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh host      # ~1 min: host vs device time of the short
 #                                                                  # attention cells whose forward varied 1.8x
 #                                                                  # between runs (docs/attention_fa3.md)
 #
-# refresh: copy $OUT/attention-h200.json over benchmarks/results/ (its backward rows are auto's now: drop the
-#          relabelling note) and rerun make_tables.py.
+# refresh: copy $OUT/attention-h200.json and w4a16-h200.json over benchmarks/results/ (attention's backward rows are
+#          auto's now: drop the relabelling note) and rerun make_tables.py.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -43,7 +44,8 @@ case "${1:-}" in
     mkdir -p /tmp/seedcache
     "$PY" -c "import json; json.dump(json.load(open('benchmarks/results/attention-h200.json'))['configs'], open('/tmp/seedcache/attention_configs.json', 'w'))"
     export FLASHSCALE_CACHE_DIR=/tmp/seedcache
-    step attention 330 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
+    step attention 240 "$PY" benchmarks/attention.py --deterministic --out "$OUT"
+    step w4a16 240 "$PY" benchmarks/w4a16.py --out "$OUT" ;;  # the tuner's second round: 4096x4096 at M 2-16
   host)
     step host 120 "$PY" benchmarks/attention_host.py --out "$OUT" ;;
   *)
