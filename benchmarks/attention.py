@@ -75,14 +75,19 @@ def time_cell(impl, batch, seqlen, heads, hdim, causal, *, rep, warmup):
     else:
         sd = _sdpa(impl.split("_")[1])
         fwd = lambda: sd(q, k, v, causal)  # noqa: E731
+    from flashscale.ops.attention_op import PATHS
+    before = PATHS.copy()
     out = fwd()
     bwd = lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)  # noqa: E731
     bwd()
+    ran = PATHS - before  # which kernels this cell's dispatch chose (ours only; SDPA's are not counted)
+    paths = {f"{mode}_path": "+".join(sorted(kern for (pas, kern) in ran if pas == mode)) or None
+             for mode in ("fwd", "bwd")}
     t_f = None if impl == "flashscale_det" else triton.testing.do_bench(fwd, warmup=warmup, rep=rep,
                                                                        return_mode="median")
     t_b = None if impl == "flashscale_fa3" else triton.testing.do_bench(bwd, warmup=warmup, rep=rep,
                                                                        return_mode="median")
-    return t_f, t_b  # the deterministic variant differs only in the backward, the fa3 one only in the forward
+    return t_f, t_b, paths  # the deterministic variant differs only in the backward, the fa3 one only in the forward
 
 
 def check_group(hdim, causal, seqlen=1024, batch=2):
@@ -260,7 +265,7 @@ def main(argv=None) -> int:
             batch, heads = TOKENS // seqlen, HIDDEN // hdim
             for impl in impls:
                 try:
-                    t_f, t_b = time_cell(impl, batch, seqlen, heads, hdim, causal, rep=rep, warmup=warmup)
+                    t_f, t_b, paths = time_cell(impl, batch, seqlen, heads, hdim, causal, rep=rep, warmup=warmup)
                 except Exception as e:
                     errors.append(f"{impl} d{hdim} causal={causal} S{seqlen}: {type(e).__name__}: {str(e)[:200]}")
                     continue
@@ -269,7 +274,8 @@ def main(argv=None) -> int:
                         continue
                     rows.append(dict(impl=impl, **{"pass": mode}, hdim=hdim, causal=causal, seqlen=seqlen,
                                      batch=batch, heads=heads, ms=ms,
-                                     tflops=flops(batch, seqlen, heads, hdim, causal, mode) / ms * 1e-9))
+                                     tflops=flops(batch, seqlen, heads, hdim, causal, mode) / ms * 1e-9,
+                                     **({"path": paths[f"{mode}_path"]} if paths[f"{mode}_path"] else {})))
             print(f"d{hdim} causal={causal}: done ({time.time() - t0:.0f}s)", flush=True)
     slug = re.sub(r"^nvidia-", "", re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-"))  # "NVIDIA H200" -> h200
     out_dir = Path(args.out)
@@ -281,7 +287,9 @@ def main(argv=None) -> int:
                   rows=rows, checks=checks, errors=errors,
                   configs=attention_tune.chosen_configs())
     path = out_dir / f"attention-{slug}.json"
-    path.write_text(json.dumps(result, indent=1))
+    tmp = path.with_name(path.name + ".tmp")  # atomic: a reader never sees half a file
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(path)
     print(f"wrote {path}")
     plot(rows, out_dir / f"attention-{slug}.png", gpu)
     for e in errors:

@@ -227,6 +227,27 @@ def test_auto_fa3_forward_keeps_autos_backward_rule(monkeypatch):
     assert not op.fa2_dq_kernel_wanted(SimpleNamespace(is_cuda=False, shape=(1, 4096, 2, 64)), None, 0, "triton")
 
 
+def test_paths_count_the_kernels_that_ran():
+    """attention_op.PATHS counts which implementation each forward and backward ran (what benchmarks/attention.py
+    records per row): the FA2 kernels under the interpreter with atomic dQ or, deterministic, the dQ kernel; the
+    reference; the CPU inference path through SDPA. (Named kernel launches: the interpreter's tiny FA2 calls.)"""
+    from flashscale.ops.attention_op import PATHS
+
+    def ran(**kw):
+        before = PATHS.copy()
+        q, k, v = _qkv(S=5, D=16, requires_grad=kw.pop("grad", True))
+        out = attention(q, k, v, causal=True, **kw)
+        if out.requires_grad:
+            out.sum().backward()
+        return dict(PATHS - before)
+
+    assert ran(impl="triton") == {("fwd", "fa2"): 1, ("bwd", "fa2_atomic"): 1}
+    assert ran(impl="triton", deterministic=True) == {("fwd", "fa2"): 1, ("bwd", "fa2_dq"): 1}
+    assert ran(impl="reference") == {("fwd", "reference"): 1, ("bwd", "reference"): 1}
+    assert ran(grad=False) == {("fwd", "sdpa_cpu"): 1}  # CPU inference, plain case
+    assert ran() == {("fwd", "reference"): 1, ("bwd", "reference"): 1}  # CPU training: the reference
+
+
 def test_fa3_auto_takes_varlen_by_its_measured_rule(monkeypatch):
     """impl="auto" sends the packed varlen layout to the fa3 forward where the H200 measured it faster (its GPU
     tests passed there: ops.attention.FA3_AUTO_VARLEN); with the flag off it keeps varlen on FA2, FLASHSCALE_FA3=1

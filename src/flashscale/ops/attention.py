@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from flashscale.ops.attention_op import AttentionFunction, attention_fwd_op
+from flashscale.ops.attention_op import PATHS, AttentionFunction, attention_fwd_op
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _IMPLS = ("auto", "triton", "fa3", "reference")
@@ -274,6 +274,7 @@ def attention(
         # only at Sq == Sk, where SDPA's top-left alignment equals ours (bottom-right). Training keeps
         # the reference: its sums do not depend on how heads are split, so tensor-parallel runs match
         # one process to 1e-5 (SDPA's blocking differed by 2e-5 after a few steps).
+        PATHS["fwd", "sdpa_cpu"] += 1
         return _sdpa_cpu(q, k, v, causal=causal, softmax_scale=float(softmax_scale))
     args = (int(max_seqlen_q), int(max_seqlen_k), float(softmax_scale), int(left), int(right), float(softcap),
             float(dropout_p), bool(deterministic), impl)

@@ -21,6 +21,7 @@ Causal is window_right = 0 here. Outputs are always freshly allocated and contig
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import torch
 from torch import Tensor
@@ -28,6 +29,11 @@ from torch import Tensor
 from flashscale.reference.attention import attention_bwd_ref, attention_ref
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+# Which kernels ran, counted per call: ("fwd", "fa3" | "fa2" | "reference") and ("bwd", "fa3" | "fa2_dq" |
+# "fa2_atomic" | "reference"). For benchmarks and tests to record what a dispatch rule actually chose (a rule whose
+# inputs never reach it fails silently: see docs/attention_fa3.md, session 18); one dict increment a call.
+PATHS: Counter = Counter()
 
 
 def use_triton(q: Tensor, impl: str) -> bool:
@@ -52,18 +58,21 @@ def fwd_impl(q, k, v, cu_q, cu_k, alibi, seed: int, max_q, max_k, scale, wl, wr,
     if impl in ("fa3", "auto_fa3"):
         from flashscale.kernels.attention_fa3 import attention_fa3_fwd
 
+        PATHS["fwd", "fa3"] += 1
         return attention_fa3_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal=wr == 0,
                                  softmax_scale=scale, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
                                  max_seqlen_k=max_k)
     if use_triton(q, impl):
         from flashscale.kernels.attention_fwd import attention_fwd  # kernels load on first use, not at import
 
+        PATHS["fwd", "fa2"] += 1
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         lse = torch.empty(_lse_shape(q, cu_q is not None), dtype=torch.float32, device=q.device)
         attention_fwd(q, k, v, out, lse, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
                       max_seqlen_k=max_k, softmax_scale=scale, window=(wl, wr), softcap=softcap, alibi_slopes=alibi,
                       dropout_p=dropout_p, seed=seed)
         return out, lse
+    PATHS["fwd", "reference"] += 1
     with torch.autocast(q.device.type, enabled=False):  # the reference picks its own precision
         out, lse = attention_ref(q, k, v, return_lse=True, **_ref_kwargs(cu_q, cu_k, alibi, seed, max_q, max_k, scale,
                                                                          wl, wr, softcap, dropout_p))
@@ -124,6 +133,7 @@ def bwd_impl(dout, q, k, v, out, lse, dlse, cu_q, cu_k, alibi, seed: int, max_q,
     if fa3_bwd_wanted(q, k, v, cu_q, wl, wr, softcap, alibi, dropout_p, deterministic, impl):
         from flashscale.kernels.attention_fa3_bwd import attention_fa3_bwd, delta_of
 
+        PATHS["bwd", "fa3"] += 1
         delta = delta_of(out, dout, dlse)
         return attention_fa3_bwd(dout, q.contiguous(), k.contiguous(), v.contiguous(), out, lse, causal=wr == 0,
                                  softmax_scale=scale, delta=delta)
@@ -139,12 +149,14 @@ def bwd_impl(dout, q, k, v, out, lse, dlse, cu_q, cu_k, alibi, seed: int, max_q,
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        dq_kernel = deterministic or fa2_dq_kernel_wanted(q, cu_q, wr, impl)
+        PATHS["bwd", "fa2_dq" if dq_kernel else "fa2_atomic"] += 1
         attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, dlse=dlse, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                       max_seqlen_q=max_q, max_seqlen_k=max_k, softmax_scale=scale, window=(wl, wr), softcap=softcap,
-                      alibi_slopes=alibi, dropout_p=dropout_p, seed=seed,
-                      deterministic=deterministic or fa2_dq_kernel_wanted(q, cu_q, wr, impl))
+                      alibi_slopes=alibi, dropout_p=dropout_p, seed=seed, deterministic=dq_kernel)
         return dq, dk, dv
     # FA2's backward formulas in plain PyTorch (autograd cannot run inside a custom op's kernel).
+    PATHS["bwd", "reference"] += 1
     with torch.autocast(q.device.type, enabled=False):
         grads = attention_bwd_ref(dout, q, k, v, out, lse, dlse=dlse, **_ref_kwargs(
             cu_q, cu_k, alibi, seed, max_q, max_k, scale, wl, wr, softcap, dropout_p))
