@@ -11,7 +11,9 @@ residual add + RMSNorm; RoPE + cache write + attention for one query; SiLU(gate)
 same for both precisions. With greedy=True the step writes argmax(logits) and position + 1 back into its
 inputs, so replaying the graph N times is the whole generation; tokens/s = N / (CUDA-event time). Before timing, the step is checked against
 Llama.forward with a KVCache (attention through torch SDPA there) on the first positions. The
-embedding stays bf16; the lm_head is quantized too unless --keep-lm-head.
+embedding stays bf16; the lm_head is quantized too unless --keep-lm-head. Each precision is timed twice: plain
+launches, and (rows "+pdl") with programmatic dependent launch for the step's Triton kernels (kernels.pdl; the
+bf16 linears are cuBLAS's and launch plainly), checked against the model again first.
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ def main(argv=None) -> int:
     ap.add_argument("--group-size", type=int, default=128)
     ap.add_argument("--keep-lm-head", action="store_true", help="leave the lm_head in bf16")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu: a tiny model, eager, a self-check only")
+    ap.add_argument("--no-pdl", action="store_true", help="skip the rows with programmatic dependent launch")
     args = ap.parse_args(argv)
     cpu = args.device == "cpu"
     if not cpu and not torch.cuda.is_available():
@@ -149,13 +152,22 @@ def main(argv=None) -> int:
             raise SystemExit(f"{impl}: the decode step disagrees with Llama.forward")
         if cpu:
             continue
-        ms = time_decode(dec, args.tokens, prompt[-1])
-        nbytes = weight_bytes(dec)
-        rows.append(dict(impl=impl, layers=args.layers, batch=1, tokens=args.tokens, ms_per_token=ms,
-                         tokens_per_s=1e3 / ms, weight_bytes=nbytes, TBps=nbytes / (ms * 1e9),
-                         lm_head="bf16" if (args.keep_lm_head or not quantize) else "w4a16"))
-        print(f"  {impl:18s} {1e3 / ms:8.1f} tok/s  {ms:7.3f} ms/token  {nbytes / 1e9:6.2f} GB read/token  "
-              f"{nbytes / (ms * 1e9):5.2f} TB/s", flush=True)
+        for use_pdl in (False, True) if not args.no_pdl else (False,):
+            name = impl + ("+pdl" if use_pdl else "")
+            dec.pdl, dec.graph = use_pdl, None  # eager steps until time_decode captures this variant's graph
+            if use_pdl:  # the eager step with PDL launches, against the model again (ordering on the GPU)
+                checks[name] = check_against_model(dec, model, prompt)
+                print(f"  {name}: decode step vs Llama.forward, worst relative logit difference {checks[name]:.2e}",
+                      flush=True)
+                if checks[name] > 0.25:
+                    raise SystemExit(f"{name}: the decode step disagrees with Llama.forward")
+            ms = time_decode(dec, args.tokens, prompt[-1])
+            nbytes = weight_bytes(dec)
+            rows.append(dict(impl=name, layers=args.layers, batch=1, tokens=args.tokens, ms_per_token=ms,
+                             tokens_per_s=1e3 / ms, weight_bytes=nbytes, TBps=nbytes / (ms * 1e9),
+                             lm_head="bf16" if (args.keep_lm_head or not quantize) else "w4a16", pdl=use_pdl))
+            print(f"  {name:22s} {1e3 / ms:8.1f} tok/s  {ms:7.3f} ms/token  {nbytes / 1e9:6.2f} GB read/token  "
+                  f"{nbytes / (ms * 1e9):5.2f} TB/s", flush=True)
         del dec
     if cpu:
         print("cpu self-check passed")
@@ -165,18 +177,25 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"generate_w4a16-{tag}.json"
-    path.write_text(json.dumps(dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
+    tmp = path.with_name(path.name + ".tmp")  # atomic: a reader never sees half a file
+    tmp.write_text(json.dumps(dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
                                     date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                                     model=f"llama3-8B shape, {args.layers} layers, random weights",
                                     group_size=args.group_size, rows=rows, step_checks=checks,
                                     tuned=tuned_configs()), indent=1))
-    b, q = rows
+    tmp.replace(path)
+    by = {r["impl"]: r for r in rows}
     print(f"\nLlama-3-8B-shaped decode, batch 1, {args.tokens} tokens, CUDA graph, {gpu}")
-    print(f"{'impl':18s} {'tok/s':>8} {'ms/tok':>8} {'GB/tok':>7} {'TB/s':>6}")
+    print(f"{'impl':22s} {'tok/s':>8} {'ms/tok':>8} {'GB/tok':>7} {'TB/s':>6}")
     for r in rows:
-        print(f"{r['impl']:18s} {r['tokens_per_s']:8.1f} {r['ms_per_token']:8.3f} {r['weight_bytes'] / 1e9:7.2f} "
+        print(f"{r['impl']:22s} {r['tokens_per_s']:8.1f} {r['ms_per_token']:8.3f} {r['weight_bytes'] / 1e9:7.2f} "
               f"{r['TBps']:6.2f}")
-    print(f"speedup {q['tokens_per_s'] / b['tokens_per_s']:.2f}x  wrote {path}")
+    for suffix in ("", "+pdl"):
+        b, q = by.get("bf16" + suffix), by.get("flashscale-w4a16" + suffix)
+        if b and q:
+            print(f"speedup{suffix or ''} {q['tokens_per_s'] / b['tokens_per_s']:.2f}x "
+                  f"(against plain bf16: {q['tokens_per_s'] / by['bf16']['tokens_per_s']:.2f}x)")
+    print(f"wrote {path}")
     return 0
 
 

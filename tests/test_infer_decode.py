@@ -54,16 +54,19 @@ def test_step_equals_forward_with_kv_cache(bias, tied):
     assert dec.length == ids.shape[1] + len(steps) and int(dec.pos) == dec.length
 
 
+@pytest.mark.parametrize("pdl", [False, True])
 @torch.no_grad()
-def test_fused_quantized_layout_equals_the_quantized_model():
+def test_fused_quantized_layout_equals_the_quantized_model(pdl):
     """fuse=True with linear_fn=QuantLinear.from_float (the benchmark's layout): the same logits as the model
     whose linears were quantized one by one (RTN per output row: fusing rows does not change them). On a GPU in
-    float16 (the W4A16 kernels take 16-bit activations), to within its rounding."""
+    float16 (the W4A16 kernels take 16-bit activations), to within its rounding. pdl=True: on an sm_90 GPU every
+    Triton kernel of the step waits for its predecessor through programmatic dependent launch (a missing wait
+    would read stale activations); elsewhere the flag is ignored."""
     cuda = DEV == "cuda"
     model = _model(bias=True, dtype=torch.float16 if cuda else torch.float32)
     tol = 2e-2 if cuda else 1e-4
     qfn = lambda lin: QuantLinear.from_float(lin, group_size=32, sym=True)  # noqa: E731
-    dec = StaticDecoder(model, 12, fuse=True, linear_fn=qfn)
+    dec = StaticDecoder(model, 12, fuse=True, linear_fn=qfn, pdl=pdl)
     qmodel = copy.deepcopy(model)
     for block in qmodel.layers:
         for parent in (block.self_attn, block.mlp):
@@ -96,6 +99,8 @@ def test_errors():
     assert unsupported(nn.Linear(2, 2), 4) is not None
     with pytest.raises(ValueError, match="max_len"):
         StaticDecoder(model, 0)
+    with pytest.raises(TypeError, match="pdl must be a bool"):
+        StaticDecoder(model, 4, pdl="yes")
     dec = StaticDecoder(model, 4)
     with pytest.raises(ValueError, match=r"\(1, S0\)"):
         dec.prefill(torch.zeros(2, 3, dtype=torch.long, device=DEV))
@@ -125,3 +130,23 @@ def test_capture_replays_the_same_steps():
     b = [graphed.logits.clone()] + [graphed.step(t).clone() for t in (7, 8, 9)]
     for x, y in zip(a, b):
         assert torch.equal(x, y)
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_capture_with_pdl_replays_the_eager_steps():
+    """The CUDA graph of a step whose kernels launch with programmatic dependent launch (kernels.pdl) gives the
+    eager plain-launch logits, 4-bit linears included (the W4A16 GEMVs wait too)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("needs an sm_90 GPU")
+    model = _model().to(torch.bfloat16)
+    qfn = lambda lin: QuantLinear.from_float(lin, group_size=32, sym=True)  # noqa: E731
+    ids = torch.tensor([[5, 17, 33]], device=DEV)
+    plain = StaticDecoder(model, 16, fuse=True, linear_fn=qfn)
+    graphed = StaticDecoder(model, 16, fuse=True, linear_fn=qfn, pdl=True)
+    a = [plain.prefill(ids).clone()] + [plain.step(t).clone() for t in (7, 8, 9)]
+    graphed.prefill(ids)
+    graphed.capture()
+    b = [graphed.logits.clone()] + [graphed.step(t).clone() for t in (7, 8, 9)]
+    for x, y in zip(a, b):
+        assert _rel(y, x) < 1e-2  # the GEMVs' split-K may add in another order; a stale read is far off

@@ -11,6 +11,9 @@ a token instead of a few hundred Python-side ones.
 
 fuse=True builds fused q/k/v and gate/up linears (one GEMV each instead of three / two; a copy of those weights)
 from float linears, each passed through `linear_fn` (e.g. QuantLinear.from_float): the benchmark's layout.
+pdl=True launches the step's Triton kernels (the three here and the W4A16 GEMVs) with programmatic dependent
+launch on sm_90+ (kernels.pdl: each grid is resident before its predecessor ends and starts the moment it does);
+off by default until the H200 has measured it (benchmarks/generate_w4a16.py times both).
 Shapes: E hidden size, H query heads, G kv heads, D head_dim, L layers, T max_len, V vocab.
 """
 
@@ -23,6 +26,9 @@ import triton
 from torch import nn
 
 from flashscale.kernels.decode import add_rmsnorm_kernel, decode_attention_kernel, silu_mul_kernel
+from flashscale.kernels.pdl import active as pdl_active
+from flashscale.kernels.pdl import launch_options
+from flashscale.kernels.pdl import pdl as pdl_launches
 from flashscale.models.llama import KVCache, Llama
 
 
@@ -57,7 +63,8 @@ class StaticDecoder:
     """One-token decode of a Llama at batch 1 over a static cache of max_len positions (see the module doc)."""
 
     def __init__(self, model: Llama, max_len: int, *, fuse: bool = False,
-                 linear_fn: Callable[[nn.Linear], nn.Module] | None = None, lm_head: nn.Module | None = None):
+                 linear_fn: Callable[[nn.Linear], nn.Module] | None = None, lm_head: nn.Module | None = None,
+                 pdl: bool = False):
         why = unsupported(model, max_len)
         if why is not None:
             raise ValueError(f"StaticDecoder: {why}")
@@ -66,7 +73,9 @@ class StaticDecoder:
             raise ValueError("StaticDecoder: fuse=True builds fused copies from float nn.Linear layers (quantize them "
                              "through linear_fn); this model's are already replaced: use fuse=False")
         cfg = model.config
-        self.model, self.cfg, self.max_len, self.fused = model, cfg, max_len, fuse
+        if not isinstance(pdl, bool):
+            raise TypeError(f"StaticDecoder: pdl must be a bool, got {pdl!r}")
+        self.model, self.cfg, self.max_len, self.fused, self.pdl = model, cfg, max_len, fuse, pdl
         self.lm_head = lm_head if lm_head is not None else model.lm_head
         self.blocks = []
         for b in model.layers:
@@ -98,7 +107,8 @@ class StaticDecoder:
     def _norm(self, norm: nn.Module, r: torch.Tensor | None = None) -> None:
         e = self.cfg.hidden_size
         add_rmsnorm_kernel[(1,)](self.x, self.x if r is None else r, norm.weight, self.h, e, norm.eps,
-                                 HAS_R=r is not None, BLOCK=triton.next_power_of_2(e), num_warps=8)
+                                 HAS_R=r is not None, BLOCK=triton.next_power_of_2(e), num_warps=8,
+                                 **launch_options(pdl_active(self.x.device)))
 
     @staticmethod
     def _linear(mods, h: torch.Tensor) -> torch.Tensor:
@@ -107,7 +117,12 @@ class StaticDecoder:
     @torch.no_grad()
     def _step(self) -> None:
         """logits <- the logits (1, V) of `tok` at `pos`; pos += 1 (and tok <- argmax with greedy), in place."""
+        with pdl_launches(self.pdl):
+            self._step_body()
+
+    def _step_body(self) -> None:
         cfg, m = self.cfg, self.model
+        po = launch_options(pdl_active(self.x.device))
         h_q, h_kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.x.copy_(m.embed_tokens(self.tok))
         cos, sin = m.rope(self.pos[None], self.x.dtype)  # (1, 1, 1, D)
@@ -116,7 +131,7 @@ class StaticDecoder:
             self._norm(b["ln1"], r)
             qkv = self._linear(b["qkv"], self.h)  # (1, (H + 2G) D)
             decode_attention_kernel[(h_q,)](qkv, cos, sin, self.k[i], self.v[i], self.attn, self.pos, self.max_len,
-                                            d ** -0.5, H=h_q, G=h_kv, D=d, BT=64, num_warps=4)
+                                            d ** -0.5, H=h_q, G=h_kv, D=d, BT=64, num_warps=4, **po)
             self._norm(b["ln2"], b["o"](self.attn))
             f = cfg.intermediate_size
             if isinstance(b["gu"], tuple):
@@ -124,7 +139,7 @@ class StaticDecoder:
             else:
                 gu = b["gu"](self.h)  # (1, 2F)
                 g, u = gu[:, :f], gu[:, f:]
-            silu_mul_kernel[(triton.cdiv(f, 1024),)](g, u, self.act, F_=f, BLOCK=1024, num_warps=4)
+            silu_mul_kernel[(triton.cdiv(f, 1024),)](g, u, self.act, F_=f, BLOCK=1024, num_warps=4, **po)
             r = b["down"](self.act)
         self._norm(m.norm, r)
         self.logits.copy_(self.lm_head(self.h))

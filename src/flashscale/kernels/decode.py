@@ -3,6 +3,7 @@ the whole step replays them: residual add + RMSNorm, RoPE + KV-cache write + att
 static cache, SiLU(gate) * up. Their reference is the model itself: tests/test_infer_decode.py checks the step's
 logits against Llama.forward with a KVCache (Triton's interpreter on the CPU, the GPU when there is one).
 
+PDL (kernels.pdl): each may run with programmatic dependent launch, waiting for its predecessor first thing.
 Shapes: E hidden size, H query heads, G kv heads, D head_dim (a power of two), T_MAX cache positions; the cache
 is (G, T_MAX, D) a layer, q/k/v one row (H + 2G) * D.
 """
@@ -12,10 +13,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from flashscale.kernels.pdl import pdl_enter
+
 
 @triton.jit
-def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, h_ptr, E, eps, HAS_R: tl.constexpr, BLOCK: tl.constexpr):
+def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, h_ptr, E, eps, HAS_R: tl.constexpr, BLOCK: tl.constexpr,
+                       PDL: tl.constexpr = False):
     """x <- x + r (rounded to x's dtype, as the model's residual add); h = RMSNorm(x) * w (HF order)."""
+    pdl_enter(PDL)
     offs = tl.arange(0, BLOCK)
     m = offs < E
     x = tl.load(x_ptr + offs, mask=m, other=0.0)
@@ -36,9 +41,11 @@ def _rope(x, x_rot, cos, sin, D: tl.constexpr):
 
 @triton.jit
 def decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, pos_ptr, T_MAX, scale,
-                            H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BT: tl.constexpr):
+                            H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
+                            PDL: tl.constexpr = False):
     """One query head a program: RoPE on q and the new k, the group's first head writes k/v at pos, then
     softmax(q K^T) V over positions 0..pos (cache rows < pos, the new row from registers: no race)."""
+    pdl_enter(PDL)
     hq = tl.program_id(0)
     g = hq // (H // G)
     pos = tl.load(pos_ptr)
@@ -78,8 +85,9 @@ def decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, 
 
 
 @triton.jit
-def silu_mul_kernel(g_ptr, u_ptr, out_ptr, F_: tl.constexpr, BLOCK: tl.constexpr):
+def silu_mul_kernel(g_ptr, u_ptr, out_ptr, F_: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """out = SiLU(g) * u (F_ elements): SiLU in g's dtype as F.silu, then the product rounded once."""
+    pdl_enter(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < F_
     g = tl.load(g_ptr + offs, mask=m, other=0.0).to(tl.float32)

@@ -30,6 +30,8 @@ import triton
 import triton.testing
 from triton.runtime.errors import OutOfResources
 
+from flashscale.kernels.pdl import active as pdl_active
+from flashscale.kernels.pdl import launch_options
 from flashscale.kernels.w4a16_common import MAGIC_ONE, split_k_slices, split_k_workspace
 from flashscale.kernels.w4a16_gemm import w4a16_gemm_kernel
 from flashscale.kernels.w4a16_gemv import w4a16_decode_kernel, w4a16_gemv_kernel
@@ -295,7 +297,8 @@ def _launch_gemm(x2d, p: PackedW4, bias, y, cfg: GemmConfig, split_k: int) -> No
     )
 
 
-def _launch_gemv(x2d, p: PackedW4, bias, y, cfg: GemvConfig, split_k: int, probe: int = 0) -> None:
+def _launch_gemv(x2d, p: PackedW4, bias, y, cfg: GemvConfig, split_k: int, probe: int = 0,
+                 pdl: bool = False) -> None:
     k = x2d.shape[1]
     n = p.out_features
     bk = 64 * cfg.kt
@@ -310,6 +313,7 @@ def _launch_gemv(x2d, p: PackedW4, bias, y, cfg: GemvConfig, split_k: int, probe
         G=p.group_size, HAS_PERM=p.perm is not None, HAS_BIAS=bias is not None,
         BN=cfg.bn, KT=cfg.kt, EVEN_K=k % bk == 0, EVEN_N=n_pad % cfg.bn == 0,
         PREFETCH=cfg.prefetch, SLICES=cfg.slices, PROBE=probe, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch_options(pdl),
     )
 
 
@@ -338,7 +342,8 @@ def x_words(x2d: torch.Tensor, p: PackedW4) -> torch.Tensor:
     return x2d.view(torch.int32)
 
 
-def _launch_decode(x2d, p: PackedW4, bias, y, cfg: DecodeConfig, per_sm: int, probe: int = 0) -> None:
+def _launch_decode(x2d, p: PackedW4, bias, y, cfg: DecodeConfig, per_sm: int, probe: int = 0,
+                   pdl: bool = False) -> None:
     m, k = x2d.shape
     n = p.out_features
     xw = x_words(x2d, p)
@@ -354,18 +359,21 @@ def _launch_decode(x2d, p: PackedW4, bias, y, cfg: DecodeConfig, per_sm: int, pr
         G=p.group_size, HAS_BIAS=bias is not None, BF16=x2d.dtype == torch.bfloat16, BN=cfg.bn, KT=cfg.kt, BM=bm,
         EVEN_K=k % (64 * cfg.kt) == 0, EVEN_N=p.sz.shape[1] % cfg.bn == 0, PREFETCH=cfg.prefetch,
         ASM=cfg.asm and not _interpreting(), PROBE=probe, num_warps=cfg.num_warps, num_stages=1,
+        **launch_options(pdl),
     )
 
 
-def _launch(x2d, p: PackedW4, bias, y, cfg, split: int) -> None:
+def _launch(x2d, p: PackedW4, bias, y, cfg, split: int, pdl: bool = False) -> None:
+    """pdl: programmatic dependent launch (kernels.pdl) for the GEMV and decode kernels; the GEMMs ignore it (they
+    launch plainly, which serializes as usual)."""
     if _is_wgmma(cfg):
         from flashscale.kernels.w4a16_wgmma import w4a16_wgmma
 
         w4a16_wgmma(x2d, p, bias, replace(cfg, split_k=split) if split else cfg, out=y)
     elif isinstance(cfg, DecodeConfig):
-        _launch_decode(x2d, p, bias, y, cfg, split)
+        _launch_decode(x2d, p, bias, y, cfg, split, pdl=pdl)
     elif isinstance(cfg, GemvConfig):
-        _launch_gemv(x2d, p, bias, y, cfg, split)
+        _launch_gemv(x2d, p, bias, y, cfg, split, pdl=pdl)
     else:
         _launch_gemm(x2d, p, bias, y, cfg, split)
 
@@ -476,7 +484,7 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
             cands = cands + wgmma_candidates(x2d, p, bias)
         cfg, split = _tune(key, cands, split_of, lambda c, s: _launch(x2d, p, bias, y, c, s), steps_of)
         split = split_k or split
-    _launch(x2d, p, bias, y, cfg, split)
+    _launch(x2d, p, bias, y, cfg, split, pdl=pdl_active(x2d.device))
     return y
 
 

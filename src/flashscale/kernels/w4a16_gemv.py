@@ -21,6 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from flashscale.kernels.pdl import pdl_enter
 from flashscale.kernels.w4a16_common import (D_UNIT_F16, OFF_BF16, OFF_F16, b_pairs, group_consts, last_split,
                                              mma_column, nibble_float, reset_ticket, store_or_reduce, sum_partials,
                                              word_shifts, write_partial, x_sums)
@@ -108,10 +109,12 @@ def w4a16_gemv_kernel(
     N, K, stride_pn, stride_sg, MAGIC, SPLIT_K,
     G: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BN: tl.constexpr, KT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-    PREFETCH: tl.constexpr = 1, SLICES: tl.constexpr = False, PROBE: tl.constexpr = 0,
+    PREFETCH: tl.constexpr = 1, SLICES: tl.constexpr = False, PROBE: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):
     """PROBE (benchmarks/w4a16_probe.py): 1 the same loads with no dequantization (a checksum of the
-    words per program, in ws), 2 no split-K reduction (each split writes its slice and stops)."""
+    words per program, in ws), 2 no split-K reduction (each split writes its slice and stops).
+    PDL: programmatic dependent launch (kernels.pdl): wait for the previous kernel first thing."""
+    pdl_enter(PDL)
     NB: tl.constexpr = BN // 16
     BK: tl.constexpr = KT * 64
     pid_n = tl.program_id(0)
@@ -445,7 +448,7 @@ def w4a16_decode_kernel(
     M, N, K, stride_xm, stride_ym, stride_pn, stride_sg, S, U, CMAX,
     G: tl.constexpr, HAS_BIAS: tl.constexpr, BF16: tl.constexpr, BN: tl.constexpr, KT: tl.constexpr,
     BM: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr = 1,
-    ASM: tl.constexpr = True, PROBE: tl.constexpr = 0,
+    ASM: tl.constexpr = True, PROBE: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):
     """y (M <= 16, N) = x @ W on the tensor cores, stream-K: U = tiles x S work items (BN rows x BK
     inputs, BK inside one group), program p of P takes items [p U / P, (p + 1) U / P) in tile-major
@@ -453,7 +456,9 @@ def w4a16_decode_kernel(
     flushes a partial tile at each tile end it meets (_dec_flush). x_ptr: x as int32 words (pairs of
     16-bit values), stride_xm in words. Accumulators: (NB, 32, 4) per token block, lane 4g + t holding
     rows 16 nb + g (+ 8) and tokens 2t, 2t + 1 (the mma C layout), times s * 2^11 (w4a16_pack's sz).
-    PROBE (benchmarks/w4a16_probe.py): 1 loads only (XORs the packed words), 2 no split-K reduction."""
+    PROBE (benchmarks/w4a16_probe.py): 1 loads only (XORs the packed words), 2 no split-K reduction.
+    PDL: programmatic dependent launch (kernels.pdl): wait for the previous kernel first thing."""
+    pdl_enter(PDL)
     NB: tl.constexpr = BN // 16
     BK: tl.constexpr = KT * 64
     TWO: tl.constexpr = BM == 16

@@ -1,0 +1,88 @@
+"""kernels.pdl: the pdl() switch (nesting, reset, bad input), where it applies (sm_90+ CUDA, not interpreted), and
+the machine code of every PDL-aware kernel compiled for sm_90 without a GPU: with PDL on, griddepcontrol.wait
+(SASS ACQBULK) comes before any global load or store and launch_dependents (PREEXIT) right after it; with PDL off
+neither is there. The ordering on a GPU: tests/test_infer_decode.py (pdl=True against the model, and a captured
+graph against eager steps)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashscale.kernels import pdl as P
+
+
+def test_switch_nests_and_resets():
+    cpu = torch.device("cpu")
+    assert P.launch_options(False) == {} and P.launch_options(True) == {"PDL": True, "launch_pdl": True}
+    with P.pdl():
+        assert P._ON.get()
+        with P.pdl(False):
+            assert not P._ON.get()
+        assert P._ON.get()
+        assert not P.active(cpu)  # not CUDA
+    assert not P._ON.get()
+    with pytest.raises(TypeError, match="takes a bool"):
+        with P.pdl("yes"):
+            pass
+    assert not P._ON.get()
+
+
+_COMPILE = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from flashscale.kernels import w4a16_aot as aot
+from flashscale.kernels.aot import sass, sass_instructions, sass_opcode
+from flashscale.kernels.decode import add_rmsnorm_kernel, decode_attention_kernel, silu_mul_kernel
+from flashscale.kernels.w4a16 import DecodeConfig, GemvConfig
+
+def small(fn, sig, cx, pdl):
+    sig = {**sig, **{k: "constexpr" for k in cx}, "PDL": "constexpr"}
+    names = list(sig)
+    cx = {**cx, "PDL": pdl}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in cx.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+
+bf = "*bf16"
+out = {}
+for pdl in (False, True):
+    kernels = {
+        "gemv": aot.compile_sm90(GemvConfig(bn=128, kt=2), pdl=pdl),
+        "decode": aot.compile_sm90(DecodeConfig(), pdl=pdl),
+        "add_rmsnorm": small(add_rmsnorm_kernel, dict(x_ptr=bf, r_ptr=bf, w_ptr=bf, h_ptr=bf, E="i32", eps="fp32"),
+                             dict(HAS_R=True, BLOCK=4096), pdl),
+        "attention": small(decode_attention_kernel, dict(qkv_ptr=bf, cos_ptr=bf, sin_ptr=bf, kc_ptr=bf, vc_ptr=bf,
+                                                         out_ptr=bf, pos_ptr="*i64", T_MAX="i32", scale="fp32"),
+                           dict(H=32, G=8, D=128, BT=64), pdl),
+        "silu_mul": small(silu_mul_kernel, dict(g_ptr=bf, u_ptr=bf, out_ptr=bf), dict(F_=14336, BLOCK=1024), pdl),
+    }
+    for name, k in kernels.items():
+        ops = [sass_opcode(i) for _, i in sass_instructions(sass(k.asm["cubin"]))]
+        first_mem = next(i for i, o in enumerate(ops) if o.startswith(("LDG", "STG", "ATOM", "RED", "LD.", "ST.")))
+        out[f"{name} {pdl}"] = dict(wait=ops.index("ACQBULK") if "ACQBULK" in ops else None,
+                                    launch=ops.index("PREEXIT") if "PREEXIT" in ops else None, first_mem=first_mem,
+                                    ptx_wait=k.asm["ptx"].count("griddepcontrol.wait"))
+json.dump(out, open(sys.argv[1], "w"))
+"""
+
+
+def test_pdl_kernels_wait_before_touching_memory(tmp_path):
+    pytest.importorskip("triton.compiler")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compile for sm_90, no GPU needed
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    out = tmp_path / "pdl.json"
+    subprocess.run([sys.executable, "-c", _COMPILE, str(out)], env=env, check=True, timeout=600)
+    got = json.loads(out.read_text())
+    for name in ("gemv", "decode", "add_rmsnorm", "attention", "silu_mul"):
+        off, on = got[f"{name} False"], got[f"{name} True"]
+        assert off["wait"] is None and off["launch"] is None and off["ptx_wait"] == 0, (name, off)
+        assert on["ptx_wait"] == 1 and on["wait"] is not None and on["launch"] is not None, (name, on)
+        assert on["wait"] < on["launch"] < on["first_mem"], (name, on)
