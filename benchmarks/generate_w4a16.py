@@ -12,8 +12,10 @@ same for both precisions. With greedy=True the step writes argmax(logits) and po
 inputs, so replaying the graph N times is the whole generation; tokens/s = N / (CUDA-event time). Before timing, the step is checked against
 Llama.forward with a KVCache (attention through torch SDPA there) on the first positions. The
 embedding stays bf16; the lm_head is quantized too unless --keep-lm-head. Each precision is timed twice: plain
-launches, and (rows "+pdl") with programmatic dependent launch for the step's Triton kernels (kernels.pdl; the
-bf16 linears are cuBLAS's and launch plainly), checked against the model again first.
+launches; with programmatic dependent launch for the step's Triton kernels (rows "+pdl": kernels.pdl; the bf16
+linears are cuBLAS's and launch plainly); and with the W4A16 kernels also prefetching their weights into L2
+before they wait (rows "+pdl+l2"; the bf16 rows only differ by run-to-run noise there). PDL rows are checked
+against the model again first.
 """
 
 from __future__ import annotations
@@ -152,9 +154,10 @@ def main(argv=None) -> int:
             raise SystemExit(f"{impl}: the decode step disagrees with Llama.forward")
         if cpu:
             continue
-        for use_pdl in (False, True) if not args.no_pdl else (False,):
-            name = impl + ("+pdl" if use_pdl else "")
-            dec.pdl, dec.graph = use_pdl, None  # eager steps until time_decode captures this variant's graph
+        variants = [(False, False)] if args.no_pdl else [(False, False), (True, False), (True, True)]
+        for use_pdl, l2 in variants:
+            name = impl + ("+pdl" if use_pdl else "") + ("+l2" if l2 else "")
+            dec.pdl, dec.l2_prefetch, dec.graph = use_pdl, l2, None  # eager until time_decode captures the variant
             if use_pdl:  # the eager step with PDL launches, against the model again (ordering on the GPU)
                 checks[name] = check_against_model(dec, model, prompt)
                 print(f"  {name}: decode step vs Llama.forward, worst relative logit difference {checks[name]:.2e}",
@@ -165,7 +168,8 @@ def main(argv=None) -> int:
             nbytes = weight_bytes(dec)
             rows.append(dict(impl=name, layers=args.layers, batch=1, tokens=args.tokens, ms_per_token=ms,
                              tokens_per_s=1e3 / ms, weight_bytes=nbytes, TBps=nbytes / (ms * 1e9),
-                             lm_head="bf16" if (args.keep_lm_head or not quantize) else "w4a16", pdl=use_pdl))
+                             lm_head="bf16" if (args.keep_lm_head or not quantize) else "w4a16", pdl=use_pdl,
+                             l2_prefetch=l2))
             print(f"  {name:22s} {1e3 / ms:8.1f} tok/s  {ms:7.3f} ms/token  {nbytes / 1e9:6.2f} GB read/token  "
                   f"{nbytes / (ms * 1e9):5.2f} TB/s", flush=True)
         del dec
@@ -190,7 +194,7 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['impl']:22s} {r['tokens_per_s']:8.1f} {r['ms_per_token']:8.3f} {r['weight_bytes'] / 1e9:7.2f} "
               f"{r['TBps']:6.2f}")
-    for suffix in ("", "+pdl"):
+    for suffix in ("", "+pdl", "+pdl+l2"):
         b, q = by.get("bf16" + suffix), by.get("flashscale-w4a16" + suffix)
         if b and q:
             print(f"speedup{suffix or ''} {q['tokens_per_s'] / b['tokens_per_s']:.2f}x "

@@ -101,6 +101,8 @@ def test_errors():
         StaticDecoder(model, 0)
     with pytest.raises(TypeError, match="pdl must be a bool"):
         StaticDecoder(model, 4, pdl="yes")
+    with pytest.raises(TypeError, match="l2_prefetch must be a bool"):
+        StaticDecoder(model, 4, pdl=True, l2_prefetch=1)
     dec = StaticDecoder(model, 4)
     with pytest.raises(ValueError, match=r"\(1, S0\)"):
         dec.prefill(torch.zeros(2, 3, dtype=torch.long, device=DEV))
@@ -133,17 +135,18 @@ def test_capture_replays_the_same_steps():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("l2_prefetch", [False, True])
 @torch.no_grad()
-def test_capture_with_pdl_replays_the_eager_steps():
+def test_capture_with_pdl_replays_the_eager_steps(l2_prefetch):
     """The CUDA graph of a step whose kernels launch with programmatic dependent launch (kernels.pdl) gives the
-    eager plain-launch logits, 4-bit linears included (the W4A16 GEMVs wait too)."""
+    eager plain-launch logits, 4-bit linears included (the W4A16 GEMVs wait too, after their L2 prefetch)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("needs an sm_90 GPU")
     model = _model().to(torch.bfloat16)
     qfn = lambda lin: QuantLinear.from_float(lin, group_size=32, sym=True)  # noqa: E731
     ids = torch.tensor([[5, 17, 33]], device=DEV)
     plain = StaticDecoder(model, 16, fuse=True, linear_fn=qfn)
-    graphed = StaticDecoder(model, 16, fuse=True, linear_fn=qfn, pdl=True)
+    graphed = StaticDecoder(model, 16, fuse=True, linear_fn=qfn, pdl=True, l2_prefetch=l2_prefetch)
     a = [plain.prefill(ids).clone()] + [plain.step(t).clone() for t in (7, 8, 9)]
     graphed.prefill(ids)
     graphed.capture()

@@ -1,7 +1,7 @@
 """kernels.pdl: the pdl() switch (nesting, reset, bad input), where it applies (sm_90+ CUDA, not interpreted), and
 the machine code of every PDL-aware kernel compiled for sm_90 without a GPU: with PDL on, griddepcontrol.wait
-(SASS ACQBULK) comes before any global load or store and launch_dependents (PREEXIT) right after it; with PDL off
-neither is there. The ordering on a GPU: tests/test_infer_decode.py (pdl=True against the model, and a captured
+(SASS ACQBULK) comes before any global load or store and launch_dependents (PREEXIT) right after it, and the W4A16
+kernels' L2 prefetch (UBLKPF.L2) before the wait when asked for; with PDL off none of them is there. The ordering on a GPU: tests/test_infer_decode.py (pdl=True against the model, and a captured
 graph against eager steps)."""
 
 from __future__ import annotations
@@ -21,13 +21,16 @@ from flashscale.kernels import pdl as P
 def test_switch_nests_and_resets():
     cpu = torch.device("cpu")
     assert P.launch_options(False) == {} and P.launch_options(True) == {"PDL": True, "launch_pdl": True}
+    assert P.launch_options(True, True) == {"PDL": True, "launch_pdl": True, "L2PF": True}
     with P.pdl():
-        assert P._ON.get()
+        assert P._ON.get() and P.l2_prefetch_active()
         with P.pdl(False):
-            assert not P._ON.get()
-        assert P._ON.get()
+            assert not P._ON.get() and not P.l2_prefetch_active()
+        with P.pdl(l2_prefetch=False):
+            assert P._ON.get() and not P.l2_prefetch_active()
+        assert P._ON.get() and P.l2_prefetch_active()
         assert not P.active(cpu)  # not CUDA
-    assert not P._ON.get()
+    assert not P._ON.get() and not P.l2_prefetch_active()
     with pytest.raises(TypeError, match="takes a bool"):
         with P.pdl("yes"):
             pass
@@ -57,6 +60,8 @@ for pdl in (False, True):
     kernels = {
         "gemv": aot.compile_sm90(GemvConfig(bn=128, kt=2), pdl=pdl),
         "decode": aot.compile_sm90(DecodeConfig(), pdl=pdl),
+        "gemv_l2": aot.compile_sm90(GemvConfig(bn=256, kt=2), pdl=pdl, l2pf=pdl),
+        "decode_l2": aot.compile_sm90(DecodeConfig(), pdl=pdl, l2pf=pdl),
         "add_rmsnorm": small(add_rmsnorm_kernel, dict(x_ptr=bf, r_ptr=bf, w_ptr=bf, h_ptr=bf, E="i32", eps="fp32"),
                              dict(HAS_R=True, BLOCK=4096), pdl),
         "attention": small(decode_attention_kernel, dict(qkv_ptr=bf, cos_ptr=bf, sin_ptr=bf, kc_ptr=bf, vc_ptr=bf,
@@ -68,6 +73,7 @@ for pdl in (False, True):
         ops = [sass_opcode(i) for _, i in sass_instructions(sass(k.asm["cubin"]))]
         first_mem = next(i for i, o in enumerate(ops) if o.startswith(("LDG", "STG", "ATOM", "RED", "LD.", "ST.")))
         out[f"{name} {pdl}"] = dict(wait=ops.index("ACQBULK") if "ACQBULK" in ops else None,
+                                    prefetch=[i for i, o in enumerate(ops) if o.startswith("UBLKPF")],
                                     launch=ops.index("PREEXIT") if "PREEXIT" in ops else None, first_mem=first_mem,
                                     ptx_wait=k.asm["ptx"].count("griddepcontrol.wait"))
 json.dump(out, open(sys.argv[1], "w"))
@@ -81,8 +87,13 @@ def test_pdl_kernels_wait_before_touching_memory(tmp_path):
     out = tmp_path / "pdl.json"
     subprocess.run([sys.executable, "-c", _COMPILE, str(out)], env=env, check=True, timeout=600)
     got = json.loads(out.read_text())
-    for name in ("gemv", "decode", "add_rmsnorm", "attention", "silu_mul"):
+    for name in ("gemv", "decode", "gemv_l2", "decode_l2", "add_rmsnorm", "attention", "silu_mul"):
         off, on = got[f"{name} False"], got[f"{name} True"]
         assert off["wait"] is None and off["launch"] is None and off["ptx_wait"] == 0, (name, off)
         assert on["ptx_wait"] == 1 and on["wait"] is not None and on["launch"] is not None, (name, on)
         assert on["wait"] < on["launch"] < on["first_mem"], (name, on)
+        assert not off["prefetch"]
+        # the L2 prefetch (one request a fragment row; the decode kernel's second tile is a second one) before the
+        # wait, and only where asked for
+        assert len(on["prefetch"]) == {"gemv_l2": 1, "decode_l2": 2}.get(name, 0), (name, on)
+        assert all(i < on["wait"] for i in on["prefetch"]), (name, on)

@@ -12,8 +12,9 @@ a token instead of a few hundred Python-side ones.
 fuse=True builds fused q/k/v and gate/up linears (one GEMV each instead of three / two; a copy of those weights)
 from float linears, each passed through `linear_fn` (e.g. QuantLinear.from_float): the benchmark's layout.
 pdl=True launches the step's Triton kernels (the three here and the W4A16 GEMVs) with programmatic dependent
-launch on sm_90+ (kernels.pdl: each grid is resident before its predecessor ends and starts the moment it does);
-off by default until the H200 has measured it (benchmarks/generate_w4a16.py times both).
+launch on sm_90+ (kernels.pdl: each grid is resident before its predecessor ends and starts the moment it does;
+with l2_prefetch the W4A16 ones first ask for their weights to be brought into L2 while the small kernel before
+them runs); off by default until the H200 has measured it (benchmarks/generate_w4a16.py times all three).
 Shapes: E hidden size, H query heads, G kv heads, D head_dim, L layers, T max_len, V vocab.
 """
 
@@ -64,7 +65,7 @@ class StaticDecoder:
 
     def __init__(self, model: Llama, max_len: int, *, fuse: bool = False,
                  linear_fn: Callable[[nn.Linear], nn.Module] | None = None, lm_head: nn.Module | None = None,
-                 pdl: bool = False):
+                 pdl: bool = False, l2_prefetch: bool = True):
         why = unsupported(model, max_len)
         if why is not None:
             raise ValueError(f"StaticDecoder: {why}")
@@ -73,9 +74,11 @@ class StaticDecoder:
             raise ValueError("StaticDecoder: fuse=True builds fused copies from float nn.Linear layers (quantize them "
                              "through linear_fn); this model's are already replaced: use fuse=False")
         cfg = model.config
-        if not isinstance(pdl, bool):
-            raise TypeError(f"StaticDecoder: pdl must be a bool, got {pdl!r}")
-        self.model, self.cfg, self.max_len, self.fused, self.pdl = model, cfg, max_len, fuse, pdl
+        for name, val in (("pdl", pdl), ("l2_prefetch", l2_prefetch)):
+            if not isinstance(val, bool):
+                raise TypeError(f"StaticDecoder: {name} must be a bool, got {val!r}")
+        self.model, self.cfg, self.max_len, self.fused = model, cfg, max_len, fuse
+        self.pdl, self.l2_prefetch = pdl, l2_prefetch
         self.lm_head = lm_head if lm_head is not None else model.lm_head
         self.blocks = []
         for b in model.layers:
@@ -117,7 +120,7 @@ class StaticDecoder:
     @torch.no_grad()
     def _step(self) -> None:
         """logits <- the logits (1, V) of `tok` at `pos`; pos += 1 (and tok <- argmax with greedy), in place."""
-        with pdl_launches(self.pdl):
+        with pdl_launches(self.pdl, l2_prefetch=self.l2_prefetch):
             self._step_body()
 
     def _step_body(self) -> None:

@@ -16,7 +16,13 @@ serialize as usual around these.
     with pdl():                  # launches of PDL-aware kernels inside use it, where the device supports it
         decoder.step()
 
-Under Triton's interpreter and on GPUs before sm_90 the flag is ignored (plain launches, same results).
+The W4A16 GEMV and decode kernels can also use the wait: with l2_prefetch (on by default inside pdl()) each
+program first asks for its own range of packed weights to be brought into L2 (`cp.async.bulk.prefetch.L2`, a
+few instructions a program; the weights are never written, so reading them early is safe), then waits. The
+kernel before a GEMV in a decode step is a small one (RMSNorm, attention, SiLU) that leaves HBM idle; the
+prefetch fills that time.
+
+Under Triton's interpreter and on GPUs before sm_90 the flags are ignored (plain launches, same results).
 """
 
 from __future__ import annotations
@@ -31,19 +37,23 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 _ON: contextvars.ContextVar[bool] = contextvars.ContextVar("flashscale_pdl", default=False)
+_L2: contextvars.ContextVar[bool] = contextvars.ContextVar("flashscale_pdl_l2", default=False)
 
 
 @contextlib.contextmanager
-def pdl(enabled: bool = True):
+def pdl(enabled: bool = True, *, l2_prefetch: bool = True):
     """Within the block, PDL-aware kernels (kernels.decode, the W4A16 GEMV/decode kernels at M <= 16) launch with
-    programmatic dependent launch where the device supports it."""
-    if not isinstance(enabled, bool):
-        raise TypeError(f"pdl(enabled) takes a bool, got {enabled!r}")
-    token = _ON.set(enabled)
+    programmatic dependent launch where the device supports it; l2_prefetch: the W4A16 ones prefetch their
+    weights into L2 before waiting."""
+    for name, val in (("enabled", enabled), ("l2_prefetch", l2_prefetch)):
+        if not isinstance(val, bool):
+            raise TypeError(f"pdl({name}) takes a bool, got {val!r}")
+    tokens = _ON.set(enabled), _L2.set(enabled and l2_prefetch)
     try:
         yield
     finally:
-        _ON.reset(token)
+        _ON.reset(tokens[0])
+        _L2.reset(tokens[1])
 
 
 def active(device: torch.device) -> bool:
@@ -53,9 +63,17 @@ def active(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def launch_options(on: bool) -> dict:
-    """Keyword arguments of a PDL-aware kernel launch: the kernel's PDL constexpr and Triton's launch option."""
-    return {"PDL": True, "launch_pdl": True} if on else {}
+def l2_prefetch_active() -> bool:
+    """Whether PDL launches now also prefetch their weights into L2 (meaningful where active() holds)."""
+    return _L2.get()
+
+
+def launch_options(on: bool, l2_prefetch: bool = False) -> dict:
+    """Keyword arguments of a PDL-aware kernel launch: the kernel's PDL (and L2PF) constexprs and Triton's launch
+    option."""
+    if not on:
+        return {}
+    return {"PDL": True, "launch_pdl": True, **({"L2PF": True} if l2_prefetch else {})}
 
 
 @triton.jit
@@ -64,3 +82,18 @@ def pdl_enter(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+@triton.jit
+def l2_prefetch_rows(pk_ptr, frag0, stride_pn, w0, w1, n_frag, enable, NB: tl.constexpr):
+    """Ask for words [w0, w1) of packed fragment rows frag0 .. frag0 + NB - 1 (those < n_frag; nothing unless
+    enable) to be brought into L2: one `cp.async.bulk.prefetch.L2.global` a row. Its operands must be warp-uniform,
+    so ptxas loops over the distinct values a warp holds: one request a row keeps that loop at <= NB turns (a
+    request a thread made it 32). w0, w1 and the row stride must be multiples of 4 words (16 bytes)."""
+    frag = frag0 + tl.arange(0, NB)
+    ptrs = pk_ptr + frag.to(tl.int64) * stride_pn + w0
+    nbytes = ((w1 - w0) * 4 + frag * 0).to(tl.int32)
+    on = ((frag < n_frag) & (w1 > w0) & enable).to(tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r,r", [ptrs, nbytes, on], dtype=tl.int32, is_pure=False, pack=1)

@@ -28,11 +28,11 @@ _ALIGNED_INTS = ("N", "K", "stride_pn", "stride_sg", "stride_xm", "stride_ym")  
 
 
 def compile_sm90(cfg: GemvConfig | GemmConfig | DecodeConfig, *, dtype: str = "bf16", group_size: int = 128,
-                 bm: int = 8, probe: int = 0, pdl: bool = False):
+                 bm: int = 8, probe: int = 0, pdl: bool = False, l2pf: bool = False):
     """Compile one config the way the launcher specializes it for an even Llama shape (K, N multiples
     of 128, no act-order, no bias); returns Triton's CompiledKernel (asm: ptx, cubin, ttgir).
     bm: the decode kernel's token tile (8: M <= 8, 16: M <= 16); probe: its PROBE mode; pdl: the GEMV / decode
-    kernels' programmatic-dependent-launch prologue (kernels.pdl)."""
+    kernels' programmatic-dependent-launch prologue (kernels.pdl), l2pf with its L2 prefetch."""
     ptr_types = {"x_ptr": f"*{dtype}", "pk_ptr": "*i32", "sz_ptr": "*i32", "perm_ptr": "*i32", "y_ptr": f"*{dtype}",
                  "bias_ptr": f"*{dtype}", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
     num_stages = getattr(cfg, "num_stages", 1)
@@ -42,12 +42,12 @@ def compile_sm90(cfg: GemvConfig | GemmConfig | DecodeConfig, *, dtype: str = "b
         ptr_types["x_ptr"] = "*i32"
         ints = ("M", "N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg", "S", "U", "CMAX")
         cx = dict(G=group_size, HAS_BIAS=False, BF16=dtype == "bf16", BN=cfg.bn, KT=cfg.kt, BM=bm, EVEN_K=True,
-                  EVEN_N=True, PREFETCH=cfg.prefetch, ASM=cfg.asm, PROBE=probe, PDL=pdl)
+                  EVEN_N=True, PREFETCH=cfg.prefetch, ASM=cfg.asm, PROBE=probe, PDL=pdl, L2PF=l2pf)
     elif isinstance(cfg, GemvConfig):
         kern = w4a16_gemv_kernel
         ints = ("N", "K", "stride_pn", "stride_sg", "MAGIC", "SPLIT_K")
         cx = dict(G=group_size, HAS_PERM=False, HAS_BIAS=False, BN=cfg.bn, KT=cfg.kt, EVEN_K=True, EVEN_N=True,
-                  PREFETCH=cfg.prefetch, SLICES=cfg.slices, PROBE=probe, PDL=pdl)
+                  PREFETCH=cfg.prefetch, SLICES=cfg.slices, PROBE=probe, PDL=pdl, L2PF=l2pf)
     else:
         kern = w4a16_gemm_kernel
         ints = ("M", "N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg", "MAGIC", "SPLIT_K")

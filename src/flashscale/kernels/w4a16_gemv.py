@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from flashscale.kernels.pdl import pdl_enter
+from flashscale.kernels.pdl import l2_prefetch_rows, pdl_enter
 from flashscale.kernels.w4a16_common import (D_UNIT_F16, OFF_BF16, OFF_F16, b_pairs, group_consts, last_split,
                                              mma_column, nibble_float, reset_ticket, store_or_reduce, sum_partials,
                                              word_shifts, write_partial, x_sums)
@@ -110,11 +110,12 @@ def w4a16_gemv_kernel(
     G: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BN: tl.constexpr, KT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     PREFETCH: tl.constexpr = 1, SLICES: tl.constexpr = False, PROBE: tl.constexpr = 0, PDL: tl.constexpr = False,
+    L2PF: tl.constexpr = False,
 ):
     """PROBE (benchmarks/w4a16_probe.py): 1 the same loads with no dequantization (a checksum of the
     words per program, in ws), 2 no split-K reduction (each split writes its slice and stops).
-    PDL: programmatic dependent launch (kernels.pdl): wait for the previous kernel first thing."""
-    pdl_enter(PDL)
+    PDL: programmatic dependent launch (kernels.pdl): wait for the previous kernel before any memory access;
+    L2PF: first ask for this program's packed words to be brought into L2."""
     NB: tl.constexpr = BN // 16
     BK: tl.constexpr = KT * 64
     pid_n = tl.program_id(0)
@@ -123,6 +124,10 @@ def w4a16_gemv_kernel(
     n_iter = tl.cdiv(k_pad, BK)
     it0 = pid_k * n_iter // SPLIT_K
     it1 = (pid_k + 1) * n_iter // SPLIT_K
+    if PDL and L2PF:  # words [it0 BK / 64 * 128, it1 ...) of each of the tile's fragment rows, in the row
+        l2_prefetch_rows(pk_ptr, pid_n * NB, stride_pn, it0 * KT * 128,
+                         tl.minimum(it1 * KT * 128, (k_pad // 64) * 128), tl.cdiv(N, 16), True, NB)
+    pdl_enter(PDL)
 
     nb = tl.arange(0, NB)
     # (NB, KT, 128) words of one step: 128 contiguous words per fragment, so each load is 16 bytes a
@@ -448,7 +453,7 @@ def w4a16_decode_kernel(
     M, N, K, stride_xm, stride_ym, stride_pn, stride_sg, S, U, CMAX,
     G: tl.constexpr, HAS_BIAS: tl.constexpr, BF16: tl.constexpr, BN: tl.constexpr, KT: tl.constexpr,
     BM: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr = 1,
-    ASM: tl.constexpr = True, PROBE: tl.constexpr = 0, PDL: tl.constexpr = False,
+    ASM: tl.constexpr = True, PROBE: tl.constexpr = 0, PDL: tl.constexpr = False, L2PF: tl.constexpr = False,
 ):
     """y (M <= 16, N) = x @ W on the tensor cores, stream-K: U = tiles x S work items (BN rows x BK
     inputs, BK inside one group), program p of P takes items [p U / P, (p + 1) U / P) in tile-major
@@ -457,12 +462,24 @@ def w4a16_decode_kernel(
     16-bit values), stride_xm in words. Accumulators: (NB, 32, 4) per token block, lane 4g + t holding
     rows 16 nb + g (+ 8) and tokens 2t, 2t + 1 (the mma C layout), times s * 2^11 (w4a16_pack's sz).
     PROBE (benchmarks/w4a16_probe.py): 1 loads only (XORs the packed words), 2 no split-K reduction.
-    PDL: programmatic dependent launch (kernels.pdl): wait for the previous kernel first thing."""
-    pdl_enter(PDL)
+    PDL: programmatic dependent launch (kernels.pdl): wait for the previous kernel before any memory access;
+    L2PF: first ask for this program's packed words to be brought into L2 (its first tile's part and, when the
+    range crosses tiles, its last tile's; a middle tile, rare at decode shapes, is not prefetched)."""
     NB: tl.constexpr = BN // 16
     BK: tl.constexpr = KT * 64
     TWO: tl.constexpr = BM == 16
     pid, P, u0, u1, k_pad, n_frag, nb, w_off, kt_first, sz_off, lane1 = _dec_layout(U, K, N, stride_pn, NB, KT)
+    if PDL and L2PF:
+        t_a = u0 // S
+        t_b = (u1 - 1) // S
+        w_max = (k_pad // 64) * 128
+        ks_a = u0 - t_a * S
+        end_a = tl.where(t_b == t_a, u1 - t_a * S, S)
+        l2_prefetch_rows(pk_ptr, t_a * NB, stride_pn, ks_a * KT * 128, tl.minimum(end_a * KT * 128, w_max), n_frag,
+                         True, NB)
+        l2_prefetch_rows(pk_ptr, t_b * NB, stride_pn, 0, tl.minimum((u1 - t_b * S) * KT * 128, w_max), n_frag,
+                         t_b > t_a, NB)
+    pdl_enter(PDL)
 
     # item coordinates kept incrementally (no division in the loop): (tile, ks) computed now, (tile_p,
     # ks_p) the next one to load; loads past the range re-read the last item (in L2) instead of masking
