@@ -12,6 +12,10 @@
 #                                                                  # results (2026-11-29's tuning), so only the
 #                                                                  # dispatch differs from results/attention-h200.json;
 #                                                                  # then benchmarks/w4a16.py (the tuner's 2nd round)
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh e2e       # ~3 min: the PDL decode step (kernels.pdl:
+#                                                                  # its GPU tests, then generate_w4a16.py's
+#                                                                  # plain / +pdl / +pdl+l2 rows; docs/w4a16_decode.md
+#                                                                  # round 6 has the prediction)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh host      # ~1 min: host vs device time of the short
 #                                                                  # attention cells whose forward varied 1.8x
 #                                                                  # between runs (docs/attention_fa3.md)
@@ -46,9 +50,12 @@ case "${1:-}" in
     export FLASHSCALE_CACHE_DIR=/tmp/seedcache
     step attention 240 "$PY" benchmarks/attention.py --deterministic --out "$OUT"
     step w4a16 240 "$PY" benchmarks/w4a16.py --out "$OUT" ;;  # the tuner's second round: 4096x4096 at M 2-16
+  e2e)
+    step decode_tests 150 "$PY" -m pytest -q -p no:cacheprovider -x tests/test_infer_decode.py tests/kernels/test_pdl.py
+    step generate 300 "$PY" benchmarks/generate_w4a16.py --out "$OUT" ;;
   host)
     step host 120 "$PY" benchmarks/attention_host.py --out "$OUT" ;;
   *)
-    echo "usage: [OUT=DIR] bash benchmarks/gpu_pending.sh tests|refresh|host" >&2
+    echo "usage: [OUT=DIR] bash benchmarks/gpu_pending.sh tests|refresh|e2e|host" >&2
     exit 2 ;;
 esac
