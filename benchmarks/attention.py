@@ -64,6 +64,19 @@ def _sdpa(backend):
     return fn
 
 
+def spin(ms: float = 300.0) -> None:
+    """Keep the GPU busy for ~ms (bf16 GEMMs) so the next timings start at working clocks. The short cells run
+    first in each group, right after its checks compiled kernels with the GPU idle; they varied up to 1.8x between
+    runs of the same code (docs/attention_fa3.md, session 18) while the long ones agreed within 2 %."""
+    import time as _t
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    t0 = _t.perf_counter()
+    while (_t.perf_counter() - t0) * 1e3 < ms:
+        for _ in range(8):
+            a = (a @ a).clamp_(-1, 1)
+        torch.cuda.synchronize()
+
+
 def time_cell(impl, batch, seqlen, heads, hdim, causal, *, rep, warmup):
     """Median ms of forward and of backward (torch.autograd.grad, so nothing accumulates into .grad)."""
     import triton
@@ -261,6 +274,7 @@ def main(argv=None) -> int:
             checks.append(dict(hdim=hdim, causal=causal, result=check_group(hdim, causal)))
         except Exception as e:  # report, keep measuring the rest
             errors.append(f"check d{hdim} causal={causal}: {type(e).__name__}: {e}")
+        spin()  # the group's compiles left the GPU idle: its shortest (first) cells would time a clock ramp
         for seqlen in seqlens:
             batch, heads = TOKENS // seqlen, HIDDEN // hdim
             for impl in impls:
