@@ -85,6 +85,24 @@ def time_decode(dec: StaticDecoder, tokens: int, first: int) -> float:
     return start.elapsed_time(end) / tokens  # ms per token
 
 
+@torch.no_grad()
+def kernel_breakdown(dec: StaticDecoder, replays: int = 4) -> dict:
+    """Device time a token by kernel (torch.profiler over graph replays; CUPTI sees the kernels inside a graph):
+    {"kernel_ms": sum a token, "by_kernel": {name: ms a token}} for the 8 largest; the difference to ms_per_token
+    is the GPU's idle time between kernels (the bubbles the PDL rows aim at)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            dec.graph.replay()
+        torch.cuda.synchronize()
+    per = {}
+    for e in prof.key_averages():
+        if e.device_time_total > 0:
+            per[e.key] = per.get(e.key, 0.0) + e.device_time_total / 1e3 / replays  # us -> ms a token
+    top = dict(sorted(per.items(), key=lambda kv: -kv[1])[:8])
+    return {"kernel_ms": sum(per.values()), "by_kernel": {k[:60]: round(v, 4) for k, v in top.items()}}
+
+
 def weight_bytes(dec: StaticDecoder) -> int:
     mods = [dec.lm_head] + [b[k] for b in dec.blocks for k in ("qkv", "o", "gu", "down")]
     n = 0
@@ -165,13 +183,18 @@ def main(argv=None) -> int:
                 if checks[name] > 0.25:
                     raise SystemExit(f"{name}: the decode step disagrees with Llama.forward")
             ms = time_decode(dec, args.tokens, prompt[-1])
+            try:  # where the time goes: kernels vs the gaps between them
+                breakdown = kernel_breakdown(dec)
+            except Exception as e:  # the profiler is a diagnostic: never lose the timing for it
+                breakdown = {"profile_error": f"{type(e).__name__}: {e}"[:200]}
             nbytes = weight_bytes(dec)
             rows.append(dict(impl=name, layers=args.layers, batch=1, tokens=args.tokens, ms_per_token=ms,
                              tokens_per_s=1e3 / ms, weight_bytes=nbytes, TBps=nbytes / (ms * 1e9),
                              lm_head="bf16" if (args.keep_lm_head or not quantize) else "w4a16", pdl=use_pdl,
-                             l2_prefetch=l2))
+                             l2_prefetch=l2, **breakdown))
             print(f"  {name:22s} {1e3 / ms:8.1f} tok/s  {ms:7.3f} ms/token  {nbytes / 1e9:6.2f} GB read/token  "
-                  f"{nbytes / (ms * 1e9):5.2f} TB/s", flush=True)
+                  f"{nbytes / (ms * 1e9):5.2f} TB/s  kernels {breakdown.get('kernel_ms', float('nan')):.3f} ms",
+                  flush=True)
         del dec
     if cpu:
         print("cpu self-check passed")
