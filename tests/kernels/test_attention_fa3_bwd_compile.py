@@ -9,13 +9,11 @@ with the five GEMMs' HGMMAs and no global reduction (the dQ writer's red.global.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+
+from offline_compile import compile_offline
 
 bwd = pytest.importorskip("flashscale.kernels.attention_fa3_bwd")
 if not bwd.HAS_GLUON:
@@ -42,12 +40,7 @@ json.dump(res, open(f"{out}/compiled.json", "w"))
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     out = tmp_path_factory.mktemp("fa3_bwd_sm90")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # Gluon has no interpreter
-    src = str(Path(bwd.__file__).resolve().parents[2])
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _COMPILE, str(out)], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, f"sm_90 compile failed:\n{proc.stderr[-4000:]}"
+    compile_offline(_COMPILE, str(out))  # Gluon has no interpreter
     return out, json.loads((out / "compiled.json").read_text())
 
 
@@ -107,12 +100,7 @@ WS_NAMES = [f"d{d}_{name}_{c}" for d, cfgs in bwd.TUNING_CONFIGS.items() for nam
 @pytest.fixture(scope="module")
 def compiled_ws(tmp_path_factory):
     out = tmp_path_factory.mktemp("fa3_bwd_ws_sm90")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    src = str(Path(bwd.__file__).resolve().parents[2])
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_WS, str(out)], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, f"sm_90 compile of the warp-specialized backward failed:\n{proc.stderr[-4000:]}"
+    compile_offline(_COMPILE_WS, str(out), what="sm_90 compile of the warp-specialized backward")
     return json.loads((out / "compiled_ws.json").read_text())
 
 

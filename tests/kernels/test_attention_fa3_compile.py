@@ -8,13 +8,11 @@ before varlen was added (instruction counts recorded with triton 3.6.0)."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+
+from offline_compile import compile_offline
 
 fa3 = pytest.importorskip("flashscale.kernels.attention_fa3")
 if not fa3.HAS_GLUON:
@@ -52,12 +50,7 @@ EXTRA = {
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     out = tmp_path_factory.mktemp("fa3_sm90")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    src = str(Path(fa3.__file__).resolve().parents[2])
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _COMPILE, str(out), json.dumps(EXTRA)], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"sm_90 compile failed:\n{proc.stderr[-4000:]}"
+    compile_offline(_COMPILE, str(out), json.dumps(EXTRA))
     meta = json.loads((out / "compiled.json").read_text())
 
     def get(name, sass=False):

@@ -12,13 +12,11 @@ lane by lane and must deliver exactly the A layout's elements.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+
+from offline_compile import run_offline
 
 fp8 = pytest.importorskip("flashscale.kernels.attention_fa3_fp8")
 if not fp8.HAS_GLUON:
@@ -97,12 +95,8 @@ EXTRA = {
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     out = tmp_path_factory.mktemp("fa3_fp8_sm90")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    src = str(Path(fp8.__file__).resolve().parents[2])
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     try:
-        proc = subprocess.run([sys.executable, "-c", _COMPILE, str(out), json.dumps(EXTRA)], env=env,
-                              capture_output=True, text=True, timeout=600)
+        proc = run_offline(_COMPILE, str(out), json.dumps(EXTRA), timeout=600)
     except FileNotFoundError as e:  # pragma: no cover
         pytest.skip(f"cannot run the compiler: {e}")
     if proc.returncode and ("ptxas" in proc.stderr and "not found" in proc.stderr.lower()):

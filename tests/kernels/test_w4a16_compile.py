@@ -11,12 +11,10 @@ or barrier per item."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+
+from offline_compile import compile_offline
 
 pytest.importorskip("triton.compiler")
 
@@ -35,12 +33,7 @@ _MAX_PER_WEIGHT = {"gemv": 4.9, "gemm": 5.6, "decode": 3.1}
 @pytest.fixture(scope="module")
 def census(tmp_path_factory):
     out = tmp_path_factory.mktemp("w4a16_sm90") / "census.json"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _COMPILE, str(out)], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, f"sm_90 compile failed:\n{proc.stderr[-4000:]}"
+    compile_offline(_COMPILE, str(out))
     return json.loads(out.read_text())
 
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from flashscale.kernels.w4a16_common import split_k_workspace
 from flashscale.kernels.w4a16_pack import PackedW4, pack_w4
 from flashscale.kernels.w4a16_ring import RING_CONFIGS, RingConfig, ring_grid, w4a16_ring
 from flashscale.reference.w4a16 import w4a16_linear_ref
+from offline_compile import compile_offline
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
@@ -164,11 +163,7 @@ def test_sm90_compile_no_spills_ring_in_flight(tmp_path):
     if why:
         pytest.skip(why)
     out = tmp_path / "census.json"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _COMPILE, str(out)], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, f"sm_90 compile failed:\n{proc.stderr[-4000:]}"
+    compile_offline(_COMPILE, str(out))
     (r,) = json.loads(out.read_text())
     c = RingConfig(**r["config"])
     assert r["spill_stores"] == r["spill_loads"] == r["stack"] == r["local"] == 0, r

@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +25,7 @@ import torch
 
 from flashscale.kernels import w4a16_stream as WS
 from flashscale.kernels.w4a16_pack import pack_w4
+from offline_compile import compile_offline
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
@@ -165,11 +163,7 @@ json.dump([WS.census(c) for c in WS.all_configs()], open(sys.argv[1], "w"))
 def census(tmp_path_factory):
     pytest.importorskip("triton.compiler")
     out = tmp_path_factory.mktemp("stream_sm90") / "census.json"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _COMPILE, str(out)], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, f"sm_90 compile failed:\n{proc.stderr[-4000:]}"
+    compile_offline(_COMPILE, str(out))
     return json.loads(out.read_text())
 
 

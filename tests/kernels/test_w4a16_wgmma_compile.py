@@ -8,12 +8,10 @@ dequantization overlaps the MMA), and for one consumer warpgroup (loop unrolled 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+
+from offline_compile import run_offline
 
 wg = pytest.importorskip("flashscale.kernels.w4a16_wgmma")
 if not wg.HAS_GLUON:
@@ -31,11 +29,7 @@ json.dump([wg.census(c) for c in wg.all_candidates()] + [wg.census(wg.all_candid
 @pytest.fixture(scope="module")
 def census(tmp_path_factory):
     out = tmp_path_factory.mktemp("w4a16_wgmma_sm90") / "census.json"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _COMPILE, str(out)], env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = run_offline(_COMPILE, str(out))
     if proc.returncode and "get_ptxas" in proc.stderr:
         pytest.skip("no sm_90 toolchain (ptxas) in this triton")
     assert proc.returncode == 0, f"sm_90 compile failed:\n{proc.stderr[-4000:]}"
