@@ -21,7 +21,6 @@ import argparse
 import datetime
 import json
 import math
-import os
 import re
 import sys
 import time
@@ -68,10 +67,9 @@ def spin(ms: float = 300.0) -> None:
     """Keep the GPU busy for ~ms (bf16 GEMMs) so the next timings start at working clocks. The short cells run
     first in each group, right after its checks compiled kernels with the GPU idle; they varied up to 1.8x between
     runs of the same code (docs/attention_fa3.md, session 18) while the long ones agreed within 2 %."""
-    import time as _t
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    t0 = _t.perf_counter()
-    while (_t.perf_counter() - t0) * 1e3 < ms:
+    t0 = time.perf_counter()
+    while (time.perf_counter() - t0) * 1e3 < ms:
         for _ in range(8):
             a = (a @ a).clamp_(-1, 1)
         torch.cuda.synchronize()

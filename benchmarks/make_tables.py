@@ -36,6 +36,11 @@ def _fmt(x, nd=1) -> str:
     return str(x)
 
 
+def _note(res: dict) -> list[str]:
+    """A results file's note, as the lines under its table."""
+    return ["", f"Note: {res['note']}"] if res.get("note") else []
+
+
 def _pivot(rows, key, impl) -> tuple[dict[tuple, dict[str, float]], list[str]]:
     """TFLOP/s cells {key(row): {impl(row): tflops}} and the implementations in order of appearance."""
     cells: dict[tuple, dict[str, float]] = defaultdict(dict)
@@ -59,8 +64,7 @@ def attention_table(res: dict, name: str) -> list[str]:
     for key in sorted(cells):
         row = cells[key]
         out.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | " + " | ".join(_fmt(row.get(i), 0) for i in impls) + " |")
-    if res.get("note"):
-        out += ["", f"Note: {res['note']}"]
+    out += _note(res)
     return out
 
 
@@ -92,8 +96,7 @@ def w4a16_table(res: dict, name: str) -> list[str]:
                 c = us.get((*kn, m), {})
                 cells.append(f"{c['bf16'] / c[impl]:.2f}" if impl in c and "bf16" in c else "–")
             out.append(f"| {kn[0]} x {kn[1]} | {impl} | " + " | ".join(cells) + " |")
-    if res.get("note"):
-        out += ["", f"Note: {res['note']}"]
+    out += _note(res)
     return out
 
 
@@ -108,8 +111,7 @@ def generic_table(res: dict, name: str, title: str, columns: list[str]) -> list[
         for c in res["checks"]:
             out.append(f"| {c['model']} | {c['method']} | {c['bits']} | {c['group_size']} | {c['ratio']:.3f} | "
                        f"{c['limit']:.3f} | {'yes' if c['passed'] else 'no'} |")
-    if res.get("note"):
-        out += ["", f"Note: {res['note']}"]
+    out += _note(res)
     return out
 
 
@@ -167,8 +169,7 @@ def multigpu_table(res: dict, name: str) -> list[str]:
         out += ["", "(p-1)/(m+p-1) assumes equal stages; with the measured ones, the busiest stage b idles while "
                 "the others pass one micro-batch through: sum_{j != b} t_j / (m t_b + sum_{j != b} t_j), t_j = a "
                 "stage's busy time / m (GPipe and 1F1B)."]
-    if res.get("note"):
-        out += ["", f"Note: {res['note']}"]
+    out += _note(res)
     return out
 
 

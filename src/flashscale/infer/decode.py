@@ -107,11 +107,10 @@ class StaticDecoder:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.length = 0  # positions filled (host-side mirror of pos)
 
-    def _norm(self, norm: nn.Module, r: torch.Tensor | None = None) -> None:
+    def _norm(self, norm: nn.Module, r: torch.Tensor | None, po: dict) -> None:
         e = self.cfg.hidden_size
         add_rmsnorm_kernel[(1,)](self.x, self.x if r is None else r, norm.weight, self.h, e, norm.eps,
-                                 HAS_R=r is not None, BLOCK=triton.next_power_of_2(e), num_warps=8,
-                                 **launch_options(pdl_active(self.x.device)))
+                                 HAS_R=r is not None, BLOCK=triton.next_power_of_2(e), num_warps=8, **po)
 
     @staticmethod
     def _linear(mods, h: torch.Tensor) -> torch.Tensor:
@@ -125,17 +124,17 @@ class StaticDecoder:
 
     def _step_body(self) -> None:
         cfg, m = self.cfg, self.model
-        po = launch_options(pdl_active(self.x.device))
+        po = launch_options(pdl_active(self.x.device))  # the step's small kernels' launch options
         h_q, h_kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.x.copy_(m.embed_tokens(self.tok))
         cos, sin = m.rope(self.pos[None], self.x.dtype)  # (1, 1, 1, D)
         r = None
         for i, b in enumerate(self.blocks):
-            self._norm(b["ln1"], r)
+            self._norm(b["ln1"], r, po)
             qkv = self._linear(b["qkv"], self.h)  # (1, (H + 2G) D)
             decode_attention_kernel[(h_q,)](qkv, cos, sin, self.k[i], self.v[i], self.attn, self.pos, self.max_len,
                                             d ** -0.5, H=h_q, G=h_kv, D=d, BT=64, num_warps=4, **po)
-            self._norm(b["ln2"], b["o"](self.attn))
+            self._norm(b["ln2"], b["o"](self.attn), po)
             f = cfg.intermediate_size
             if isinstance(b["gu"], tuple):
                 g, u = (mod(self.h) for mod in b["gu"])
@@ -144,7 +143,7 @@ class StaticDecoder:
                 g, u = gu[:, :f], gu[:, f:]
             silu_mul_kernel[(triton.cdiv(f, 1024),)](g, u, self.act, F_=f, BLOCK=1024, num_warps=4, **po)
             r = b["down"](self.act)
-        self._norm(m.norm, r)
+        self._norm(m.norm, r, po)
         self.logits.copy_(self.lm_head(self.h))
         if self.greedy:
             self.tok.copy_(self.logits.argmax(-1))

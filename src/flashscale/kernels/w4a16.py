@@ -313,7 +313,7 @@ def _launch_gemv(x2d, p: PackedW4, bias, y, cfg: GemvConfig, split_k: int, probe
         G=p.group_size, HAS_PERM=p.perm is not None, HAS_BIAS=bias is not None,
         BN=cfg.bn, KT=cfg.kt, EVEN_K=k % bk == 0, EVEN_N=n_pad % cfg.bn == 0,
         PREFETCH=cfg.prefetch, SLICES=cfg.slices, PROBE=probe, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **launch_options(pdl, pdl and l2_prefetch_active()),
+        **launch_options(pdl, l2_prefetch_active()),
     )
 
 
@@ -359,7 +359,7 @@ def _launch_decode(x2d, p: PackedW4, bias, y, cfg: DecodeConfig, per_sm: int, pr
         G=p.group_size, HAS_BIAS=bias is not None, BF16=x2d.dtype == torch.bfloat16, BN=cfg.bn, KT=cfg.kt, BM=bm,
         EVEN_K=k % (64 * cfg.kt) == 0, EVEN_N=p.sz.shape[1] % cfg.bn == 0, PREFETCH=cfg.prefetch,
         ASM=cfg.asm and not _interpreting(), PROBE=probe, num_warps=cfg.num_warps, num_stages=1,
-        **launch_options(pdl, pdl and l2_prefetch_active()),
+        **launch_options(pdl, l2_prefetch_active()),
     )
 
 

@@ -100,6 +100,12 @@ FA3_BWD_AUTO_MIN_SEQLEN_Q = {(256, False): 1024, (256, True): 2048, (128, False)
 FA2_BWD_DQ_KERNEL_MIN_SEQLEN_Q = {(64, True): 0, (128, True): 0, (64, False): 2048, (256, False): 0, (256, True): 0}
 
 
+def _measured(rule: dict, q, wr) -> bool:
+    """Whether a (head_dim, causal) -> minimum query rows rule covers q's cell (dense (B, S, H, D) q)."""
+    need = rule.get((q.shape[-1], wr == 0))
+    return need is not None and q.shape[1] >= need
+
+
 def fa3_bwd_wanted(q, k, v, cu_q, wl, wr, softcap, alibi, dropout_p, deterministic, impl) -> bool:
     if impl not in ("fa3", "auto", "auto_fa3") or deterministic or cu_q is not None or not q.is_cuda:
         return False
@@ -112,8 +118,7 @@ def fa3_bwd_wanted(q, k, v, cu_q, wl, wr, softcap, alibi, dropout_p, determinist
     mode = os.environ.get("FLASHSCALE_FA3", "")
     if mode == "0":
         return False
-    need = FA3_BWD_AUTO_MIN_SEQLEN_Q.get((q.shape[-1], wr == 0))
-    return impl == "fa3" or mode == "1" or (need is not None and q.shape[1] >= need)
+    return impl == "fa3" or mode == "1" or _measured(FA3_BWD_AUTO_MIN_SEQLEN_Q, q, wr)
 
 
 def fa2_dq_kernel_wanted(q, cu_q, wr, impl) -> bool:
@@ -121,8 +126,7 @@ def fa2_dq_kernel_wanted(q, cu_q, wr, impl) -> bool:
     in the cells where that measured faster (FA2_BWD_DQ_KERNEL_MIN_SEQLEN_Q)."""
     if impl == "reference" or not q.is_cuda or cu_q is not None:
         return False
-    need = FA2_BWD_DQ_KERNEL_MIN_SEQLEN_Q.get((q.shape[-1], wr == 0))
-    return need is not None and q.shape[1] >= need
+    return _measured(FA2_BWD_DQ_KERNEL_MIN_SEQLEN_Q, q, wr)
 
 
 def bwd_impl(dout, q, k, v, out, lse, dlse, cu_q, cu_k, alibi, seed: int, max_q, max_k, scale, wl, wr, softcap,
