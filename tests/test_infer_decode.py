@@ -54,6 +54,25 @@ def test_step_equals_forward_with_kv_cache(bias, tied):
     assert dec.length == ids.shape[1] + len(steps) and int(dec.pos) == dec.length
 
 
+@pytest.mark.parametrize("splits", [1, 4, 8])
+@torch.no_grad()
+def test_attention_splits_equal_forward(splits):
+    """Flash-decoding: the context of each head split in 1, 4 or 8 chunks (the first step's 4 cached rows leave
+    splits of 8 empty; the last split holds the new row), partials combined by the last split to arrive: the
+    logits of Llama.forward, and the tickets left at zero for the next step."""
+    model = _model()
+    ids = torch.tensor([[5, 17, 33, 2]], device=DEV)
+    steps = [7, 81, 40, 12, 9, 30, 1, 64, 3, 22]
+    want = _reference(model, ids, steps)
+    dec = StaticDecoder(model, 16, attn_splits=splits)
+    assert dec.splits == splits
+    got = [dec.prefill(ids).clone()] + [dec.step(t).clone() for t in steps]
+    tol = 1e-4 if DEV == "cuda" else 1e-5
+    for g, w in zip(got, want):
+        assert _rel(g, w) < tol
+    assert int(dec.attn_cnt.abs().sum()) == 0
+
+
 @pytest.mark.parametrize("pdl", [False, True])
 @torch.no_grad()
 def test_fused_quantized_layout_equals_the_quantized_model(pdl):
@@ -103,6 +122,9 @@ def test_errors():
         StaticDecoder(model, 4, pdl="yes")
     with pytest.raises(TypeError, match="l2_prefetch must be a bool"):
         StaticDecoder(model, 4, pdl=True, l2_prefetch=1)
+    for bad in (0, 3, True, 128):
+        with pytest.raises(ValueError, match="attn_splits must be"):
+            StaticDecoder(model, 4, attn_splits=bad)
     dec = StaticDecoder(model, 4)
     with pytest.raises(ValueError, match=r"\(1, S0\)"):
         dec.prefill(torch.zeros(2, 3, dtype=torch.long, device=DEV))

@@ -62,8 +62,9 @@ for pdl in (False, True):
         "add_rmsnorm": small(add_rmsnorm_kernel, dict(x_ptr=bf, r_ptr=bf, w_ptr=bf, h_ptr=bf, E="i32", eps="fp32"),
                              dict(HAS_R=True, BLOCK=4096), pdl),
         "attention": small(decode_attention_kernel, dict(qkv_ptr=bf, cos_ptr=bf, sin_ptr=bf, kc_ptr=bf, vc_ptr=bf,
-                                                         out_ptr=bf, pos_ptr="*i64", T_MAX="i32", scale="fp32"),
-                           dict(H=32, G=8, D=128, BT=64), pdl),
+                                                         out_ptr=bf, pos_ptr="*i64", ws_ptr="*fp32",
+                                                         cnt_ptr="*i32", T_MAX="i32", scale="fp32"),
+                           dict(H=32, G=8, D=128, BT=32, NS=8), pdl),
         "silu_mul": small(silu_mul_kernel, dict(g_ptr=bf, u_ptr=bf, out_ptr=bf), dict(F_=14336, BLOCK=1024), pdl),
     }
     for name, k in kernels.items():

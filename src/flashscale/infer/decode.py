@@ -50,6 +50,17 @@ def unsupported(model: nn.Module, max_len: int) -> str | None:
     return None
 
 
+def _auto_splits(device: torch.device, heads: int, max_len: int) -> int:
+    """Context splits a head for the decode attention (flash-decoding): about two programs an SM on a GPU (8 at
+    32 heads on 132 SMs), no more than a split per 16 cache positions; 2 on the CPU (the interpreter's tests)."""
+    if device.type == "cuda":
+        want = max(1, 2 * torch.cuda.get_device_properties(device).multi_processor_count // heads)
+    else:
+        want = 2
+    want = min(want, 16, max(1, -(-max_len // 16)))
+    return 1 << (want.bit_length() - 1)  # a power of two, at most want
+
+
 def _fuse(mods: list[nn.Linear], linear_fn: Callable[[nn.Linear], nn.Module] | None) -> nn.Module:
     w = torch.cat([m.weight.detach() for m in mods])
     has_bias = mods[0].bias is not None
@@ -65,7 +76,7 @@ class StaticDecoder:
 
     def __init__(self, model: Llama, max_len: int, *, fuse: bool = False,
                  linear_fn: Callable[[nn.Linear], nn.Module] | None = None, lm_head: nn.Module | None = None,
-                 pdl: bool = False, l2_prefetch: bool = True):
+                 pdl: bool = False, l2_prefetch: bool = True, attn_splits: int | None = None):
         why = unsupported(model, max_len)
         if why is not None:
             raise ValueError(f"StaticDecoder: {why}")
@@ -77,6 +88,10 @@ class StaticDecoder:
         for name, val in (("pdl", pdl), ("l2_prefetch", l2_prefetch)):
             if not isinstance(val, bool):
                 raise TypeError(f"StaticDecoder: {name} must be a bool, got {val!r}")
+        if attn_splits is not None and (not isinstance(attn_splits, int) or isinstance(attn_splits, bool)
+                                        or attn_splits < 1 or attn_splits > 64 or attn_splits & (attn_splits - 1)):
+            raise ValueError(f"StaticDecoder: attn_splits must be None (automatic) or a power of two in [1, 64], "
+                             f"got {attn_splits!r}")
         self.model, self.cfg, self.max_len, self.fused = model, cfg, max_len, fuse
         self.pdl, self.l2_prefetch = pdl, l2_prefetch
         self.lm_head = lm_head if lm_head is not None else model.lm_head
@@ -95,6 +110,11 @@ class StaticDecoder:
         shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, max_len, cfg.head_dim)
         self.k = torch.zeros(shape, device=dev, dtype=dt)  # (L, G, T, D)
         self.v = torch.zeros(shape, device=dev, dtype=dt)
+        self.splits = attn_splits or _auto_splits(dev, cfg.num_attention_heads, max_len)
+        # flash-decoding partials (H * NS, D + 2) and one ticket a head (left at zero by every step)
+        self.attn_ws = torch.zeros(cfg.num_attention_heads * self.splits, cfg.head_dim + 2, device=dev,
+                                   dtype=torch.float32)
+        self.attn_cnt = torch.zeros(cfg.num_attention_heads, device=dev, dtype=torch.int32)
         self.tok = torch.zeros(1, dtype=torch.long, device=dev)
         self.pos = torch.zeros(1, dtype=torch.long, device=dev)
         e = cfg.hidden_size
@@ -132,8 +152,9 @@ class StaticDecoder:
         for i, b in enumerate(self.blocks):
             self._norm(b["ln1"], r, po)
             qkv = self._linear(b["qkv"], self.h)  # (1, (H + 2G) D)
-            decode_attention_kernel[(h_q,)](qkv, cos, sin, self.k[i], self.v[i], self.attn, self.pos, self.max_len,
-                                            d ** -0.5, H=h_q, G=h_kv, D=d, BT=64, num_warps=4, **po)
+            decode_attention_kernel[(h_q, self.splits)](qkv, cos, sin, self.k[i], self.v[i], self.attn, self.pos,
+                                                        self.attn_ws, self.attn_cnt, self.max_len, d ** -0.5, H=h_q,
+                                                        G=h_kv, D=d, BT=32, NS=self.splits, num_warps=4, **po)
             self._norm(b["ln2"], b["o"](self.attn), po)
             f = cfg.intermediate_size
             if isinstance(b["gu"], tuple):

@@ -5,7 +5,7 @@ logits against Llama.forward with a KVCache (Triton's interpreter on the CPU, th
 
 PDL (kernels.pdl): each may run with programmatic dependent launch, waiting for its predecessor first thing.
 Shapes: E hidden size, H query heads, G kv heads, D head_dim (a power of two), T_MAX cache positions; the cache
-is (G, T_MAX, D) a layer, q/k/v one row (H + 2G) * D.
+is (G, T_MAX, D) a layer, q/k/v one row (H + 2G) * D; NS splits of the context a head (a power of two).
 """
 
 from __future__ import annotations
@@ -40,13 +40,20 @@ def _rope(x, x_rot, cos, sin, D: tl.constexpr):
 
 
 @triton.jit
-def decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, pos_ptr, T_MAX, scale,
+def decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, pos_ptr, ws_ptr, cnt_ptr, T_MAX, scale,
                             H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
-                            PDL: tl.constexpr = False):
-    """One query head a program: RoPE on q and the new k, the group's first head writes k/v at pos, then
-    softmax(q K^T) V over positions 0..pos (cache rows < pos, the new row from registers: no race)."""
+                            NS: tl.constexpr = 1, PDL: tl.constexpr = False):
+    """Program (query head, split): RoPE on q and the new k, the group's first head writes k/v at pos (split 0),
+    then softmax(q K^T) V over positions 0..pos (cache rows < pos, the new row from registers: no race).
+
+    Flash-decoding: the NS splits of a head take consecutive chunks of ceil(pos / NS) cached rows (the last split
+    also the new row), so a short step is one round of loads instead of a loop over the whole context. With
+    NS > 1 each writes its unnormalised partial (acc, max, sum) to ws (H * NS, D + 2) fp32, takes a ticket on
+    cnt[head] (int32, zero), and the split that draws NS - 1 combines the NS partials in split order (the same
+    bits whatever the arrival order), writes the head's output and puts the ticket back to zero."""
     pdl_enter(PDL)
     hq = tl.program_id(0)
+    sp = tl.program_id(1)
     g = hq // (H // G)
     pos = tl.load(pos_ptr)
     d = tl.arange(0, D)
@@ -61,27 +68,48 @@ def decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, 
     k_new = k_new.to(dt)
     v_new = tl.load(qkv_ptr + (H + G + g) * D + d)
     row = (g * T_MAX + pos) * D
-    if hq % (H // G) == 0:
+    if (hq % (H // G) == 0) & (sp == 0):
         tl.store(kc_ptr + row + d, k_new)
         tl.store(vc_ptr + row + d, v_new)
     s_new = tl.sum(q * k_new.to(tl.float32), axis=0) * scale
-    m_i = s_new
-    l_i = s_new * 0.0 + 1.0
-    acc = v_new.to(tl.float32)
-    for t0 in range(0, pos, BT):
+    own_new = sp == NS - 1
+    m_i = tl.where(own_new, s_new, float("-inf"))
+    l_i = tl.where(own_new, 1.0, 0.0)
+    acc = tl.where(own_new, v_new.to(tl.float32), 0.0)
+    chunk = tl.cdiv(pos, NS)
+    lo = sp * chunk
+    hi = tl.minimum(lo + chunk, pos)
+    for t0 in range(lo, hi, BT):  # every turn has a valid row (t0 < hi), so m_new is finite
         t = t0 + tl.arange(0, BT)
-        tm = t < pos
+        tm = t < hi
         off = (g * T_MAX + t)[:, None] * D + d[None, :]
         kt = tl.load(kc_ptr + off, mask=tm[:, None], other=0.0).to(tl.float32)  # (BT, D)
+        vt = tl.load(vc_ptr + off, mask=tm[:, None], other=0.0).to(tl.float32)
         s = tl.where(tm, tl.sum(kt * q[None, :], axis=1) * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=0))
         p = tl.exp(s - m_new)
         alpha = tl.exp(m_i - m_new)
-        vt = tl.load(vc_ptr + off, mask=tm[:, None], other=0.0).to(tl.float32)
         acc = acc * alpha + tl.sum(p[:, None] * vt, axis=0)
         l_i = l_i * alpha + tl.sum(p, axis=0)
         m_i = m_new
-    tl.store(out_ptr + hq * D + d, (acc / l_i).to(dt))
+    if NS == 1:
+        tl.store(out_ptr + hq * D + d, (acc / l_i).to(dt))
+    else:
+        base = (hq * NS + sp) * (D + 2)
+        tl.store(ws_ptr + base + d, acc)
+        tl.store(ws_ptr + base + D, m_i)
+        tl.store(ws_ptr + base + D + 1, l_i)
+        tl.debug_barrier()  # every thread's stores before the (one-thread) release of the ticket
+        ticket = tl.atomic_add(cnt_ptr + hq, 1, sem="acq_rel", scope="gpu")
+        if ticket == NS - 1:
+            sr = (hq * NS + tl.arange(0, NS)) * (D + 2)
+            m_s = tl.load(ws_ptr + sr + D, cache_modifier=".cg")  # .cg: through L2 (L1 may hold a stale line)
+            l_s = tl.load(ws_ptr + sr + D + 1, cache_modifier=".cg")
+            a_s = tl.load(ws_ptr + sr[:, None] + d[None, :], cache_modifier=".cg")  # (NS, D)
+            w = tl.exp(m_s - tl.max(m_s, axis=0))  # the last split holds the new row: the max is finite
+            o = tl.sum(w[:, None] * a_s, axis=0) / tl.sum(w * l_s, axis=0)
+            tl.store(out_ptr + hq * D + d, o.to(dt))
+            tl.atomic_xchg(cnt_ptr + hq, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
