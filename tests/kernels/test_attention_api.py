@@ -230,12 +230,14 @@ def test_auto_fa3_forward_keeps_autos_backward_rule(monkeypatch):
 def test_paths_count_the_kernels_that_ran():
     """attention_op.PATHS counts which implementation each forward and backward ran (what benchmarks/attention.py
     records per row): the FA2 kernels under the interpreter with atomic dQ or, deterministic, the dQ kernel; the
-    reference; the CPU inference path through SDPA. (Named kernel launches: the interpreter's tiny FA2 calls.)"""
+    reference; the CPU inference path through SDPA. (Named kernel launches: the interpreter's tiny FA2 calls; on a
+    GPU machine, where nothing is interpreted, the FA2 lines run on the GPU.)"""
     from flashscale.ops.attention_op import PATHS
 
     def ran(**kw):
         before = PATHS.copy()
-        q, k, v = _qkv(S=5, D=16, requires_grad=kw.pop("grad", True))
+        dev = "cuda" if kw.get("impl") == "triton" and torch.cuda.is_available() else "cpu"
+        q, k, v = _qkv(S=5, D=16, requires_grad=kw.pop("grad", True), device=dev)
         out = attention(q, k, v, causal=True, **kw)
         if out.requires_grad:
             out.sum().backward()
