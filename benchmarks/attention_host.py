@@ -8,6 +8,9 @@ within 2 %). Per cell, three interleaved rounds of, for auto (the fa3 forward th
   kernel  - the GPU kernels' own time a call, from torch.profiler (device time only)
 
     python benchmarks/attention_host.py [--out DIR]     # needs a CUDA GPU; prints a table, writes JSON if --out
+    python benchmarks/attention_host.py --rule [--out DIR]   # fa3 against FA2 forwards, 512-2048 rows (the auto rule)
+    python benchmarks/attention_host.py --profile       # where the host time goes: cProfile of the launch path
+                                                        # (forward auto/triton, forward + backward), top functions
 """
 
 from __future__ import annotations
@@ -54,20 +57,63 @@ def measure(hdim: int, causal: bool, seqlen: int, impl: str, *, calls: int = 200
                 tflops_event=flop / event / 1e9, tflops_kernel=flop / kernel / 1e9 if kernel else None)
 
 
+def profile_host(calls: int = 300, top: int = 25) -> None:
+    """cProfile of `calls` queued calls (no synchronisation inside) of the d128 causal 1k cell: the auto (fa3)
+    and triton forwards, then auto's forward + backward; the functions with the most own time, and the
+    cumulative time of the entry points."""
+    import cProfile
+    import pstats
+
+    batch, heads, seqlen, hdim = TOKENS // 1024, HIDDEN // 128, 1024, 128
+    q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    do = torch.randn_like(q)
+    cases = {
+        "fwd auto": lambda: attention(q.detach(), k.detach(), v.detach(), causal=True),
+        "fwd triton": lambda: attention(q.detach(), k.detach(), v.detach(), causal=True, impl="triton"),
+        "fwd+bwd auto": lambda: torch.autograd.backward(attention(q, k, v, causal=True), do),
+    }
+    for name, fn in cases.items():
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.enable()
+        for _ in range(calls):
+            fn()
+        prof.disable()
+        host = (time.perf_counter() - t0) * 1e3 / calls
+        torch.cuda.synchronize()
+        print(f"\n=== {name}: {host:.3f} ms a call on the host under cProfile ({calls} calls) ===")
+        st = pstats.Stats(prof)
+        st.sort_stats("tottime").print_stats(top)
+        st.sort_stats("cumulative").print_stats(top)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--profile", action="store_true", help="cProfile the launch path instead of timing the cells")
+    ap.add_argument("--rule", action="store_true", help="the forward's auto rule cells instead: fa3 and FA2 "
+                    "(impl='fa3' / 'triton') at head dims 64/128/256, causal or not, 512-2048 query rows")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.profile:
+        profile_host()
+        return 0
     rows = []
     print(f"{'round':>5} {'impl':>6} {'d':>4} {'causal':6} {'seqlen':>6} {'event ms':>9} {'host ms':>8} "
           f"{'kernel ms':>9} {'TF event':>8} {'TF kernel':>9}")
+    cells = ([(d, c, s) for d in (64, 128, 256) for c in (False, True) for s in (512, 1024, 2048)] if args.rule
+             else CELLS)
+    impls = ("fa3", "triton") if args.rule else ("auto", "triton")  # auto: the fa3 forward in CELLS
     for rnd in range(args.rounds):
-        for cell in CELLS:
-            for impl in ("auto", "triton"):  # auto: the fa3 forward in these cells; triton: FA2's
+        for cell in cells:
+            for impl in impls:
                 r = dict(round=rnd, **measure(*cell, impl))
                 rows.append(r)
                 print(f"{rnd:>5} {impl:>6} {r['hdim']:>4} {str(r['causal']):6} {r['seqlen']:>6} {r['event_ms']:9.3f} "
@@ -75,7 +121,8 @@ def main(argv=None) -> int:
                       f"{r['tflops_kernel'] or 0:9.1f}", flush=True)
     if args.out:
         import triton
-        out = Path(args.out) / f"attention_host-{torch.cuda.get_device_name().split()[-1].lower()}.json"
+        name = "attention_rule" if args.rule else "attention_host"
+        out = Path(args.out) / f"{name}-{torch.cuda.get_device_name().split()[-1].lower()}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,

@@ -144,8 +144,8 @@ def test_fa3_refuses_head_dims_and_fp32_and_takes_varlen():
 
 
 def test_fa3_auto_rule(monkeypatch):
-    """impl="auto" takes the fa3 forward on a GPU where it measured faster (head_dim 128 from 1024 query
-    rows, 64 and 256 from 2048); FLASHSCALE_FA3=1 everywhere it applies, =0 never; other values are an error."""
+    """impl="auto" takes the fa3 forward on a GPU where it measured faster (head_dim 128 and 256 from 1024 query
+    rows, 64 from 2048); FLASHSCALE_FA3=1 everywhere it applies, =0 never; other values are an error."""
     from types import SimpleNamespace
 
     from flashscale.ops.attention import _auto_wants_fa3
@@ -153,7 +153,7 @@ def test_fa3_auto_rule(monkeypatch):
     gpu = lambda d: SimpleNamespace(is_cuda=True, shape=(1, 1, 1, d))  # noqa: E731
     monkeypatch.delenv("FLASHSCALE_FA3", raising=False)
     assert [_auto_wants_fa3(gpu(128), s) for s in (1, 1023, 1024, 16384)] == [False, False, True, True]
-    assert [_auto_wants_fa3(gpu(256), s) for s in (1024, 2047, 2048)] == [False, False, True]
+    assert [_auto_wants_fa3(gpu(256), s) for s in (512, 1023, 1024, 2048)] == [False, False, True, True]
     assert [_auto_wants_fa3(gpu(64), s) for s in (1024, 2048)] == [False, True]
     assert not _auto_wants_fa3(gpu(96), 16384)  # not a head dim of the fast path
     assert not _auto_wants_fa3(SimpleNamespace(is_cuda=False, shape=(1, 1, 1, 128)), 4096)
@@ -265,7 +265,7 @@ def test_fa3_auto_takes_varlen_by_its_measured_rule(monkeypatch):
     assert A._auto_takes_fa3(gpu, 16384, varlen=True) and A._auto_takes_fa3(gpu, 16384, varlen=False)
     assert not A._auto_takes_fa3(gpu, 512, varlen=True)  # short: FA2 measured faster
     # varlen's own measured rule (FA3_AUTO_VARLEN_MIN_SEQLEN_Q): by head dim and causality
-    assert A._auto_takes_fa3(gpu, 900, varlen=True) and not A._auto_takes_fa3(gpu, 900, varlen=False)
+    assert A._auto_takes_fa3(gpu, 900, varlen=True) and not A._auto_takes_fa3(gpu, 400, varlen=False)
     assert not A._auto_takes_fa3(gpu, 900, varlen=True, causal=True) and A._auto_takes_fa3(gpu, 2000, True, True)
     d64 = SimpleNamespace(is_cuda=True, shape=(1, 1, 64))
     assert A._auto_takes_fa3(d64, 4000, varlen=True) and not A._auto_takes_fa3(d64, 4000, varlen=True, causal=True)

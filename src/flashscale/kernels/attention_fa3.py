@@ -175,6 +175,7 @@ def smem_bytes(head_dim: int, cfg: FA3Config, elem: int = 2) -> int:
     return elem * head_dim * (cfg.block_m + 2 * cfg.stages * cfg.block_n) + 8 * n_bars
 
 
+@functools.lru_cache(maxsize=None)  # pure; checked on every launch
 def config_error(head_dim: int, cfg: FA3Config, *, varlen: bool = False) -> str | None:
     """Why this config cannot compile (or cannot fit an SM) at this head dim (for the varlen kernel), or None."""
     pow2 = lambda x: x > 0 and x & (x - 1) == 0  # noqa: E731
@@ -847,6 +848,7 @@ def _gl_dtype(dtype: torch.dtype):
     return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
 
 
+@functools.lru_cache(maxsize=None)  # 25 us a call uncached: host time of every launch (benchmarks/attention_host.py)
 def tile_layout(block_rows: int, head_dim: int, dtype: torch.dtype):
     """NVMMA (128-byte swizzled) shared layout of a (1, rows, D) TMA box, as wgmma reads it."""
     return gl.NVMMASharedLayout.get_default_for([1, block_rows, head_dim], _gl_dtype(dtype))
@@ -876,7 +878,7 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, need_conti
             return f"k/v {tuple(k.shape)} do not fit q {tuple(q.shape)} (same batch and head_dim, H % Hkv == 0)"
     if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"dtype {q.dtype}: fa3 takes float16 or bfloat16"
-    if not (q.is_cuda and k.is_cuda and v.is_cuda) or torch.cuda.get_device_capability(q.device)[0] != 9:
+    if not (q.is_cuda and k.is_cuda and v.is_cuda) or cuda_major(q.device) != 9:
         return f"fa3 needs a Hopper GPU (compute capability 9.x); q is on {q.device}"
     if not HAS_GLUON:
         return "fa3 needs triton.experimental.gluon with warp_specialize (Triton >= 3.6)"
@@ -930,6 +932,11 @@ def varlen_find(i: int, cu_seqlens_q, block_m: int, chunk: int = 128) -> tuple[i
         base = max(e for e, o in zip(end, offs) if o < n_seq)
         c0 += chunk
     return n_seq, 0, 0, 0
+
+
+@functools.lru_cache(maxsize=None)  # torch's query costs microseconds on every call's host path
+def cuda_major(device: torch.device) -> int:
+    return torch.cuda.get_device_capability(device)[0]
 
 
 @functools.lru_cache(maxsize=None)

@@ -25,9 +25,15 @@ _IMPLS = ("auto", "triton", "fa3", "reference")
 # measured it faster than the tuned FA2 forward (benchmarks/results/attention-fa3-sweep-h200.json, ping-pong
 # consumers, against attention-h200.json; 2026-11-29): head_dim 128 from 1024 query rows (1.1-1.2x), 256 from
 # 2048 (1.2-1.3x), 64 from 2048 (1.0x causal, 1.1x full at 2k; 1.15-1.2x at 16k); short sequences stay FA2's.
+# Session 19 (benchmarks/attention_host.py --rule, results/attention_rule-h200.json: GPU kernel time of each
+# forward): head dim 256 from 1024 rows too (fa3 442 / 358 TFLOP/s full / causal against the tuned FA2's 402 /
+# 289; the grid then measured 438 full). At 512 fa3's kernels are faster still at 128 and 256 (227-389 against
+# 175-326) but run for 0.13-0.19 ms, under the ~0.15-0.25 ms of host time a call: eager calls there are
+# host-bound and the grid measured fa3 at 0.5-0.9x FA2 (attention-h200.json runs of session 19), so 512 stays
+# FA2's. At 64 FA2 stays ahead below 2048 (causal 1k: 209 against 240).
 # FLASHSCALE_FA3=1 takes it wherever it applies, =0 never.
 FA3_ENV = "FLASHSCALE_FA3"
-FA3_AUTO_MIN_SEQLEN_Q = {64: 2048, 128: 1024, 256: 2048}
+FA3_AUTO_MIN_SEQLEN_Q = {64: 2048, 128: 1024, 256: 1024}
 # The packed varlen layout goes to the fa3 forward under "auto" since its GPU tests (tests/kernels/
 # test_attention_fa3_gpu.py -k varlen: 43 passed on an H200, 2026-12-02), by its own rule: (head_dim, causal) ->
 # from which max_seqlen_q. benchmarks/attention_varlen.py on the H200 (attention-varlen-h200.json, 2026-12-02;
