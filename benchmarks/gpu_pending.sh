@@ -1,27 +1,24 @@
 #!/usr/bin/env bash
-# The GPU work pending after session 18 (2026-12-02). `tests` and `e2e` ran that session (tests: 36 + 5 + 54
-# passed; e2e: 21 passed with gguf on the path, generate_w4a16.py 1.74x), issue 6's calls too (docs/quant_quality.md),
-# and `refresh` twice - which found the backward dispatch bug (docs/attention_fa3.md, session 18). One `run` per
-# step, back to back; each step's commands have their own timeouts so one hang costs only its share. Outputs go
-# to $OUT (at most 8 files come back from a call: logs are joined into one per step).
+# GPU steps of sessions 18-19 (2026-12-02), kept runnable. Session 19 ran, in this order: `tests` (8 + 11 passed;
+# test_attention_api's PATHS test failed on the GPU and was fixed), `host`, `e2e` (11 passed; PDL measured: no gain,
+# L2 prefetch slower), `refresh`, `decode` (69 + 15 passed, flash-decoding and graph-timed tuning measured),
+# `attn19` (74 passed; host-time fix and grid), then the grid twice more by hand (docs/attention_fa3.md, session
+# 19). Nothing written since is unrun on the GPU. One `run` per step, back to back; each step's commands have
+# their own timeouts so one hang costs only its share. Outputs go to $OUT (at most 8 files come back).
 #
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: the fixed backward dispatch on the GPU
-#                                                                  # (auto_fa3, FA2's dQ-kernel rule, d256 rule)
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh refresh   # ~7 min: the attention grid through the fixed
-#                                                                  # dispatch, FA2 configs seeded from the committed
-#                                                                  # results (2026-11-29's tuning), so only the
-#                                                                  # dispatch differs from results/attention-h200.json;
-#                                                                  # then benchmarks/w4a16.py (the tuner's 2nd round)
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh e2e       # ~3 min: the PDL decode step (kernels.pdl:
-#                                                                  # its GPU tests, then generate_w4a16.py's
-#                                                                  # plain / +pdl / +pdl+l2 rows; docs/w4a16_decode.md
-#                                                                  # round 6 has the prediction)
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh host      # ~1 min: host vs device time of the short
-#                                                                  # attention cells whose forward varied 1.8x
-#                                                                  # between runs (docs/attention_fa3.md)
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: backward dispatch GPU tests, FA2's
+#                                                                  # GPU tests, the attention API file
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh refresh   # ~4 min: the attention grid (FA2 configs seeded
+#                                                                  # from results/attention-h200.json), w4a16.py
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh e2e       # ~2 min: decode step tests, generate_w4a16.py
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh host      # ~1 min: host vs device time of short attention
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh decode    # ~5 min: attention host profile, decode and
+#                                                                  # tuner GPU tests, generate_w4a16.py, w4a16.py
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh attn19    # ~4 min: host profile/timing, fa3 + fp8 + API
+#                                                                  # GPU tests, the attention grid
 #
-# refresh: copy $OUT/attention-h200.json and w4a16-h200.json over benchmarks/results/ (attention's backward rows are
-#          auto's now: drop the relabelling note) and rerun make_tables.py.
+# refresh / attn19: copy $OUT/attention-h200.json (and w4a16-h200.json) over benchmarks/results/, give the file a
+# note saying what changed, and rerun make_tables.py.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -55,7 +52,24 @@ case "${1:-}" in
     step generate 300 "$PY" benchmarks/generate_w4a16.py --out "$OUT" ;;
   host)
     step host 120 "$PY" benchmarks/attention_host.py --out "$OUT" ;;
+  decode)  # session 19: split-context decode attention, the tuner's graph timing, the attention host profile
+    step profile 120 "$PY" benchmarks/attention_host.py --profile
+    step decode_tests 150 "$PY" -m pytest -q -p no:cacheprovider -x tests/test_infer_decode.py tests/kernels/test_pdl.py \
+      tests/kernels/test_attention_api.py
+    step tune_tests 120 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu tests/kernels/test_w4a16.py tests/test_qlinear.py \
+      "tests/kernels/test_w4a16_wgmma_gpu.py::test_w4a16_matmul_auto_and_forced_wgmma"
+    step generate 200 "$PY" benchmarks/generate_w4a16.py --out "$OUT"
+    step w4a16 240 "$PY" benchmarks/w4a16.py --out "$OUT" ;;
+  attn19)  # session 19: the attention launch path's host time (cached layouts/capability), then the grid
+    step profile 90 "$PY" benchmarks/attention_host.py --profile
+    step host 90 "$PY" benchmarks/attention_host.py --out "$OUT"
+    step attn_tests 150 "$PY" -m pytest -q -p no:cacheprovider -x tests/kernels/test_attention_fa3_gpu.py \
+      tests/kernels/test_attention_fp8_gpu.py tests/kernels/test_attention_api.py -k "ops_attention or fp8 or api or paths"
+    mkdir -p /tmp/seedcache
+    "$PY" -c "import json; json.dump(json.load(open('benchmarks/results/attention-h200.json'))['configs'], open('/tmp/seedcache/attention_configs.json', 'w'))"
+    export FLASHSCALE_CACHE_DIR=/tmp/seedcache
+    step attention 200 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
   *)
-    echo "usage: [OUT=DIR] bash benchmarks/gpu_pending.sh tests|refresh|e2e|host" >&2
+    echo "usage: [OUT=DIR] bash benchmarks/gpu_pending.sh tests|refresh|e2e|host|decode|attn19" >&2
     exit 2 ;;
 esac
