@@ -222,3 +222,28 @@ def test_reference_backward_is_autograd(kw):
     ours = attention_bwd_ref(do, q, k, v, out.detach(), lse.detach(), dlse=dl, **kw)
     for a, b in zip(ours, auto):
         assert (a - b).abs().max() <= 64 * torch.finfo(torch.float64).eps * b.abs().max()
+
+
+@pytest.mark.parametrize("with_dlse", [False, True])
+def test_bwd_delta_is_rowsum_of_do_times_o(with_dlse):
+    """The backward's pre-pass (kernels.attention_bwd.bwd_delta, FA2's and the Hopper backward's): rowsum(dO * O)
+    - dLSE in float32 like lse, dense (against kernels.attention_fa3_bwd.delta_of) and packed varlen (against the
+    same sums per sequence), with a ragged tail (Sq = 37, 16- and 64-row blocks) and an empty sequence."""
+    from flashscale.kernels.attention_bwd import bwd_delta
+    from flashscale.kernels.attention_fa3_bwd import delta_of
+
+    B, S, H, D = 2, 37, 3, 40
+    o, do = randn(B, S, H, D, dtype=torch.float16), randn(B, S, H, D, dtype=torch.float16)
+    lse = torch.randn(B, H, S)
+    dlse = torch.randn(B, H, S) if with_dlse else None
+    got = bwd_delta(o, do, lse, dlse)
+    want = delta_of(o, do, dlse)
+    assert got.dtype == torch.float32 and got.shape == lse.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    cu = torch.tensor([0, 5, 5, 37], dtype=torch.int32)  # lengths 5, 0, 32
+    ov, dov = o[0], do[0]  # (T, H, D) packed
+    lse_v = torch.randn(H, S)
+    dlse_v = torch.randn(H, S) if with_dlse else None
+    got_v = bwd_delta(ov, dov, lse_v, dlse_v, cu_seqlens_q=cu, max_seqlen_q=32)
+    want_v = (do[0].float() * o[0].float()).sum(-1).T - (dlse_v if with_dlse else 0)
+    torch.testing.assert_close(got_v, want_v, rtol=1e-5, atol=1e-5)

@@ -292,6 +292,30 @@ def _strides3(t: torch.Tensor, varlen: bool):
     return (0, t.stride(0), t.stride(1)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
 
 
+def bwd_delta(out, dout, lse, dlse=None, *, cu_seqlens_q=None, max_seqlen_q=0) -> torch.Tensor:
+    """The backward's pre-pass: delta = rowsum(dO * O) - dLSE in float32, shaped like lse ((B, H, Sq) or varlen
+    (H, Tq)), in one read of O and dO (no float32 copies of them). out/dout as q's layout with a unit head-dim
+    stride, dlse like lse with a unit row stride (or None). Shared by FA2's and the Hopper backward."""
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        B, (_, H, D), sq = cu_seqlens_q.numel() - 1, out.shape, max_seqlen_q
+        slb, slh = 0, lse.stride(0)
+    else:
+        B, sq, H, D = out.shape
+        slb, slh = lse.stride(0), lse.stride(1)
+    delta = torch.empty_like(lse)
+    if B == 0 or H == 0 or sq == 0:
+        return delta
+    g = dlse if dlse is not None else lse
+    sgb, sgh = (0, g.stride(0)) if varlen else (g.stride(0), g.stride(1))
+    pre_m = 16 if sq <= 16 else 64
+    _bwd_preprocess[(cdiv(sq, pre_m), B * H)](
+        out, dout, g, delta, cu_seqlens_q if varlen else dummy_i32(out.device), *_strides3(out, varlen),
+        *_strides3(dout, varlen), slb, slh, sgb, sgh, H, sq, HEAD_DIM=D, BLOCK_D=max(pow2(D), 16), BLOCK_M=pre_m,
+        IS_VARLEN=varlen, HAS_DLSE=dlse is not None, num_warps=4)
+    return delta
+
+
 def attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, *, dlse=None, cu_seqlens_q=None, cu_seqlens_k=None,
                   max_seqlen_q=0, max_seqlen_k=0, softmax_scale, window=(-1, -1), softcap=0.0, alibi_slopes=None,
                   dropout_p=0.0, seed=0, deterministic=False, config: BwdConfig | None = None,
@@ -327,13 +351,7 @@ def attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, *, dlse=None, cu_seqlens_
     scalars = (H, H // Hkv, sq, sk, float(softmax_scale), float(softcap), int(left), int(right), float(dropout_p),
                int(seed))
 
-    delta = torch.empty_like(lse)
-    g = dlse if dlse is not None else lse
-    sgb, sgh = (0, g.stride(0)) if varlen else (g.stride(0), g.stride(1))
-    pre_m = 16 if sq <= 16 else 64
-    _bwd_preprocess[(cdiv(sq, pre_m), B * H)](
-        out, dout, g, delta, cu_q, *_strides3(out, varlen), *_strides3(dout, varlen), slb, slh, sgb, sgh, H, sq,
-        HEAD_DIM=D, BLOCK_D=BD, BLOCK_M=pre_m, IS_VARLEN=varlen, HAS_DLSE=dlse is not None, num_warps=4)
+    delta = bwd_delta(out, dout, lse, dlse, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=sq)
 
     # fp32 inputs accumulate dQ atomics straight into dq when it is contiguous; else an fp32 buffer.
     atomic = not deterministic

@@ -135,10 +135,15 @@ def bwd_impl(dout, q, k, v, out, lse, dlse, cu_q, cu_k, alibi, seed: int, max_q,
     if dout is None:
         dout = torch.zeros_like(out)
     if fa3_bwd_wanted(q, k, v, cu_q, wl, wr, softcap, alibi, dropout_p, deterministic, impl):
-        from flashscale.kernels.attention_fa3_bwd import attention_fa3_bwd, delta_of
+        from flashscale.kernels.attention_bwd import bwd_delta
+        from flashscale.kernels.attention_fa3_bwd import attention_fa3_bwd
 
         PATHS["bwd", "fa3"] += 1
-        delta = delta_of(out, dout, dlse)
+        if dout.stride(-1) != 1:  # autograd may hand an expanded view (stride 0)
+            dout = dout.contiguous()
+        if dlse is not None and dlse.stride(-1) != 1:
+            dlse = dlse.contiguous()
+        delta = bwd_delta(out, dout, lse, dlse)  # one read of O and dO (delta_of made float32 copies)
         return attention_fa3_bwd(dout, q.contiguous(), k.contiguous(), v.contiguous(), out, lse, causal=wr == 0,
                                  softmax_scale=scale, delta=delta)
     if use_triton(q, impl):
