@@ -20,6 +20,8 @@ def test_switch_nests_and_resets():
     assert P.launch_options(False) == {} and P.launch_options(True) == {"PDL": True, "launch_pdl": True}
     assert P.launch_options(True, True) == {"PDL": True, "launch_pdl": True, "L2PF": True}
     with P.pdl():
+        assert P._ON.get() and not P.l2_prefetch_active()  # the prefetch is opt-in (measured slower)
+    with P.pdl(l2_prefetch=True):
         assert P._ON.get() and P.l2_prefetch_active()
         with P.pdl(False):
             assert not P._ON.get() and not P.l2_prefetch_active()

@@ -14,7 +14,8 @@ from float linears, each passed through `linear_fn` (e.g. QuantLinear.from_float
 pdl=True launches the step's Triton kernels (the three here and the W4A16 GEMVs) with programmatic dependent
 launch on sm_90+ (kernels.pdl: each grid is resident before its predecessor ends and starts the moment it does;
 with l2_prefetch the W4A16 ones first ask for their weights to be brought into L2 while the small kernel before
-them runs); off by default until the H200 has measured it (benchmarks/generate_w4a16.py times all three).
+them runs); both off by default: on the H200 PDL gained nothing and the prefetch cost 35 % (docs/w4a16_decode.md,
+round 6; benchmarks/generate_w4a16.py times the variants).
 Shapes: E hidden size, H query heads, G kv heads, D head_dim, L layers, T max_len, V vocab.
 """
 
@@ -76,7 +77,7 @@ class StaticDecoder:
 
     def __init__(self, model: Llama, max_len: int, *, fuse: bool = False,
                  linear_fn: Callable[[nn.Linear], nn.Module] | None = None, lm_head: nn.Module | None = None,
-                 pdl: bool = False, l2_prefetch: bool = True, attn_splits: int | None = None):
+                 pdl: bool = False, l2_prefetch: bool = False, attn_splits: int | None = None):
         why = unsupported(model, max_len)
         if why is not None:
             raise ValueError(f"StaticDecoder: {why}")
