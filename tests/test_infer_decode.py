@@ -73,6 +73,21 @@ def test_attention_splits_equal_forward(splits):
     assert int(dec.attn_cnt.abs().sum()) == 0
 
 
+@torch.no_grad()
+def test_attention_splits_over_a_long_context():
+    """A context longer than a split's 32-row block: 100 cached rows over 2 splits (50 each: two turns of the
+    loop, the second masked) and over 1, against Llama.forward."""
+    model = _model()
+    ids = torch.randint(0, 96, (1, 100), generator=torch.Generator().manual_seed(1)).to(DEV)
+    steps = [7, 81, 40]
+    want = _reference(model, ids, steps)
+    for splits in (1, 2):
+        dec = StaticDecoder(model, 128, attn_splits=splits)
+        got = [dec.prefill(ids).clone()] + [dec.step(t).clone() for t in steps]
+        for g, w in zip(got[1:], want[1:]):
+            assert _rel(g, w) < (1e-4 if DEV == "cuda" else 1e-5)
+
+
 @pytest.mark.parametrize("pdl", [False, True])
 @torch.no_grad()
 def test_fused_quantized_layout_equals_the_quantized_model(pdl):
