@@ -52,6 +52,7 @@ try:
 except ImportError:  # pragma: no cover - depends on the installed triton
     HAS_GLUON = False
 
+from flashscale.kernels.attention_bwd import bwd_delta
 from flashscale.kernels.attention_fa3 import HEAD_DIMS, LOG2E, SMEM_LIMIT, tile_layout, unsupported  # noqa: F401
 
 NUM_WARPS = 8
@@ -302,12 +303,6 @@ def unsupported_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | 
     return why
 
 
-def delta_of(o: torch.Tensor, do: torch.Tensor, dlse: torch.Tensor | None = None) -> torch.Tensor:
-    """delta = rowsum(dO * O) - dLSE, float32 (B, H, Sq): d lse / d s = P folds dLSE into delta."""
-    delta = torch.einsum("bshd,bshd->bhs", do.float(), o.float())
-    return delta if dlse is None else delta - dlse.float()
-
-
 def _bwd_unsupported(q, k, v, o, do, lse) -> str | None:
     why = unsupported_bwd(q, k, v)
     if why is not None:
@@ -339,7 +334,7 @@ def attention_fa3_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
     bad = config_error(D, cfg)
     if bad is not None:
         raise ValueError(f"attention_fa3_bwd: {cfg}: {bad}")
-    delta = (delta_of(o, do) if delta is None else delta).contiguous()
+    delta = (bwd_delta(o, do, lse) if delta is None else delta).contiguous()
     lse = lse.contiguous()
     dq32 = torch.zeros((B, Sq, H, D), device=q.device, dtype=torch.float32)
     q_lay, kv_lay = tile_layout(cfg.block_m, D, q.dtype), tile_layout(cfg.block_n, D, q.dtype)

@@ -134,27 +134,23 @@ def bwd_impl(dout, q, k, v, out, lse, dlse, cu_q, cu_k, alibi, seed: int, max_q,
     """-> dq, dk, dv (like q, k, v; contiguous). dout and dlse may be None (that output was unused)."""
     if dout is None:
         dout = torch.zeros_like(out)
+    # Gradients arriving from autograd can be expanded views (stride 0, e.g. out.sum()); the kernels index dO with
+    # a unit head-dim stride and dLSE with a unit row stride.
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    if dlse is not None and dlse.stride(-1) != 1:
+        dlse = dlse.contiguous()
     if fa3_bwd_wanted(q, k, v, cu_q, wl, wr, softcap, alibi, dropout_p, deterministic, impl):
         from flashscale.kernels.attention_bwd import bwd_delta
         from flashscale.kernels.attention_fa3_bwd import attention_fa3_bwd
 
         PATHS["bwd", "fa3"] += 1
-        if dout.stride(-1) != 1:  # autograd may hand an expanded view (stride 0)
-            dout = dout.contiguous()
-        if dlse is not None and dlse.stride(-1) != 1:
-            dlse = dlse.contiguous()
-        delta = bwd_delta(out, dout, lse, dlse)  # one read of O and dO (delta_of made float32 copies)
+        delta = bwd_delta(out, dout, lse, dlse)  # dLSE folds into delta
         return attention_fa3_bwd(dout, q.contiguous(), k.contiguous(), v.contiguous(), out, lse, causal=wr == 0,
                                  softmax_scale=scale, delta=delta)
     if use_triton(q, impl):
         from flashscale.kernels.attention_bwd import attention_bwd
 
-        # Gradients arriving from autograd can be expanded views (stride 0, e.g. out.sum()); the kernels
-        # index dO with a unit head-dim stride and dLSE with a unit row stride.
-        if dout.stride(-1) != 1:
-            dout = dout.contiguous()
-        if dlse is not None and dlse.stride(-1) != 1:
-            dlse = dlse.contiguous()
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
