@@ -76,6 +76,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from flashscale.kernels.attention_tune import capability
+
 try:  # Gluon is experimental: absent from older Tritons, and its API moves between releases
     import triton
     from triton.experimental import gluon
@@ -878,7 +880,7 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, need_conti
             return f"k/v {tuple(k.shape)} do not fit q {tuple(q.shape)} (same batch and head_dim, H % Hkv == 0)"
     if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"dtype {q.dtype}: fa3 takes float16 or bfloat16"
-    if not (q.is_cuda and k.is_cuda and v.is_cuda) or cuda_major(q.device) != 9:
+    if not (q.is_cuda and k.is_cuda and v.is_cuda) or capability(q.device)[0] != 9:  # cached: host path
         return f"fa3 needs a Hopper GPU (compute capability 9.x); q is on {q.device}"
     if not HAS_GLUON:
         return "fa3 needs triton.experimental.gluon with warp_specialize (Triton >= 3.6)"
@@ -932,11 +934,6 @@ def varlen_find(i: int, cu_seqlens_q, block_m: int, chunk: int = 128) -> tuple[i
         base = max(e for e, o in zip(end, offs) if o < n_seq)
         c0 += chunk
     return n_seq, 0, 0, 0
-
-
-@functools.lru_cache(maxsize=None)  # torch's query costs microseconds on every call's host path
-def cuda_major(device: torch.device) -> int:
-    return torch.cuda.get_device_capability(device)[0]
 
 
 @functools.lru_cache(maxsize=None)

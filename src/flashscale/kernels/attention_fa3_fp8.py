@@ -62,6 +62,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from flashscale.kernels.attention_tune import capability
+
 try:  # Gluon is experimental: absent from older Tritons, and its API moves between releases
     import triton
     from triton.experimental import gluon
@@ -73,8 +75,6 @@ try:  # Gluon is experimental: absent from older Tritons, and its API moves betw
     HAS_GLUON = hasattr(gl, "warp_specialize")
 except ImportError:  # pragma: no cover - depends on the installed triton
     HAS_GLUON = False
-
-from flashscale.kernels.attention_fa3 import cuda_major  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
 LOG2E = 1.4426950408889634
@@ -780,7 +780,7 @@ def unsupported(q8, k8, v8, q_descale=None, k_descale=None, v_descale=None, *, c
     for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         if t is not None and (not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device != q8.device):
             return f"{name} must be a float32 tensor on {q8.device}"
-    if not (q8.is_cuda and k8.is_cuda and v8.is_cuda) or cuda_major(q8.device) != 9:
+    if not (q8.is_cuda and k8.is_cuda and v8.is_cuda) or capability(q8.device)[0] != 9:
         return f"fa3 fp8 needs a Hopper GPU (compute capability 9.x); q8 is on {q8.device}"
     if not HAS_GLUON:
         return "fa3 fp8 needs triton.experimental.gluon with warp_specialize (Triton >= 3.6)"

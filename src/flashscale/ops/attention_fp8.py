@@ -53,7 +53,7 @@ class Fp8QKV:
 
 
 def _use_kernel(t: torch.Tensor, impl: str) -> bool:
-    from flashscale.kernels.attention_fa3 import cuda_major  # kernels load on first use
+    from flashscale.kernels.attention_tune import capability  # kernels load on first use
 
     if impl not in _IMPLS:
         raise ValueError(f"impl must be one of {_IMPLS}; got {impl!r}")
@@ -65,11 +65,11 @@ def _use_kernel(t: torch.Tensor, impl: str) -> bool:
         return True
     if impl == "fa3":  # the pre-pass then runs its Triton kernel; attention_fp8_quantized asks the Gluon
         # kernel whether it takes the inputs and says why not
-        if not t.is_cuda or cuda_major(t.device) != 9:
+        if not t.is_cuda or capability(t.device)[0] != 9:
             raise ValueError(f"impl='fa3' cannot take these inputs: fa3 fp8 needs a Hopper GPU (compute "
                              f"capability 9.x); the tensors are on {t.device}")
         return True
-    return t.is_cuda and cuda_major(t.device) == 9
+    return t.is_cuda and capability(t.device)[0] == 9
 
 
 def _check_block(name: str, b) -> int:
