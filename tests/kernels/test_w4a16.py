@@ -365,11 +365,11 @@ def test_tune_times_the_leaders_again(monkeypatch):
     second = {2: 9.0, 3: 10.5, 4: 12.0}
     rounds: dict[int, int] = {}
 
-    def fake_time(launch, c, s, copies=1):
+    def fake_time(launch, c, s, ring=()):
         n = rounds[c.num_stages] = rounds.get(c.num_stages, 0) + 1
         return (first if n == 1 else second)[c.num_stages]
 
-    def launch(c, s, i=0):
+    def launch(c, s, w=None):
         if c.num_stages == 6:
             raise OutOfResources(1, 0, "shared memory")
 

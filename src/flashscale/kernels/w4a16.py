@@ -11,8 +11,8 @@
                                 autotune candidates of the bucket (docs/w4a16_gemm.md)
 
 Autotuning: the first call of a (kernel, M bucket, N, K, G, dtype, act-order) key on a GPU times the
-candidate configs of its bucket (a handful, so few compiles) with triton.testing.do_bench and keeps
-the fastest for the process (tuned_configs() / load_tuned_configs() move the table to and from a JSON
+candidate configs of its bucket (a handful, so few compiles) in CUDA graphs over copies of the weight
+that pass the L2 (_time) and keeps the fastest for the process (tuned_configs() / load_tuned_configs() move the table to and from a JSON
 file). Under CUDA-graph capture an untuned key takes its bucket's first candidate without timing.
 Under Triton's interpreter (CPU tests) the first candidate runs, or the one passed as `config=`.
 """
@@ -385,35 +385,38 @@ TUNE_L2_PASSES = 2  # the tuner's weight copies together pass this many times th
 TUNE_MAX_COPIES = 32
 
 
-def _ring_size(p: PackedW4) -> int:
-    """How many copies of p's packed weights and scales the tuner cycles through: together TUNE_L2_PASSES x the
-    L2, so each launch reads its weights from HBM as in a decode step (a model's next linear is never in L2)."""
+def _weight_ring(p: PackedW4) -> list[PackedW4]:
+    """p and copies of its packed weights and scales that together pass TUNE_L2_PASSES x the L2, for the tuner to
+    cycle through: each launch then reads its weights from HBM, as in a decode step (a model's next linear is
+    never in L2)."""
     nbytes = p.qweight.numel() * 4 + p.sz.numel() * 4
     l2 = getattr(torch.cuda.get_device_properties(p.device), "L2_cache_size", 0) or 60 << 20
-    return max(1, min(TUNE_MAX_COPIES, -(-TUNE_L2_PASSES * l2 // max(nbytes, 1))))
+    n = max(1, min(TUNE_MAX_COPIES, -(-TUNE_L2_PASSES * l2 // max(nbytes, 1))))
+    return [p] + [replace(p, qweight=p.qweight.clone(), sz=p.sz.clone()) for _ in range(n - 1)]
 
 
-def _time(launch, c, s, copies: int = 1) -> float:
-    """ms a launch of (c, s): a CUDA graph of launches back to back over `copies` weight copies (launch(c, s, i)
-    runs on copy i), about 1 ms of work a replay, median of 5 replays. Eager timing (do_bench) of a 5-20 us
-    kernel measures the host's launch path as much as the kernel, and one weight stays in L2 at 4096x4096: the
-    H200 once kept a 15 us config over an 8.5 us one that way (results/w4a16-h200.json, 2026-12-02). Falls back
-    to do_bench where a graph cannot be captured."""
+def _time(launch, c, s, ring=()) -> float:
+    """ms a launch of (c, s): a CUDA graph of launches back to back, launch(c, s, w) over the weights w of ring in
+    turn (launch(c, s) when ring is empty), about 1 ms of work a replay, median of 5 replays. Eager timing
+    (do_bench) of a 5-20 us kernel measures the host's launch path as much as the kernel, and one weight stays
+    in L2 at 4096x4096: the H200 once kept a 15 us config over an 8.5 us one that way (results/w4a16-h200.json,
+    2026-12-02). Falls back to do_bench where a graph cannot be captured."""
+    calls = [functools.partial(launch, c, s, w) for w in ring] or [functools.partial(launch, c, s)]
     try:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
         start.record()
-        launch(c, s, 0)
+        calls[0]()
         end.record()
         end.synchronize()
-        n = max(copies, min(256, int(1.0 / max(start.elapsed_time(end), 1e-3))))
-        n = -(-n // copies) * copies
-        for i in range(1, copies):  # each copy's first launch (allocation, descriptors) outside the capture
-            launch(c, s, i)
+        n = max(len(calls), min(256, int(1.0 / max(start.elapsed_time(end), 1e-3))))
+        n = -(-n // len(calls)) * len(calls)
+        for call in calls[1:]:  # each copy's first launch (allocation, descriptors) outside the capture
+            call()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for i in range(n):
-                launch(c, s, i % copies)
+                calls[i % len(calls)]()
         graph.replay()
         times = []
         for _ in range(5):
@@ -425,14 +428,15 @@ def _time(launch, c, s, copies: int = 1) -> float:
         return sorted(times)[2]
     except RuntimeError:
         torch.cuda.synchronize()
-        return triton.testing.do_bench(lambda: launch(c, s, 0), warmup=5, rep=25, return_mode="median")
+        return triton.testing.do_bench(calls[0], warmup=5, rep=25, return_mode="median")
 
 
-def _tune(key: tuple, cands: list, split_of, launch, steps_of=lambda c: 0, copies: int = 1) -> tuple[object, int]:
+def _tune(key: tuple, cands: list, split_of, launch, steps_of=lambda c: 0, ring=tuple) -> tuple[object, int]:
     """Fastest (config, split) for `key`, timed once per process over the candidates and a few split
     factors around the heuristic, the RETIME_TOP fastest timed again and the fastest of that second round kept;
     the first candidate with the heuristic split when timing is off or impossible (interpreter, CUDA-graph
-    capture). launch(c, s, i) runs the trial on weight copy i < copies (_time)."""
+    capture). launch(c, s[, w]) runs a trial (on weight w); ring() gives the weights _time cycles through, built
+    only when a key is timed."""
     hit = _TUNED.get(key)
     if hit is not None:
         fields = dict(hit)
@@ -445,21 +449,20 @@ def _tune(key: tuple, cands: list, split_of, launch, steps_of=lambda c: 0, copie
                                                               isinstance(c, DecodeConfig)))]
     if len(trials) == 1:
         return trials[0]
+    weights = ring()
     timed = []
     for c, s in trials:
         try:
-            launch(c, s, 0)  # compile (and size the split-K buffers) outside the timing
-            timed.append((_time(launch, c, s, copies), len(timed), (c, s)))
+            launch(c, s)  # compile (and size the split-K buffers) outside the timing
+            timed.append((_time(launch, c, s, weights), len(timed), (c, s)))
         except OutOfResources:
             continue  # this config does not fit the device (shared memory, registers)
     if not timed:
         raise RuntimeError(f"no W4A16 config runs on this device for {key}")
     # A second round over the leaders, after every candidate has run once, so one unlucky timing cannot decide
-    # alone (the H200 once kept a split-K-less config for 4096x4096 at M 2-16 that ran 1.5x slower than the
-    # split-K one an earlier run of the same code had kept: results/w4a16-h200.json, 2026-12-02; why that round
-    # misranked them is not known).
+    # alone (added when eager timing had kept a config 1.5x slower than another run's choice; see _time).
     leaders = sorted(timed)[:RETIME_TOP]
-    best = (min((_time(launch, *cs, copies), i, cs) for _, i, cs in leaders)[2] if len(leaders) > 1
+    best = (min((_time(launch, *cs, weights), i, cs) for _, i, cs in leaders)[2] if len(leaders) > 1
             else leaders[0][2])
     _TUNED[key] = dict(asdict(best[0]), split_k=best[1])
     return best
@@ -526,13 +529,10 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
                "perm" if p.perm is not None else "noperm", _device_info(x2d.device)[0])
         if kernel == "gemm" and auto and m >= WGMMA_MIN_M and key not in _TUNED:  # only a tuning run looks
             cands = cands + wgmma_candidates(x2d, p, bias)
-        ring = functools.cache(lambda: [p] + [replace(p, qweight=p.qweight.clone(), sz=p.sz.clone())
-                                             for _ in range(_ring_size(p) - 1)])  # built only if tuning times
+        def launch(c, s, w=p):
+            _launch(x2d, w, bias, y, c, s)
 
-        def launch(c, s, i=0):
-            _launch(x2d, ring()[i] if i else p, bias, y, c, s)
-
-        cfg, split = _tune(key, cands, split_of, launch, steps_of, copies=_ring_size(p) if x2d.is_cuda else 1)
+        cfg, split = _tune(key, cands, split_of, launch, steps_of, ring=lambda: _weight_ring(p))
         split = split_k or split
     _launch(x2d, p, bias, y, cfg, split, pdl=pdl_active(x2d.device))
     return y
