@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from flashscale.kernels.pdl import pdl_enter
+from flashscale.kernels.w4a16_common import last_split, reset_ticket
 
 
 @triton.jit
@@ -99,9 +100,7 @@ def decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, 
         tl.store(ws_ptr + base + d, acc)
         tl.store(ws_ptr + base + D, m_i)
         tl.store(ws_ptr + base + D + 1, l_i)
-        tl.debug_barrier()  # every thread's stores before the (one-thread) release of the ticket
-        ticket = tl.atomic_add(cnt_ptr + hq, 1, sem="acq_rel", scope="gpu")
-        if ticket == NS - 1:
+        if last_split(cnt_ptr, hq, NS):  # the W4A16 split-K ticket: barrier, then one acq_rel add
             sr = (hq * NS + tl.arange(0, NS)) * (D + 2)
             m_s = tl.load(ws_ptr + sr + D, cache_modifier=".cg")  # .cg: through L2 (L1 may hold a stale line)
             l_s = tl.load(ws_ptr + sr + D + 1, cache_modifier=".cg")
@@ -109,7 +108,7 @@ def decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, 
             w = tl.exp(m_s - tl.max(m_s, axis=0))  # the last split holds the new row: the max is finite
             o = tl.sum(w[:, None] * a_s, axis=0) / tl.sum(w * l_s, axis=0)
             tl.store(out_ptr + hq * D + d, o.to(dt))
-            tl.atomic_xchg(cnt_ptr + hq, 0, sem="relaxed", scope="gpu")
+            reset_ticket(cnt_ptr, hq)
 
 
 @triton.jit
