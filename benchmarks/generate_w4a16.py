@@ -11,7 +11,7 @@ residual add + RMSNorm; RoPE + cache write + attention for one query; SiLU(gate)
 same for both precisions. With greedy=True the step writes argmax(logits) and position + 1 back into its
 inputs, so replaying the graph N times is the whole generation; tokens/s = N / (CUDA-event time). Before timing, the step is checked against
 Llama.forward with a KVCache (attention through torch SDPA there) on the first positions. The
-embedding stays bf16; the lm_head is quantized too unless --keep-lm-head. Each precision is timed twice: plain
+embedding stays bf16; the lm_head is quantized too unless --keep-lm-head. Each precision is timed three ways: plain
 launches; with programmatic dependent launch for the step's Triton kernels (rows "+pdl": kernels.pdl; the bf16
 linears are cuBLAS's and launch plainly); and with the W4A16 kernels also prefetching their weights into L2
 before they wait (rows "+pdl+l2"; the bf16 rows only differ by run-to-run noise there). PDL rows are checked
