@@ -3,8 +3,9 @@
 # test_attention_api's PATHS test failed on the GPU and was fixed), `host`, `e2e` (11 passed; PDL measured: no gain,
 # L2 prefetch slower), `refresh`, `decode` (69 + 15 passed, flash-decoding and graph-timed tuning measured),
 # `attn19` (74 passed; host-time fix and grid), then the grid twice more by hand (docs/attention_fa3.md, session
-# 19). Unrun on a GPU since: the Hopper backward's delta from FA2's pre-pass (0ad2520; `tests` covers it, first
-# thing next session). One `run` per step, back to back; each step's commands have their own timeouts so one hang
+# 19). Unrun on a GPU since: the Hopper backward's delta from FA2's pre-pass (0ad2520, 1ba0a2a), the review's
+# refactors of the W4A16 tuner's weight ring (eb6690a) and of the decode attention's ticket (6973c57): first
+# thing next session, `tests` then `decode` cover them. One `run` per step, back to back; each step's commands have their own timeouts so one hang
 # costs only its share. Outputs go to $OUT (at most 8 files come back).
 #
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: backward dispatch GPU tests, FA2's
