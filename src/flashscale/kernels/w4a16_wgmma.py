@@ -65,13 +65,15 @@ class WgmmaConfig:
     group: int = 8  # n-tiles that share a sweep over the token tiles (L2 reuse)
     producer_regs: int = 24
     consumer_regs: int = 240
+    pingpong: bool = False  # two consumers: tensor-core turns (consumer c issues its wgmma of step j after c - 1)
 
     @property
     def bn(self) -> int:
         return 64 * self.consumers
 
     def label(self) -> str:
-        return f"bm{self.bm}-bn{self.bn}-bk{self.bk}-s{self.stages}" + (f"-k{self.split_k}" if self.split_k else "")
+        return (f"bm{self.bm}-bn{self.bn}-bk{self.bk}-s{self.stages}" + (f"-k{self.split_k}" if self.split_k else "")
+                + ("-pp" if self.pingpong else ""))
 
 
 def smem_bytes(cfg: WgmmaConfig, group_size: int = 128) -> int:
@@ -82,15 +84,20 @@ def smem_bytes(cfg: WgmmaConfig, group_size: int = 128) -> int:
 
 # Candidates per M bucket (benchmarks/w4a16.py times each and keeps the best a cell; the first is the default).
 # SMEM (G = 128): bm64 bn128 s6 147 KB; bm64 bn64 s8 162 KB; bm128 bn64 s4 145 KB; bm128 bn128 s4 162 KB;
-# bm256 bn64 s3 205 KB; bm256 bn64 bk64 s6 206 KB.
+# bm256 bn64 s3 205 KB; bm256 bn64 bk64 s6 206 KB; bm256 bn128 bk64 s6 219 KB; bm256 bn128 bk128 s3 218 KB.
+# M > 256 leads with bm256 x bn128 (two consumers sharing each x tile): benchmarks/w4a16_gemm_probe.py on the H200
+# (2026-12-02) put it at 0.90-1.01x cuBLAS at M 1024 / 4096 where the best bn64 tile was 0.78-0.89x.
 _BIG = [WgmmaConfig(bm=128, consumers=1, stages=4), WgmmaConfig(bm=128, consumers=2, stages=4)]
+_LARGE = ([WgmmaConfig(bm=256, consumers=2, bk=64, stages=6), WgmmaConfig(bm=256, consumers=2, stages=3, pingpong=True),
+           WgmmaConfig(bm=64, consumers=2, stages=6), WgmmaConfig(bm=64, consumers=2, stages=6, group=16),
+           WgmmaConfig(bm=64, consumers=2, stages=4)] + _BIG
+          + [WgmmaConfig(bm=256, consumers=1, stages=3), WgmmaConfig(bm=256, consumers=1, bk=64, stages=6)])
 CANDIDATES: dict[int, list[WgmmaConfig]] = {
     64: [WgmmaConfig(bm=64, consumers=2, stages=6), WgmmaConfig(bm=64, consumers=1, stages=8),
          WgmmaConfig(bm=32, consumers=2, stages=8)],
     256: [WgmmaConfig(bm=64, consumers=2, stages=6), WgmmaConfig(bm=64, consumers=1, stages=8)] + _BIG,
-    1 << 30: [WgmmaConfig(bm=64, consumers=2, stages=6), WgmmaConfig(bm=64, consumers=2, stages=6, group=16),
-              WgmmaConfig(bm=64, consumers=2, stages=4)] + _BIG
-             + [WgmmaConfig(bm=256, consumers=1, stages=3), WgmmaConfig(bm=256, consumers=1, bk=64, stages=6)],
+    2048: _LARGE,
+    1 << 30: _LARGE,  # M > 2048 (w4a16._GEMM_CANDIDATES' buckets: tuned apart from 257..2048)
 }
 # Only spill-free configs (sm_90 census, docs/w4a16_gemm.md). Two consumers (12 warps: 168 registers a thread)
 # keep the wait(0) loop (wait(1) serializes the wgmma there); one consumer (255) runs the unrolled wait(1) loop.
@@ -118,6 +125,8 @@ def config_error(cfg: WgmmaConfig, group_size: int = 128, k: int | None = None) 
         return f"bk={cfg.bk}: 64 or 128"
     if cfg.stages < 2:
         return "stages >= 2"
+    if cfg.pingpong and cfg.consumers != 2:
+        return "pingpong takes consumers=2 (the turns alternate between two warpgroups)"
     g = group_size
     if not (g == k or g % cfg.bk == 0 or (g == 64 and cfg.bk == 128)):
         return f"group_size={g}: a multiple of bk={cfg.bk}, 64, or one group a row (K)"
@@ -218,23 +227,44 @@ if HAS_GLUON:
         return acc, a
 
     @gluon.jit
-    def _mainloop_wait0(a, acc, w_smem, x_smem, sz_smem, ready, empty, n_it, MAGIC, C: gl.constexpr,
-                        a_l: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr):
-        """The first loop (two consumer warpgroups): issue wgmma(A_j, x_j) -> unpack A_{j+1} -> wait(0) -> release j.
-        A_{j+1} is a dependency of the wait too (no sinking the unpack below it in the PTX), and A_j stays live
-        until wgmma j retires; the loop-carried a = a_next costs 21-58 register moves a step."""
+    def _mainloop_wait0(a, acc, w_smem, x_smem, sz_smem, ready, empty, turn, n_it, MAGIC, C: gl.constexpr,
+                        a_l: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr,
+                        PINGPONG: gl.constexpr):
+        """The first loop (two consumer warpgroups): issue wgmma(A_j, x_j) -> unpack A_{j+1} -> wait for slot j+2 ->
+        wait(0) -> release j. A_{j+1} is a dependency of the wait too (no sinking the unpack below it in the PTX),
+        and A_j stays live until wgmma j retires; the loop-carried a = a_next costs 12-58 register moves a step.
+        The mbarrier wait for slot j+2 (the next step's load, predicated off past the last step) is a try-wait
+        loop, a basic-block boundary between the unpack and the wgmma wait: without it ptxas hoisted
+        WARPGROUP.DEPBAR right after the HGMMAs at bm256 (the unpack ran after its own wgmma retired, 15 of 96
+        dequant ops overlapped), as it does with the PV wait in the attention kernels (`late_pv_wait`).
+        PINGPONG (FA3's inter-warpgroup schedule, kernels/attention_fa3.py's turns): consumer C issues its wgmma of
+        step j only after the other consumer issued its own of step j - 1 (C = 0) / j (C = 1), and passes the
+        turn right after issuing, so the tensor cores take the two warpgroups' wgmmas in alternation and one's
+        unpack runs under the other's MMA instead of both unpacking at once (the two share every x slot, so
+        without turns they run in lockstep). turn[c] has count 1; consumer c's j-th wait has parity (j & 1) ^ FIRST
+        (FIRST = 1 for consumer 0, whose turn 0 passes on the fresh barrier). Both take n_it turns: no skew."""
+        FIRST: gl.constexpr = 1 if C == 0 else 0
+        mbarrier.wait(ready.index(1 % STAGES), (1 // STAGES) & 1, pred=n_it > 1)
         for j in range(n_it - 1):
             s = j % STAGES
             s1 = (j + 1) % STAGES
-            mbarrier.wait(ready.index(s1), ((j + 1) // STAGES) & 1)  # slot j+1's words to registers first ...
-            p, szw = _load_slot(w_smem.index(s1), sz_smem.index(s1), C, BK, SZR, 4)
+            p, szw = _load_slot(w_smem.index(s1), sz_smem.index(s1), C, BK, SZR, 4)  # slot j+1 (waited for)
+            if PINGPONG:
+                mbarrier.wait(turn.index(C), (j & 1) ^ FIRST)
             tok = warpgroup_mma(a, x_smem.index(s).permute((1, 0)), acc, is_async=True)
-            a_next = _unpack(p, szw, MAGIC, x_smem.dtype, a_l, BK, 4)  # ... then only ALU work under wgmma j
+            if PINGPONG:
+                mbarrier.arrive(turn.index(1 - C))
+            a_next = _unpack(p, szw, MAGIC, x_smem.dtype, a_l, BK, 4)  # only ALU work under wgmma j
+            mbarrier.wait(ready.index((j + 2) % STAGES), ((j + 2) // STAGES) & 1, pred=j + 2 < n_it)
             acc, a, a_next = warpgroup_mma_wait(0, deps=(tok, a, a_next))
             mbarrier.arrive(empty.index(s), count=1)
             a = a_next
         s = (n_it - 1) % STAGES
+        if PINGPONG:
+            mbarrier.wait(turn.index(C), ((n_it - 1) & 1) ^ FIRST)
         tok = warpgroup_mma(a, x_smem.index(s).permute((1, 0)), acc, is_async=True)
+        if PINGPONG:
+            mbarrier.arrive(turn.index(1 - C))
         acc, a = warpgroup_mma_wait(0, deps=(tok, a))
         mbarrier.arrive(empty.index(s), count=1)
         return acc
@@ -309,10 +339,10 @@ if HAS_GLUON:
                 _epi_store(q3, 3 * BM // 4, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, MODE)
 
     @gluon.jit
-    def _consumer(w_smem, x_smem, sz_smem, ready, empty, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, it0, n_it,
+    def _consumer(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, it0, n_it,
                   M, N, MAGIC, SPLIT_K, C: gl.constexpr, HAS_BIAS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                   BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
-                  HAS_SPLIT: gl.constexpr):
+                  HAS_SPLIT: gl.constexpr, PINGPONG: gl.constexpr):
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
         acc = gl.zeros([64, BM], gl.float32, acc_l)
@@ -320,7 +350,8 @@ if HAS_GLUON:
         p, szw = _load_slot(w_smem.index(0), sz_smem.index(0), C, BK, SZR, 4)
         a0 = _unpack(p, szw, MAGIC, x_smem.dtype, a_l, BK, 4)
         if CONSUMERS == 2:  # 168 registers a thread (12 warps): the wait(1) pipeline serializes the wgmma there
-            acc = _mainloop_wait0(a0, acc, w_smem, x_smem, sz_smem, ready, empty, n_it, MAGIC, C, a_l, BK, SZR, STAGES)
+            acc = _mainloop_wait0(a0, acc, w_smem, x_smem, sz_smem, ready, empty, turn, n_it, MAGIC, C, a_l, BK, SZR,
+                                  STAGES, PINGPONG)
         else:
             acc = _mainloop_wait1(a0, acc, w_smem, x_smem, sz_smem, ready, empty, n_it, MAGIC, C, a_l, BK, SZR, STAGES)
         CHUNKS: gl.constexpr = 4 if BM >= 128 else (2 if BM == 64 else 1)  # 16..64 tokens a chunk
@@ -339,7 +370,8 @@ if HAS_GLUON:
     def w4a16_wgmma_kernel(w_desc, x_desc, sz_desc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, K, MAGIC, SPLIT_K,
                            G: gl.constexpr, HAS_BIAS: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
                            STAGES: gl.constexpr, CONSUMERS: gl.constexpr, GROUP: gl.constexpr,
-                           PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, HAS_SPLIT: gl.constexpr):
+                           PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, HAS_SPLIT: gl.constexpr,
+                           PINGPONG: gl.constexpr):
         BN: gl.constexpr = 64 * CONSUMERS
         SZR: gl.constexpr = sz_desc.block_type.shape[0]
         pid = gl.program_id(0)
@@ -359,22 +391,28 @@ if HAS_GLUON:
         sz_smem = gl.allocate_shared_memory(gl.int32, [STAGES] + sz_desc.block_type.shape, sz_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=CONSUMERS)
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
         if CONSUMERS == 2:
             gl.warp_specialize([
-                (_consumer, (w_smem, x_smem, sz_smem, ready, empty, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, it0,
-                             n_it, M, N, MAGIC, SPLIT_K, 0, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT)),
-                (_consumer, (w_smem, x_smem, sz_smem, ready, empty, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, it0,
-                             n_it, M, N, MAGIC, SPLIT_K, 1, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT)),
+                (_consumer, (w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, it0,
+                             n_it, M, N, MAGIC, SPLIT_K, 0, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT,
+                             PINGPONG)),
+                (_consumer, (w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, it0,
+                             n_it, M, N, MAGIC, SPLIT_K, 1, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT,
+                             PINGPONG)),
                 (_producer, (w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, pid_n, pid_m, it0, n_it, G,
                              BM, BN, BK, STAGES)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
         else:
             gl.warp_specialize([
-                (_consumer, (w_smem, x_smem, sz_smem, ready, empty, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, it0,
-                             n_it, M, N, MAGIC, SPLIT_K, 0, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT)),
+                (_consumer, (w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, it0,
+                             n_it, M, N, MAGIC, SPLIT_K, 0, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT,
+                             PINGPONG)),
                 (_producer, (w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, pid_n, pid_m, it0, n_it, G,
                              BM, BN, BK, STAGES)),
             ], [1], [PRODUCER_REGS])
@@ -519,7 +557,7 @@ def w4a16_wgmma(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None,
         w_desc, x_desc, sz_desc, y, bias if bias is not None else y, ws, cnt, m, n, k, MAGIC_ONE, split,
         G=p.group_size, HAS_BIAS=bias is not None, BM=cfg.bm, BK=cfg.bk, STAGES=cfg.stages,
         CONSUMERS=cfg.consumers, GROUP=cfg.group, PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs,
-        HAS_SPLIT=split > 1, num_warps=4)
+        HAS_SPLIT=split > 1, PINGPONG=cfg.pingpong, num_warps=4)
     return y
 
 
@@ -542,7 +580,8 @@ def compile_sm90(cfg: WgmmaConfig, *, n: int = 8192, k: int = 8192, group_size: 
            "y_ptr": f"*{ty}", "bias_ptr": f"*{ty}", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32",
            "K": "i32", "MAGIC": "i32", "SPLIT_K": "i32"}
     cx = dict(G=group_size, HAS_BIAS=bias, BM=cfg.bm, BK=cfg.bk, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
-              GROUP=cfg.group, PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs, HAS_SPLIT=split_k > 1)
+              GROUP=cfg.group, PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs, HAS_SPLIT=split_k > 1,
+              PINGPONG=cfg.pingpong)
     names = list(sig)
     sig.update({key: "constexpr" for key in cx})
     attrs = {(names.index(a), ): [["tt.divisibility", 16]] for a in ("y_ptr", "bias_ptr", "ws_ptr", "cnt_ptr")}
@@ -575,7 +614,7 @@ def census(cfg: WgmmaConfig, **kw) -> dict:
     stats = ptxas_stats(ptx)
     text = sass(kern.asm["cubin"])
     loops = sass_key_loops(text, "HGMMA")
-    res = dict(config=cfg.label(), bk=cfg.bk, consumers=cfg.consumers, registers=stats["registers"],
+    res = dict(config=cfg.label(), bm=cfg.bm, bk=cfg.bk, consumers=cfg.consumers, registers=stats["registers"],
                spill_stores=stats["spill_stores"], spill_loads=stats["spill_loads"], stack=stats["stack"],
                local=len(re.findall(r"\b[LS]TL\b", text)), shared=kern.metadata.shared,
                serialized="serialized" in stats["log"],

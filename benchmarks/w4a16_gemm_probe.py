@@ -1,0 +1,132 @@
+"""Every W4A16 wgmma config at prefill sizes, one row each, beside bf16 F.linear (cuBLAS): which tile wins and why.
+
+    python benchmarks/w4a16_gemm_probe.py [--shapes 4096x4096,8192x28672] [--ms 1024,4096] [--out DIR]
+
+benchmarks/w4a16.py keeps only the best config a cell; this prints every one (checked against the float64
+dequantized reference first, as w4a16.py does; a wrong config is reported and not timed), with the traffic model
+that says whether a tile is bound by the L2 -> SM stream of x: each (BM x BN) tile reads its x rows (BM x K x 2
+bytes) and its packed words (BN x K / 2) once, so the L2 -> SM bytes are M*K*2*ceil(N/BN) + N*K/2*ceil(M/BM)
+(`l2_TBps` = those bytes / time). cuBLAS's row uses a 128 x 256 tile for the same figure. Timing: median of calls
+replayed from a CUDA graph (an eager Gluon call's ~70 us of host time would show at M = 1024 on 4096^2), weights
+rotating through copies past 3x the L2.
+Writes DIR/w4a16-gemm-probe-<gpu>.json (rows: impl, config, M, K, N, us, tflops, x_bf16, l2_TBps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.testing
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from w4a16 import copies_for, packed_bytes, random_packed, rel_err  # noqa: E402
+
+from flashscale.kernels import w4a16_wgmma as wg  # noqa: E402
+from flashscale.reference.w4a16 import dequantize_w4  # noqa: E402
+
+C = wg.WgmmaConfig
+EXTRA = [C(bm=256, consumers=2, bk=64, stages=6), C(bm=256, consumers=2, bk=64, stages=6, group=4),
+         C(bm=256, consumers=2, bk=64, stages=6, group=16), C(bm=256, consumers=2, bk=64, stages=6, pingpong=True),
+         C(bm=256, consumers=2, bk=128, stages=3), C(bm=256, consumers=2, bk=128, stages=3, pingpong=True),
+         C(bm=128, consumers=2, bk=128, stages=4, pingpong=True), C(bm=128, consumers=2, bk=64, stages=8, pingpong=True),
+         C(bm=256, consumers=1, bk=128, stages=3), C(bm=256, consumers=1, bk=64, stages=6, group=16)]
+
+
+def l2_bytes(m: int, k: int, n: int, bm: int, bn: int) -> float:
+    return m * k * 2 * math.ceil(n / bn) + n * k / 2 * math.ceil(m / bm)
+
+
+def write(out_dir: str, gpu: str, rows: list[dict]) -> Path:
+    out = Path(out_dir) / f"w4a16-gemm-probe-{gpu.split()[-1].lower()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
+                                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(), rows=rows), indent=1))
+    tmp.replace(out)
+    return out
+
+
+def timed(fn, rep: int) -> float:
+    """us: median of calls replayed from a CUDA graph (the host's launch time, ~70 us a Gluon call, left out)."""
+    fn()
+    return triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median") * 1e3
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="4096x4096,8192x28672", help="comma list of KxN")
+    ap.add_argument("--ms", default="1024,4096")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--rep", type=int, default=40)
+    ap.add_argument("--candidates", default="big", help="which of w4a16_wgmma.candidates(M) run before EXTRA: all, "
+                    "big (bm >= 128 only), none")
+    args = ap.parse_args(argv)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    gpu = torch.cuda.get_device_name()
+    rows = []
+    for shape in args.shapes.split(","):
+        k, n = (int(v) for v in shape.split("x"))
+        base = random_packed(k, n, 128, gen)
+        w_bf16 = dequantize_w4(base, torch.bfloat16).t().contiguous()
+        packs = [base] + [wg.PackedW4(qweight=base.qweight.clone(), sz=base.sz.clone(), perm=None, in_features=k,
+                                      out_features=n, group_size=128) for _ in range(copies_for(packed_bytes(base)) - 1)]
+        ws = [w_bf16] + [w_bf16.clone() for _ in range(copies_for(k * n * 2) - 1)]
+        for m in (int(v) for v in args.ms.split(",")):
+            x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+            oracle = x.double() @ dequantize_w4(base, torch.float64)
+            e_bf16 = rel_err(F.linear(x, w_bf16), oracle)
+            it = {"i": 0}
+
+            def cublas():
+                it["i"] += 1
+                return F.linear(x, ws[it["i"] % len(ws)])
+
+            t_bf = timed(cublas, args.rep)
+            flops = 2.0 * m * k * n
+            rows.append(dict(impl="bf16", config="cublas", M=m, K=k, N=n, us=t_bf, tflops=flops / t_bf * 1e-6,
+                             x_bf16=1.0, l2_TBps=l2_bytes(m, k, n, 128, 256) / t_bf * 1e-6))
+            print(f"M={m} {k}x{n}: bf16 {t_bf:.1f} us {flops / t_bf * 1e-6:.0f} TFLOP/s", flush=True)
+            cand = {"all": wg.candidates(m), "none": []}.get(args.candidates, [c for c in wg.candidates(m) if c.bm >= 128])
+            cfgs = cand + [c for c in EXTRA if c not in cand]
+            for cfg in cfgs:
+                if wg.config_error(cfg, 128, k):
+                    continue
+                try:
+                    e = rel_err(wg.w4a16_wgmma(x, base, config=cfg), oracle)
+                except Exception as exc:  # noqa: BLE001  (compile / resource errors: reported, the others still run)
+                    print(f"  {cfg.label()}: {exc!r}"[:300], flush=True)
+                    continue
+                if not e <= 2 * e_bf16 + 1e-3:
+                    print(f"  {cfg.label()} c{cfg.consumers} g{cfg.group}: WRONG rel err {e:.3e} vs bf16 {e_bf16:.3e}")
+                    rows.append(dict(impl="flashscale-wgmma", config=cfg.label(), M=m, K=k, N=n, wrong=True))
+                    continue
+
+                def ours(cfg=cfg):
+                    it["i"] += 1
+                    return wg.w4a16_wgmma(x, packs[it["i"] % len(packs)], config=cfg)
+
+                t = timed(ours, args.rep)
+                lbl = f"{cfg.label()}-c{cfg.consumers}-g{cfg.group}"
+                rows.append(dict(impl="flashscale-wgmma", config=lbl, M=m, K=k, N=n, us=t, tflops=flops / t * 1e-6,
+                                 x_bf16=t_bf / t, l2_TBps=l2_bytes(m, k, n, cfg.bm, cfg.bn) / t * 1e-6, rel_err=e))
+                print(f"  {lbl:34s} {t:9.1f} us {flops / t * 1e-6:6.0f} TFLOP/s x{t_bf / t:.2f} bf16  "
+                      f"L2->SM {rows[-1]['l2_TBps']:.2f} TB/s", flush=True)
+        packs = ws = base = w_bf16 = None  # free the copies before the next shape
+        torch.cuda.empty_cache()
+        out = write(args.out, gpu, rows)  # after every shape: a run cut short keeps what it measured
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
