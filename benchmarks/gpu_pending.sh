@@ -18,6 +18,8 @@
 #                                                                  # tuner GPU tests, generate_w4a16.py, w4a16.py
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh attn19    # ~4 min: host profile/timing, fa3 + fp8 + API
 #                                                                  # GPU tests, the attention grid
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh gemm20    # ~4 min: W4A16 GEMM configs at K 4096 x N 14336,
+#                                                                  # the W4A16 grid, GEMM GPU tests (session 20)
 #
 # refresh / attn19: copy $OUT/attention-h200.json (and w4a16-h200.json) over benchmarks/results/, give the file a
 # note saying what changed, and rerun make_tables.py.
@@ -71,7 +73,13 @@ case "${1:-}" in
     "$PY" -c "import json; json.dump(json.load(open('benchmarks/results/attention-h200.json'))['configs'], open('/tmp/seedcache/attention_configs.json', 'w'))"
     export FLASHSCALE_CACHE_DIR=/tmp/seedcache
     step attention 200 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
+  gemm20)  # session 20: the W4A16 GEMM's bm256 x bn128 candidates and M > 2048 bucket, per config then the grid
+    step probe 240 "$PY" benchmarks/w4a16_gemm_probe.py --shapes 4096x14336,4096x4096 --ms 4096,1024 --candidates none \
+      --out "$OUT"
+    step w4a16 300 "$PY" benchmarks/w4a16.py --out "$OUT"
+    step gemm_tests 150 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu tests/kernels/test_w4a16.py tests/test_qlinear.py \
+      tests/kernels/test_w4a16_wgmma_gpu.py -k "auto_and_forced or pingpong or (candidates and bm256)" ;;
   *)
-    echo "usage: [OUT=DIR] bash benchmarks/gpu_pending.sh tests|refresh|e2e|host|decode|attn19" >&2
+    echo "usage: [OUT=DIR] bash benchmarks/gpu_pending.sh tests|refresh|e2e|host|decode|attn19|gemm20" >&2
     exit 2 ;;
 esac

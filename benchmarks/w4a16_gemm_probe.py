@@ -124,8 +124,34 @@ def main(argv=None) -> int:
         packs = ws = base = w_bf16 = None  # free the copies before the next shape
         torch.cuda.empty_cache()
         out = write(args.out, gpu, rows)  # after every shape: a run cut short keeps what it measured
+    plot(rows, out.with_suffix(".png"), gpu)
     print(f"wrote {out}")
     return 0
+
+
+def plot(rows: list[dict], path: Path, gpu: str) -> None:
+    """One panel a (K x N, M) cell: each config's ratio to cuBLAS, sorted, 0.9 marked (issue 7's M >= 1024 bar)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    cells = sorted({(r["K"], r["N"], r["M"]) for r in rows})
+    fig, axes = plt.subplots(len(cells), 1, figsize=(9, 2.2 * len(cells)), squeeze=False)
+    for ax, (k, n, m) in zip(axes[:, 0], cells):
+        got = sorted((r["x_bf16"], r["config"]) for r in rows
+                     if (r["K"], r["N"], r["M"]) == (k, n, m) and r["impl"] != "bf16" and "x_bf16" in r)
+        ax.barh([c for _, c in got], [v for v, _ in got], color="tab:blue")
+        ax.axvline(0.9, color="red", linestyle="--", linewidth=0.8)
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_title(f"K={k} N={n} M={m}", fontsize=9)
+        ax.tick_params(labelsize=7)
+    axes[-1, 0].set_xlabel("x bf16 cuBLAS (same run)")
+    fig.suptitle(f"W4A16 wgmma GEMM configs vs cuBLAS, {gpu}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
