@@ -100,6 +100,22 @@ def w4a16_table(res: dict, name: str) -> list[str]:
     return out
 
 
+def w4a16_probe_table(res: dict, name: str) -> list[str]:
+    """benchmarks/w4a16_gemm_probe.py: every wgmma GEMM config's speedup over cuBLAS, a column per (K x N, M) cell."""
+    x: dict[str, dict[tuple, float]] = defaultdict(dict)
+    for r in res["rows"]:
+        if r["impl"] != "bf16" and "x_bf16" in r:
+            x[r["config"]][(r["K"], r["N"], r["M"])] = r["x_bf16"]
+    cells = sorted({c for v in x.values() for c in v})
+    out = [f"W4A16 wgmma GEMM, every config: speedup over bf16 F.linear measured in the same run (CUDA graphs). "
+           f"{_provenance(res, name)}", "", "| config | " + " | ".join(f"{k}x{n} M={m}" for k, n, m in cells) + " |",
+           "|---|" + "---|" * len(cells)]
+    for cfg in sorted(x, key=lambda c: -sum(x[c].values()) / len(x[c])):
+        out.append(f"| {cfg} | " + " | ".join(f"{x[cfg][c]:.2f}" if c in x[cfg] else "–" for c in cells) + " |")
+    out += _note(res)
+    return out
+
+
 def generic_table(res: dict, name: str, title: str, columns: list[str]) -> list[str]:
     cols = [c for c in columns if any(c in r for r in res["rows"])]
     out = [f"{title}. {_provenance(res, name)}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -213,7 +229,8 @@ def render() -> str:
         parts += table(_load(res_name), res_name) + [""]
         found = True
     for res_name in sorted(p.name for p in RESULTS.glob("w4a16-*.json")):
-        parts += w4a16_table(_load(res_name), res_name) + [""]
+        table = w4a16_probe_table if res_name.startswith("w4a16-gemm-probe") else w4a16_table
+        parts += table(_load(res_name), res_name) + [""]
         found = True
     for res_name in sorted(p.name for p in RESULTS.glob("multigpu-*.json")):
         parts += multigpu_table(_load(res_name), res_name) + [""]
