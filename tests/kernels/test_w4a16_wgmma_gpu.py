@@ -78,6 +78,29 @@ def test_pingpong_equals_the_plain_two_consumer_loop(bm, bk, stages, k, split):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("cfg", [wg.WgmmaConfig(bm=256, consumers=2, bk=64, stages=6),
+                                 wg.WgmmaConfig(bm=256, consumers=2, bk=128, stages=3, pingpong=True),
+                                 wg.WgmmaConfig(bm=128, consumers=2, bk=128, stages=4)], ids=lambda c: c.label())
+@pytest.mark.parametrize("k", [64, 320, 1088])
+def test_persistent_equals_one_tile_a_program(cfg, k):
+    """Persistent programs (grid = SMs, tiles t, t + grid, ...; the ring's steps and turns run on across tiles) give
+    the bits of one tile a program: 2-3 tiles a program here (ragged M and N), 1, 3-5 and 9-17 K steps a tile."""
+    p = _weight(k, 2100, 64, seed=k)
+    x = torch.randn(4100, k, device="cuda", dtype=torch.bfloat16)
+    pers = dataclasses.replace(cfg, persistent=True)
+    _check(x, p, None, pers)
+    assert torch.equal(wg.w4a16_wgmma(x, p, config=pers), wg.w4a16_wgmma(x, p, config=cfg)), pers
+
+
+def test_persistent_config_errors():
+    assert "persistent" in wg.config_error(wg.WgmmaConfig(bm=256, consumers=1, persistent=True))
+    assert "persistent" in wg.config_error(wg.WgmmaConfig(bm=256, consumers=2, bk=64, stages=6, split_k=2,
+                                                          persistent=True))
+    assert wg.config_error(wg.WgmmaConfig(bm=256, consumers=2, bk=64, stages=6, persistent=True)) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("k,n,g,act", [(4096, 4096, 128, False), (1024, 200, 64, False), (960, 272, -1, False),
                                        (1024, 256, 128, True), (8192, 1024, 128, False)])

@@ -25,6 +25,11 @@ x^T (BK, BM) with RS-wgmma (m64nBMk16: A, the dequantized weights, from register
     partial to its own workspace slice, one acq_rel ticket a (tile, consumer), the last split sums the slices
     in split order (deterministic) and writes y, as w4a16_common's slice scheme.
   * tile order over (n, m) grouped by GROUP n-tiles (their weights stay in L2 across the token tiles).
+  * pingpong (two consumers): FA3's tensor-core turns, consumer c issues its wgmma of a step after the other one's
+    (mbarriers turn[0..1]), so one warpgroup's unpack runs under the other's MMA instead of both at once.
+  * persistent (two consumers, no split): grid = min(tiles, SMs), program p takes tiles p, p + grid, ...; the ring's
+    steps and turns run on across tiles (counters base + j), so the producer loads tile t+1 while the consumers
+    store tile t (the fill and the epilogue of a tile no longer leave the tensor cores idle).
 act-order (perm): x is gathered once on the host (x[:, perm], one copy of M*K*2 bytes) since TMA cannot gather.
 Shapes: x (M, K), qweight (N_pad/16, K_pad/64, 32, 4) int32, sz (NG, N_pad) int32, y (M, N).
 """
@@ -66,6 +71,7 @@ class WgmmaConfig:
     producer_regs: int = 24
     consumer_regs: int = 240
     pingpong: bool = False  # two consumers: tensor-core turns (consumer c issues its wgmma of step j after c - 1)
+    persistent: bool = False  # one CTA an SM looping over tiles: the ring runs on into the next tile's K steps
 
     @property
     def bn(self) -> int:
@@ -73,7 +79,7 @@ class WgmmaConfig:
 
     def label(self) -> str:
         return (f"bm{self.bm}-bn{self.bn}-bk{self.bk}-s{self.stages}" + (f"-k{self.split_k}" if self.split_k else "")
-                + ("-pp" if self.pingpong else ""))
+                + ("-pp" if self.pingpong else "") + ("-persist" if self.persistent else ""))
 
 
 def smem_bytes(cfg: WgmmaConfig, group_size: int = 128) -> int:
@@ -88,7 +94,8 @@ def smem_bytes(cfg: WgmmaConfig, group_size: int = 128) -> int:
 # M > 256 leads with bm256 x bn128 (two consumers sharing each x tile): benchmarks/w4a16_gemm_probe.py on the H200
 # (2026-12-02) put it at 0.90-1.01x cuBLAS at M 1024 / 4096 where the best bn64 tile was 0.78-0.89x.
 _BIG = [WgmmaConfig(bm=128, consumers=1, stages=4), WgmmaConfig(bm=128, consumers=2, stages=4)]
-_LARGE = ([WgmmaConfig(bm=256, consumers=2, bk=64, stages=6), WgmmaConfig(bm=256, consumers=2, stages=3, pingpong=True),
+_LARGE = ([WgmmaConfig(bm=256, consumers=2, stages=3, pingpong=True, persistent=True),
+           WgmmaConfig(bm=256, consumers=2, bk=64, stages=6),
            WgmmaConfig(bm=64, consumers=2, stages=6), WgmmaConfig(bm=64, consumers=2, stages=6, group=16),
            WgmmaConfig(bm=64, consumers=2, stages=4)] + _BIG
           + [WgmmaConfig(bm=256, consumers=1, stages=3), WgmmaConfig(bm=256, consumers=1, bk=64, stages=6)])
@@ -125,6 +132,9 @@ def config_error(cfg: WgmmaConfig, group_size: int = 128, k: int | None = None) 
         return f"bk={cfg.bk}: 64 or 128"
     if cfg.stages < 2:
         return "stages >= 2"
+    if cfg.persistent and (cfg.split_k > 1 or cfg.consumers != 2):
+        return ("persistent takes two consumers and split_k 0 or 1 (one consumer at 255 registers spills in the tile "
+                "loop; split tiles are reduced by tickets a program)")
     if cfg.pingpong and cfg.consumers != 2:
         return "pingpong takes consumers=2 (the turns alternate between two warpgroups)"
     g = group_size
@@ -138,17 +148,32 @@ def config_error(cfg: WgmmaConfig, group_size: int = 128, k: int | None = None) 
 if HAS_GLUON:
 
     @gluon.jit
-    def _producer(w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, pid_n, pid_m, it0, n_it,
-                  G: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
+    def _coords(t, num_n, num_m, GROUP: gl.constexpr):
+        """Tile t -> (pid_n, pid_m): GROUP n-tiles sweep the token tiles together (their weights stay in L2)."""
+        width = GROUP * num_m
+        first_n = (t // width) * GROUP
+        gsz = gl.minimum(num_n - first_n, GROUP)
+        return first_n + (t % width) % gsz, (t % width) // gsz
+
+    @gluon.jit
+    def _producer(w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, tile0, tiles, tstride, num_n, num_m,
+                  it0, n_it, G: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                  STAGES: gl.constexpr, GROUP: gl.constexpr):
         nbytes: gl.constexpr = w_desc.block_type.nbytes + x_desc.block_type.nbytes + sz_desc.block_type.nbytes
-        for j in range(n_it):
-            s = j % STAGES
-            mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)  # a fresh slot passes at once
-            mbarrier.expect(ready.index(s), nbytes)
-            k0 = (it0 + j) * BK
-            tma.async_copy_global_to_shared(w_desc, [pid_n * (BN // 16), k0 // 64, 0], ready.index(s), w_smem.index(s))
-            tma.async_copy_global_to_shared(x_desc, [pid_m * BM, k0], ready.index(s), x_smem.index(s))
-            tma.async_copy_global_to_shared(sz_desc, [k0 // G, pid_n * BN], ready.index(s), sz_smem.index(s))
+        base = 0  # ring steps of the earlier tiles (persistent: the ring runs on from tile to tile)
+        for t in range(tile0, tiles, tstride):
+            pid_n, pid_m = _coords(t, num_n, num_m, GROUP)
+            for j in range(n_it):
+                g = base + j
+                s = g % STAGES
+                mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)  # a fresh slot passes at once
+                mbarrier.expect(ready.index(s), nbytes)
+                k0 = (it0 + j) * BK
+                tma.async_copy_global_to_shared(w_desc, [pid_n * (BN // 16), k0 // 64, 0], ready.index(s),
+                                                w_smem.index(s))
+                tma.async_copy_global_to_shared(x_desc, [pid_m * BM, k0], ready.index(s), x_smem.index(s))
+                tma.async_copy_global_to_shared(sz_desc, [k0 // G, pid_n * BN], ready.index(s), sz_smem.index(s))
+            base += n_it
 
     @gluon.jit
     def _nib(s, MAGIC, LOW: gl.constexpr):
@@ -227,7 +252,7 @@ if HAS_GLUON:
         return acc, a
 
     @gluon.jit
-    def _mainloop_wait0(a, acc, w_smem, x_smem, sz_smem, ready, empty, turn, n_it, MAGIC, C: gl.constexpr,
+    def _mainloop_wait0(a, acc, w_smem, x_smem, sz_smem, ready, empty, turn, base, n_it, MAGIC, C: gl.constexpr,
                         a_l: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr,
                         PINGPONG: gl.constexpr):
         """The first loop (two consumer warpgroups): issue wgmma(A_j, x_j) -> unpack A_{j+1} -> wait for slot j+2 ->
@@ -244,24 +269,25 @@ if HAS_GLUON:
         without turns they run in lockstep). turn[c] has count 1; consumer c's j-th wait has parity (j & 1) ^ FIRST
         (FIRST = 1 for consumer 0, whose turn 0 passes on the fresh barrier). Both take n_it turns: no skew."""
         FIRST: gl.constexpr = 1 if C == 0 else 0
-        mbarrier.wait(ready.index(1 % STAGES), (1 // STAGES) & 1, pred=n_it > 1)
+        # base: ring steps (and turns) of this program's earlier tiles; slot and phase of step j are base + j's
+        mbarrier.wait(ready.index((base + 1) % STAGES), ((base + 1) // STAGES) & 1, pred=n_it > 1)
         for j in range(n_it - 1):
-            s = j % STAGES
-            s1 = (j + 1) % STAGES
+            s = (base + j) % STAGES
+            s1 = (base + j + 1) % STAGES
             p, szw = _load_slot(w_smem.index(s1), sz_smem.index(s1), C, BK, SZR, 4)  # slot j+1 (waited for)
             if PINGPONG:
-                mbarrier.wait(turn.index(C), (j & 1) ^ FIRST)
+                mbarrier.wait(turn.index(C), ((base + j) & 1) ^ FIRST)
             tok = warpgroup_mma(a, x_smem.index(s).permute((1, 0)), acc, is_async=True)
             if PINGPONG:
                 mbarrier.arrive(turn.index(1 - C))
             a_next = _unpack(p, szw, MAGIC, x_smem.dtype, a_l, BK, 4)  # only ALU work under wgmma j
-            mbarrier.wait(ready.index((j + 2) % STAGES), ((j + 2) // STAGES) & 1, pred=j + 2 < n_it)
+            mbarrier.wait(ready.index((base + j + 2) % STAGES), ((base + j + 2) // STAGES) & 1, pred=j + 2 < n_it)
             acc, a, a_next = warpgroup_mma_wait(0, deps=(tok, a, a_next))
             mbarrier.arrive(empty.index(s), count=1)
             a = a_next
-        s = (n_it - 1) % STAGES
+        s = (base + n_it - 1) % STAGES
         if PINGPONG:
-            mbarrier.wait(turn.index(C), ((n_it - 1) & 1) ^ FIRST)
+            mbarrier.wait(turn.index(C), ((base + n_it - 1) & 1) ^ FIRST)
         tok = warpgroup_mma(a, x_smem.index(s).permute((1, 0)), acc, is_async=True)
         if PINGPONG:
             mbarrier.arrive(turn.index(1 - C))
@@ -270,22 +296,25 @@ if HAS_GLUON:
         return acc
 
     @gluon.jit
-    def _mainloop_wait1(a0, acc, w_smem, x_smem, sz_smem, ready, empty, n_it, MAGIC, C: gl.constexpr,
+    def _mainloop_wait1(a0, acc, w_smem, x_smem, sz_smem, ready, empty, base, n_it, MAGIC, C: gl.constexpr,
                         a_l: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr):
-        """Steps 0..n_it-1 (A_0 = a0 unpacked) with _step; returns the retired accumulator."""
-        acc = warpgroup_mma(a0, x_smem.index(0).permute((1, 0)), acc, is_async=True)
+        """Steps 0..n_it-1 (A_0 = a0 unpacked) with _step (ring steps base + j); returns the retired accumulator."""
+        acc = warpgroup_mma(a0, x_smem.index(base % STAGES).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(1, deps=(acc, ))  # a no-op (one group in flight): the loop carries a tensor
         # unrolled by two: steps 2i+1 and 2i+2 use the A buffers alternately, so A_j is unpacked into the registers
         # that wgmma j-2 freed (no a = a_next copies: ptxas moved 21-58 registers a step for the loop-carried A)
         for i in range((n_it - 1) // 2):
-            acc, a1 = _step(a0, acc, w_smem, x_smem, sz_smem, ready, empty, 2 * i + 1, MAGIC, C, a_l, BK, SZR, STAGES)
-            acc, a0 = _step(a1, acc, w_smem, x_smem, sz_smem, ready, empty, 2 * i + 2, MAGIC, C, a_l, BK, SZR, STAGES)
+            acc, a1 = _step(a0, acc, w_smem, x_smem, sz_smem, ready, empty, base + 2 * i + 1, MAGIC, C, a_l, BK, SZR,
+                            STAGES)
+            acc, a0 = _step(a1, acc, w_smem, x_smem, sz_smem, ready, empty, base + 2 * i + 2, MAGIC, C, a_l, BK, SZR,
+                            STAGES)
         if (n_it - 1) % 2 == 1:  # an odd count of steps after the first
-            acc, a1 = _step(a0, acc, w_smem, x_smem, sz_smem, ready, empty, n_it - 1, MAGIC, C, a_l, BK, SZR, STAGES)
+            acc, a1 = _step(a0, acc, w_smem, x_smem, sz_smem, ready, empty, base + n_it - 1, MAGIC, C, a_l, BK, SZR,
+                            STAGES)
             acc, a1 = warpgroup_mma_wait(0, deps=(acc, a1))
         else:
             acc, a0 = warpgroup_mma_wait(0, deps=(acc, a0))
-        mbarrier.arrive(empty.index((n_it - 1) % STAGES), count=1)
+        mbarrier.arrive(empty.index((base + n_it - 1) % STAGES), count=1)
         return acc
 
     @gluon.jit
@@ -339,26 +368,29 @@ if HAS_GLUON:
                 _epi_store(q3, 3 * BM // 4, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, MODE)
 
     @gluon.jit
-    def _consumer(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, it0, n_it,
-                  M, N, MAGIC, SPLIT_K, C: gl.constexpr, HAS_BIAS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                  BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
-                  HAS_SPLIT: gl.constexpr, PINGPONG: gl.constexpr):
+    def _consumer_tile(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, t, base, num_n,
+                       num_m, n_it, M, N, MAGIC, SPLIT_K, C: gl.constexpr, HAS_BIAS: gl.constexpr, BM: gl.constexpr,
+                       BN: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr,
+                       CONSUMERS: gl.constexpr, HAS_SPLIT: gl.constexpr, PINGPONG: gl.constexpr, GROUP: gl.constexpr):
+        """Tile t, its K steps at ring steps base .. base + n_it - 1: main loop, then the epilogue."""
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
-        acc = gl.zeros([64, BM], gl.float32, acc_l)
-        mbarrier.wait(ready.index(0), 0)
-        p, szw = _load_slot(w_smem.index(0), sz_smem.index(0), C, BK, SZR, 4)
-        a0 = _unpack(p, szw, MAGIC, x_smem.dtype, a_l, BK, 4)
-        if CONSUMERS == 2:  # 168 registers a thread (12 warps): the wait(1) pipeline serializes the wgmma there
-            acc = _mainloop_wait0(a0, acc, w_smem, x_smem, sz_smem, ready, empty, turn, n_it, MAGIC, C, a_l, BK, SZR,
-                                  STAGES, PINGPONG)
-        else:
-            acc = _mainloop_wait1(a0, acc, w_smem, x_smem, sz_smem, ready, empty, n_it, MAGIC, C, a_l, BK, SZR, STAGES)
         CHUNKS: gl.constexpr = 4 if BM >= 128 else (2 if BM == 64 else 1)  # 16..64 tokens a chunk
-        if HAS_SPLIT:
+        pid_n, pid_m = _coords(t, num_n, num_m, GROUP)
+        acc = gl.zeros([64, BM], gl.float32, acc_l)
+        mbarrier.wait(ready.index(base % STAGES), (base // STAGES) & 1)
+        p, szw = _load_slot(w_smem.index(base % STAGES), sz_smem.index(base % STAGES), C, BK, SZR, 4)
+        a0 = _unpack(p, szw, MAGIC, x_smem.dtype, a_l, BK, 4)
+        if CONSUMERS == 2:  # 12 warps (168 registers at launch, 240 by setmaxnreg): wait(1) serializes the wgmma there
+            acc = _mainloop_wait0(a0, acc, w_smem, x_smem, sz_smem, ready, empty, turn, base, n_it, MAGIC, C, a_l, BK,
+                                  SZR, STAGES, PINGPONG)
+        else:
+            acc = _mainloop_wait1(a0, acc, w_smem, x_smem, sz_smem, ready, empty, base, n_it, MAGIC, C, a_l, BK, SZR,
+                                  STAGES)
+        if HAS_SPLIT:  # never persistent (config_error)
             _epilogue(acc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, CHUNKS, 1)
             gl.thread_barrier()  # slices + one ticket a (tile, consumer); the last split sums in split order
-            tkt = gl.program_id(0) * CONSUMERS + C
+            tkt = t * CONSUMERS + C
             if gl.atomic_add(cnt_ptr + tkt, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
                 _epilogue(acc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN,
                           CHUNKS, 2)
@@ -366,22 +398,40 @@ if HAS_GLUON:
         else:
             _epilogue(acc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, CHUNKS, 0)
 
+    @gluon.jit
+    def _consumer(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, tiles, tstride,
+                  num_n, num_m, it0, n_it, M, N, MAGIC, SPLIT_K, C: gl.constexpr, HAS_BIAS: gl.constexpr,
+                  BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr,
+                  CONSUMERS: gl.constexpr, HAS_SPLIT: gl.constexpr, PINGPONG: gl.constexpr, GROUP: gl.constexpr,
+                  PERSISTENT: gl.constexpr):
+        if PERSISTENT:  # tiles tile0, tile0 + tstride, ...: the ring's steps (and turns) run on from tile to tile
+            base = 0
+            for t in range(tile0, tiles, tstride):
+                _consumer_tile(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, t, base,
+                               num_n, num_m, n_it, M, N, MAGIC, SPLIT_K, C, HAS_BIAS, BM, BN, BK, SZR, STAGES,
+                               CONSUMERS, HAS_SPLIT, PINGPONG, GROUP)
+                base += n_it
+        else:  # one tile a program (no loop: a tile loop around the body made bm256-bn64-bk128 spill 12 B)
+            _consumer_tile(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, 0,
+                           num_n, num_m, n_it, M, N, MAGIC, SPLIT_K, C, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS,
+                           HAS_SPLIT, PINGPONG, GROUP)
+
     @gluon.jit(do_not_specialize=["M", "N", "K", "SPLIT_K"])
     def w4a16_wgmma_kernel(w_desc, x_desc, sz_desc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, K, MAGIC, SPLIT_K,
                            G: gl.constexpr, HAS_BIAS: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
                            STAGES: gl.constexpr, CONSUMERS: gl.constexpr, GROUP: gl.constexpr,
                            PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, HAS_SPLIT: gl.constexpr,
-                           PINGPONG: gl.constexpr):
+                           PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
         BN: gl.constexpr = 64 * CONSUMERS
         SZR: gl.constexpr = sz_desc.block_type.shape[0]
-        pid = gl.program_id(0)
         num_n = (N + BN - 1) // BN
         num_m = (M + BM - 1) // BM
-        width = GROUP * num_m
-        first_n = (pid // width) * GROUP
-        gsz = gl.minimum(num_n - first_n, GROUP)
-        pid_n = first_n + (pid % width) % gsz
-        pid_m = (pid % width) // gsz
+        tiles = num_n * num_m
+        tile0 = gl.program_id(0)
+        if PERSISTENT:  # tiles tile0, tile0 + grid, ... (the grid is min(tiles, SMs))
+            tstride = gl.num_programs(0)
+        else:  # one tile a program
+            tstride = tiles
         n_iter = (K + BK - 1) // BK
         it0 = gl.program_id(1) * n_iter // SPLIT_K
         n_it = (gl.program_id(1) + 1) * n_iter // SPLIT_K - it0  # >= 1: the host keeps SPLIT_K <= n_iter
@@ -399,22 +449,22 @@ if HAS_GLUON:
             mbarrier.init(turn.index(i), count=1)
         if CONSUMERS == 2:
             gl.warp_specialize([
-                (_consumer, (w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, it0,
-                             n_it, M, N, MAGIC, SPLIT_K, 0, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT,
-                             PINGPONG)),
-                (_consumer, (w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, it0,
-                             n_it, M, N, MAGIC, SPLIT_K, 1, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT,
-                             PINGPONG)),
-                (_producer, (w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, pid_n, pid_m, it0, n_it, G,
-                             BM, BN, BK, STAGES)),
+                (_consumer, (w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, tiles,
+                             tstride, num_n, num_m, it0, n_it, M, N, MAGIC, SPLIT_K, 0, HAS_BIAS, BM, BN, BK, SZR,
+                             STAGES, CONSUMERS, HAS_SPLIT, PINGPONG, GROUP, PERSISTENT)),
+                (_consumer, (w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, tiles,
+                             tstride, num_n, num_m, it0, n_it, M, N, MAGIC, SPLIT_K, 1, HAS_BIAS, BM, BN, BK, SZR,
+                             STAGES, CONSUMERS, HAS_SPLIT, PINGPONG, GROUP, PERSISTENT)),
+                (_producer, (w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, tile0, tiles, tstride,
+                             num_n, num_m, it0, n_it, G, BM, BN, BK, STAGES, GROUP)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
         else:
             gl.warp_specialize([
-                (_consumer, (w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, it0,
-                             n_it, M, N, MAGIC, SPLIT_K, 0, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT,
-                             PINGPONG)),
-                (_producer, (w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, pid_n, pid_m, it0, n_it, G,
-                             BM, BN, BK, STAGES)),
+                (_consumer, (w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, tiles,
+                             tstride, num_n, num_m, it0, n_it, M, N, MAGIC, SPLIT_K, 0, HAS_BIAS, BM, BN, BK, SZR,
+                             STAGES, CONSUMERS, HAS_SPLIT, PINGPONG, GROUP, PERSISTENT)),
+                (_producer, (w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, tile0, tiles, tstride,
+                             num_n, num_m, it0, n_it, G, BM, BN, BK, STAGES, GROUP)),
             ], [1], [PRODUCER_REGS])
 
 
@@ -553,11 +603,12 @@ def w4a16_wgmma(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None,
     split = cfg.split_k or (auto_split(tiles, k_steps, _num_sms(x.device.index or 0)) if cfg.bm <= 64 else 1)
     split = max(1, min(split, k_steps))
     ws, cnt = _workspace(x.device, split * m * n if split > 1 else 1, tiles * cfg.consumers)
-    w4a16_wgmma_kernel[(tiles, split)](
+    grid0 = min(tiles, _num_sms(x.device.index or 0)) if cfg.persistent and split == 1 else tiles
+    w4a16_wgmma_kernel[(grid0, split)](
         w_desc, x_desc, sz_desc, y, bias if bias is not None else y, ws, cnt, m, n, k, MAGIC_ONE, split,
         G=p.group_size, HAS_BIAS=bias is not None, BM=cfg.bm, BK=cfg.bk, STAGES=cfg.stages,
         CONSUMERS=cfg.consumers, GROUP=cfg.group, PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs,
-        HAS_SPLIT=split > 1, PINGPONG=cfg.pingpong, num_warps=4)
+        HAS_SPLIT=split > 1, PINGPONG=cfg.pingpong, PERSISTENT=cfg.persistent and split == 1, num_warps=4)
     return y
 
 
@@ -581,7 +632,7 @@ def compile_sm90(cfg: WgmmaConfig, *, n: int = 8192, k: int = 8192, group_size: 
            "K": "i32", "MAGIC": "i32", "SPLIT_K": "i32"}
     cx = dict(G=group_size, HAS_BIAS=bias, BM=cfg.bm, BK=cfg.bk, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
               GROUP=cfg.group, PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs, HAS_SPLIT=split_k > 1,
-              PINGPONG=cfg.pingpong)
+              PINGPONG=cfg.pingpong, PERSISTENT=cfg.persistent and split_k == 1)
     names = list(sig)
     sig.update({key: "constexpr" for key in cx})
     attrs = {(names.index(a), ): [["tt.divisibility", 16]] for a in ("y_ptr", "bias_ptr", "ws_ptr", "cnt_ptr")}
