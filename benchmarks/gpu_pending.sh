@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# GPU steps of sessions 18-19 (2026-12-02), kept runnable. Session 19 ran, in this order: `tests` (8 + 11 passed;
-# test_attention_api's PATHS test failed on the GPU and was fixed), `host`, `e2e` (11 passed; PDL measured: no gain,
-# L2 prefetch slower), `refresh`, `decode` (69 + 15 passed, flash-decoding and graph-timed tuning measured),
-# `attn19` (74 passed; host-time fix and grid), then the grid twice more by hand (docs/attention_fa3.md, session
-# 19). Unrun on a GPU since: the Hopper backward's delta from FA2's pre-pass (0ad2520, 1ba0a2a), the review's
-# refactors of the W4A16 tuner's weight ring (eb6690a) and of the decode attention's ticket (6973c57): first
-# thing next session, `tests` then `decode` cover them. One `run` per step, back to back; each step's commands have their own timeouts so one hang
-# costs only its share. Outputs go to $OUT (at most 8 files come back).
+# GPU steps of sessions 18-20 (2026-12-02), kept runnable. Session 20 ran the review's unrun GPU paths first (the
+# Hopper backward's delta pre-pass: `-k "auto or ws_matches"` 8 passed; decode / PDL / attention API 70 passed;
+# the W4A16 tuner's GPU tests 15 passed), then the W4A16 GEMM work step by step (`gemm20` below is its last
+# form: probe, grid, GEMM GPU tests). Unrun on a GPU: test_large_tiles_step_parity_and_split's cases of the
+# persistent candidate (bm256-bn128-bk128-s3-pp-persist; the test was fixed after the last call to split it in its
+# one-tile form): `gemm20` runs it first. One `run` per step, back to back; each step's commands have their own timeouts so one hang costs only its share. Outputs go to $OUT (at most
+# 8 files come back).
 #
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: backward dispatch GPU tests, FA2's
 #                                                                  # GPU tests, the attention API file
@@ -74,11 +73,12 @@ case "${1:-}" in
     export FLASHSCALE_CACHE_DIR=/tmp/seedcache
     step attention 200 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
   gemm20)  # session 20: the W4A16 GEMM's bm256 x bn128 candidates and M > 2048 bucket, per config then the grid
+    # (the GEMM GPU tests last: run them first when only the tests are wanted)
     step probe 240 "$PY" benchmarks/w4a16_gemm_probe.py --shapes 4096x14336,4096x4096 --ms 4096,1024 --candidates none \
       --out "$OUT"
     step w4a16 300 "$PY" benchmarks/w4a16.py --out "$OUT"
-    step gemm_tests 150 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu tests/kernels/test_w4a16.py tests/test_qlinear.py \
-      tests/kernels/test_w4a16_wgmma_gpu.py -k "auto_and_forced or pingpong or (candidates and bm256)" ;;
+    step gemm_tests 200 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu tests/kernels/test_w4a16.py tests/test_qlinear.py \
+      tests/kernels/test_w4a16_wgmma_gpu.py -k "auto_and_forced or pingpong or persistent or large_tiles or (candidates and bm256)" ;;
   *)
     echo "usage: [OUT=DIR] bash benchmarks/gpu_pending.sh tests|refresh|e2e|host|decode|attn19|gemm20" >&2
     exit 2 ;;
