@@ -12,8 +12,9 @@ x^T (BK, BM) with RS-wgmma (m64nBMk16: A, the dequantized weights, from register
     thread IS a 16x16 A fragment of four K steps, PackedW4), dequantization in registers, then with one
     consumer (unrolled by two, A buffers alternating by position: no register moves; _mainloop_wait1)
         dequantize A_j (slot j, wgmma j-1 in flight)  ->  issue wgmma j  ->  wait(1): j-1 retired  ->  release j-1
-    and with two (168 registers a thread; _mainloop_wait0)
-        issue wgmma(A_j, x_j)  ->  dequantize A_{j+1} (slot j+1)  ->  wait(0)  ->  release slot j
+    and with two (12 warps: 168 registers at launch, 240 by setmaxnreg; wait(1) makes ptxas serialize the wgmma
+    there, C7512; _mainloop_wait0)
+        issue wgmma(A_j, x_j)  ->  dequantize A_{j+1} (slot j+1)  ->  wait for slot j+2  ->  wait(0)  ->  release j
     so the unpack of a step runs on the CUDA cores while the tensor cores work on another one (two A buffers
     live, each untouched until its wgmma retires). Epilogue in 16..64-token chunks (HAS_SPLIT: split-K path).
   * scale and zero are applied to A before the MMA, exactly (w4a16_common's fp32 magic-number unpack: one
@@ -92,7 +93,8 @@ def smem_bytes(cfg: WgmmaConfig, group_size: int = 128) -> int:
 # SMEM (G = 128): bm64 bn128 s6 147 KB; bm64 bn64 s8 162 KB; bm128 bn64 s4 145 KB; bm128 bn128 s4 162 KB;
 # bm256 bn64 s3 205 KB; bm256 bn64 bk64 s6 206 KB; bm256 bn128 bk64 s6 219 KB; bm256 bn128 bk128 s3 218 KB.
 # M > 256 leads with bm256 x bn128 (two consumers sharing each x tile): benchmarks/w4a16_gemm_probe.py on the H200
-# (2026-12-02) put it at 0.90-1.01x cuBLAS at M 1024 / 4096 where the best bn64 tile was 0.78-0.89x.
+# (2026-12-02) put it at 0.90-1.01x cuBLAS at M 1024 / 4096 where the best bn64 tile was 0.78-0.89x, and its
+# persistent bk128 form with turns first (the probe's best in all six cells, 0.87-1.00x).
 _BIG = [WgmmaConfig(bm=128, consumers=1, stages=4), WgmmaConfig(bm=128, consumers=2, stages=4)]
 _LARGE = ([WgmmaConfig(bm=256, consumers=2, stages=3, pingpong=True, persistent=True),
            WgmmaConfig(bm=256, consumers=2, bk=64, stages=6),
@@ -106,8 +108,9 @@ CANDIDATES: dict[int, list[WgmmaConfig]] = {
     2048: _LARGE,
     1 << 30: _LARGE,  # M > 2048 (w4a16._GEMM_CANDIDATES' buckets: tuned apart from 257..2048)
 }
-# Only spill-free configs (sm_90 census, docs/w4a16_gemm.md). Two consumers (12 warps: 168 registers a thread)
-# keep the wait(0) loop (wait(1) serializes the wgmma there); one consumer (255) runs the unrolled wait(1) loop.
+# Only spill-free configs (sm_90 census, docs/w4a16_gemm.md). Two consumers (12 warps: 168 registers at launch, 240
+# by setmaxnreg) keep the wait(0) loop (wait(1) serializes the wgmma there); one consumer (255) runs the unrolled
+# wait(1) loop.
 # bm >= 128 spills only in the split-K epilogue (36-260 B), so auto split is off for those tiles.
 
 
