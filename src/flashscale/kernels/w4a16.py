@@ -79,6 +79,9 @@ class DecodeConfig:
 # tiles of 128x128 tokens take 8 warps (4 spill the accumulator inside the loop).
 # Decode buckets (16, 32) lead with slice-reduced split-K (docs/w4a16_decode.md): without per-element
 # atomics the split can fill every SM with ~4 programs (the atomic budget held M=16 at split <= 2).
+_GEMM_LARGE = [GemmConfig(bm=128, bn=128, bk=128, num_warps=8, num_stages=3),
+               GemmConfig(bm=256, bn=128, bk=128, num_warps=8, num_stages=3),
+               GemmConfig(bm=128, bn=128, bk=128, num_warps=8, num_stages=4)]
 _GEMM_CANDIDATES: dict[int, list[GemmConfig]] = {
     16: [GemmConfig(bm=16, bn=64, bk=128, num_stages=4, slices=True),
          GemmConfig(bm=16, bn=64, bk=128, num_stages=6, slices=True),
@@ -94,14 +97,10 @@ _GEMM_CANDIDATES: dict[int, list[GemmConfig]] = {
           GemmConfig(bm=64, bn=128, bk=128, num_warps=8, num_stages=4), GemmConfig(bm=64, bn=64, bk=128, num_stages=4)],
     256: [GemmConfig(bm=128, bn=128, bk=128, num_warps=8, num_stages=3),
           GemmConfig(bm=64, bn=128, bk=128, num_warps=8, num_stages=4), GemmConfig(bm=64, bn=64, bk=128, num_stages=4)],
-    2048: [GemmConfig(bm=128, bn=128, bk=128, num_warps=8, num_stages=3),
-           GemmConfig(bm=256, bn=128, bk=128, num_warps=8, num_stages=3),
-           GemmConfig(bm=128, bn=128, bk=128, num_warps=8, num_stages=4)],
+    2048: _GEMM_LARGE,
     # M > 2048 tuned apart from 257..2048: the best tile differs with the waves it makes (1024 tokens are 4 of
     # 256 rows, 3.4 waves of 132 at N = 14336; 4096 tokens 13.6)
-    1 << 30: [GemmConfig(bm=128, bn=128, bk=128, num_warps=8, num_stages=3),
-              GemmConfig(bm=256, bn=128, bk=128, num_warps=8, num_stages=3),
-              GemmConfig(bm=128, bn=128, bk=128, num_warps=8, num_stages=4)],
+    1 << 30: _GEMM_LARGE,
 }
 # GEMV: two steps of packed words in flight + slice-reduced split-K first (docs/w4a16_decode.md), the
 # earlier one-step / atomic variants kept as candidates so the autotuner can still pick them.

@@ -602,11 +602,12 @@ def w4a16_wgmma(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None,
     x_desc = TensorDescriptor(x, [m, k], [x.stride(0), 1], [cfg.bm, cfg.bk], x_l)
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
     k_steps = triton.cdiv(triton.cdiv(k, FRAG_K) * FRAG_K, cfg.bk)
+    sms = _num_sms(x.device.index or 0)
     # auto split only for token tiles <= 64: the split epilogue of bm >= 128 spills (docs/w4a16_gemm.md)
-    split = cfg.split_k or (auto_split(tiles, k_steps, _num_sms(x.device.index or 0)) if cfg.bm <= 64 else 1)
+    split = cfg.split_k or (auto_split(tiles, k_steps, sms) if cfg.bm <= 64 else 1)
     split = max(1, min(split, k_steps))
     ws, cnt = _workspace(x.device, split * m * n if split > 1 else 1, tiles * cfg.consumers)
-    grid0 = min(tiles, _num_sms(x.device.index or 0)) if cfg.persistent and split == 1 else tiles
+    grid0 = min(tiles, sms) if cfg.persistent and split == 1 else tiles
     w4a16_wgmma_kernel[(grid0, split)](
         w_desc, x_desc, sz_desc, y, bias if bias is not None else y, ws, cnt, m, n, k, MAGIC_ONE, split,
         G=p.group_size, HAS_BIAS=bias is not None, BM=cfg.bm, BK=cfg.bk, STAGES=cfg.stages,
@@ -668,7 +669,8 @@ def census(cfg: WgmmaConfig, **kw) -> dict:
     stats = ptxas_stats(ptx)
     text = sass(kern.asm["cubin"])
     loops = sass_key_loops(text, "HGMMA")
-    res = dict(config=cfg.label(), bm=cfg.bm, bk=cfg.bk, consumers=cfg.consumers, registers=stats["registers"],
+    res = dict(config=cfg.label(), bm=cfg.bm, bk=cfg.bk, consumers=cfg.consumers, pingpong=cfg.pingpong,
+               registers=stats["registers"],
                spill_stores=stats["spill_stores"], spill_loads=stats["spill_loads"], stack=stats["stack"],
                local=len(re.findall(r"\b[LS]TL\b", text)), shared=kern.metadata.shared,
                serialized="serialized" in stats["log"],
