@@ -60,6 +60,14 @@ def copies_for(nbytes: int) -> int:
     return max(2, min(32, math.ceil(3 * L2_BYTES / nbytes)))
 
 
+def weight_copies(base: PackedW4, w_bf16: torch.Tensor) -> tuple[list[PackedW4], list[torch.Tensor]]:
+    """base and w_bf16 each with copies that together pass 3x the L2, for the timed calls to rotate through."""
+    packs = [base] + [PackedW4(qweight=base.qweight.clone(), sz=base.sz.clone(), perm=None, in_features=base.in_features,
+                               out_features=base.out_features, group_size=base.group_size)
+                      for _ in range(copies_for(packed_bytes(base)) - 1)]
+    return packs, [w_bf16] + [w_bf16.clone() for _ in range(copies_for(w_bf16.numel() * 2) - 1)]
+
+
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     return ((y.double() - ref).norm() / ref.norm()).item()
 
@@ -122,11 +130,8 @@ def main(argv=None) -> int:
         for m in (1, 16, 256) if "flashscale" in impls else ():
             e_ours, e_bf16, ok = check(base, w_bf16, m, gen)
             checks.append(dict(M=m, K=k, N=n, rel_err=e_ours, rel_err_bf16=e_bf16, ok=ok))
-        nq = copies_for(packed_bytes(base))
-        packs = [base] + [PackedW4(qweight=base.qweight.clone(), sz=base.sz.clone(), perm=None, in_features=k,
-                                   out_features=n, group_size=g) for _ in range(nq - 1)]
-        nw = copies_for(k * n * 2)
-        ws = [w_bf16] + [w_bf16.clone() for _ in range(nw - 1)]
+        packs, ws = weight_copies(base, w_bf16)
+        nq, nw = len(packs), len(ws)
         for m in ms:
             x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
             it = {"q": 0, "w": 0}
@@ -177,15 +182,18 @@ def main(argv=None) -> int:
 
 
 def wgmma_trials(base: PackedW4, packs: list, w_bf16: torch.Tensor, x: torch.Tensor, m: int,
-                 gen: torch.Generator, checks: list) -> list:
-    """(impl, fn, bytes, config) of every flashscale-wgmma candidate of M's bucket that is correct here
-    (float64 check first, as check(); a wrong or failing config is reported in checks and not timed)."""
+                 gen: torch.Generator, checks: list, configs: list | None = None) -> list:
+    """(impl, fn, bytes, config) of every flashscale-wgmma candidate of M's bucket (or of those of `configs` that fit
+    the group size) that is correct here (float64 check first, as check(); a wrong or failing config is reported in
+    checks and not timed)."""
     from flashscale.kernels import w4a16_wgmma as wg
 
     out, it = [], {"q": 0}
     oracle = x.double() @ dequantize_w4(base, torch.float64)
     e_bf16 = rel_err(F.linear(x, w_bf16), oracle)
-    for cfg in wg.candidates(m):
+    configs = wg.candidates(m) if configs is None else [
+        c for c in configs if wg.config_error(c, base.group_size, base.in_features) is None]
+    for cfg in configs:
         try:
             e = rel_err(wg.w4a16_wgmma(x, base, config=cfg), oracle)
         except Exception as exc:  # noqa: BLE001  (compile / resource errors: reported, the others still run)

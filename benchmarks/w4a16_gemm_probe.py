@@ -29,7 +29,7 @@ import triton.testing
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from w4a16 import copies_for, packed_bytes, random_packed, rel_err  # noqa: E402
+from w4a16 import random_packed, weight_copies, wgmma_trials  # noqa: E402
 
 from flashscale.kernels import w4a16_wgmma as wg  # noqa: E402
 from flashscale.reference.w4a16 import dequantize_w4  # noqa: E402
@@ -81,13 +81,9 @@ def main(argv=None) -> int:
         k, n = (int(v) for v in shape.split("x"))
         base = random_packed(k, n, 128, gen)
         w_bf16 = dequantize_w4(base, torch.bfloat16).t().contiguous()
-        packs = [base] + [wg.PackedW4(qweight=base.qweight.clone(), sz=base.sz.clone(), perm=None, in_features=k,
-                                      out_features=n, group_size=128) for _ in range(copies_for(packed_bytes(base)) - 1)]
-        ws = [w_bf16] + [w_bf16.clone() for _ in range(copies_for(k * n * 2) - 1)]
+        packs, ws = weight_copies(base, w_bf16)
         for m in (int(v) for v in args.ms.split(",")):
             x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-            oracle = x.double() @ dequantize_w4(base, torch.float64)
-            e_bf16 = rel_err(F.linear(x, w_bf16), oracle)
             it = {"i": 0}
 
             def cublas():
@@ -100,28 +96,17 @@ def main(argv=None) -> int:
                              x_bf16=1.0, l2_TBps=l2_bytes(m, k, n, 128, 256) / t_bf * 1e-6))
             print(f"M={m} {k}x{n}: bf16 {t_bf:.1f} us {flops / t_bf * 1e-6:.0f} TFLOP/s", flush=True)
             cand = {"all": wg.candidates(m), "none": []}.get(args.candidates, [c for c in wg.candidates(m) if c.bm >= 128])
-            cfgs = cand + [c for c in EXTRA if c not in cand]
-            for cfg in cfgs:
-                if wg.config_error(cfg, 128, k):
-                    continue
-                try:
-                    e = rel_err(wg.w4a16_wgmma(x, base, config=cfg), oracle)
-                except Exception as exc:  # noqa: BLE001  (compile / resource errors: reported, the others still run)
-                    print(f"  {cfg.label()}: {exc!r}"[:300], flush=True)
-                    continue
-                if not e <= 2 * e_bf16 + 1e-3:
-                    print(f"  {cfg.label()} c{cfg.consumers} g{cfg.group}: WRONG rel err {e:.3e} vs bf16 {e_bf16:.3e}")
-                    rows.append(dict(impl="flashscale-wgmma", config=cfg.label(), M=m, K=k, N=n, wrong=True))
-                    continue
-
-                def ours(cfg=cfg):
-                    it["i"] += 1
-                    return wg.w4a16_wgmma(x, packs[it["i"] % len(packs)], config=cfg)
-
-                t = timed(ours, args.rep)
+            checks = []  # float64 checks first (w4a16.wgmma_trials): only the correct configs are timed
+            trials = wgmma_trials(base, packs, w_bf16, x, m, gen, checks, cand + [c for c in EXTRA if c not in cand])
+            err = {c["config"]: c["rel_err"] for c in checks}
+            rows += [dict(impl="flashscale-wgmma", config=c["config"], M=m, K=k, N=n, wrong=True)
+                     for c in checks if not c["ok"]]
+            for _, fn, _, cfg in trials:
+                t = timed(fn, args.rep)
                 lbl = f"{cfg.label()}-c{cfg.consumers}-g{cfg.group}"
                 rows.append(dict(impl="flashscale-wgmma", config=lbl, M=m, K=k, N=n, us=t, tflops=flops / t * 1e-6,
-                                 x_bf16=t_bf / t, l2_TBps=l2_bytes(m, k, n, cfg.bm, cfg.bn) / t * 1e-6, rel_err=e))
+                                 x_bf16=t_bf / t, l2_TBps=l2_bytes(m, k, n, cfg.bm, cfg.bn) / t * 1e-6,
+                                 rel_err=err[cfg.label()]))
                 print(f"  {lbl:34s} {t:9.1f} us {flops / t * 1e-6:6.0f} TFLOP/s x{t_bf / t:.2f} bf16  "
                       f"L2->SM {rows[-1]['l2_TBps']:.2f} TB/s", flush=True)
         packs = ws = base = w_bf16 = None  # free the copies before the next shape
