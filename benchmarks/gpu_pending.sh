@@ -4,8 +4,9 @@
 # the W4A16 tuner's GPU tests 15 passed), then the W4A16 GEMM work step by step (`gemm20` below is its last
 # form: probe, grid, GEMM GPU tests). Unrun on a GPU: test_large_tiles_step_parity_and_split's cases of the
 # persistent candidate (bm256-bn128-bk128-s3-pp-persist; the test was fixed after the last call to split it in its
-# one-tile form): `gemm20` runs it first. One `run` per step, back to back; each step's commands have their own timeouts so one hang costs only its share. Outputs go to $OUT (at most
-# 8 files come back).
+# one-tile form), and the review's refactor of benchmarks/w4a16.py / w4a16_gemm_probe.py (shared weight_copies,
+# wgmma_trials taking a config list): `gemm20` runs both. One `run` per step, back to back; each step's commands
+# have their own timeouts so one hang costs only its share. Outputs go to $OUT (at most 8 files come back).
 #
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: backward dispatch GPU tests, FA2's
 #                                                                  # GPU tests, the attention API file
