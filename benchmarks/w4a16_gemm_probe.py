@@ -42,7 +42,8 @@ EXTRA = [C(bm=256, consumers=2, bk=64, stages=6), C(bm=256, consumers=2, bk=64, 
          C(bm=256, consumers=1, bk=128, stages=3), C(bm=256, consumers=1, bk=64, stages=6, group=16),
          C(bm=256, consumers=2, bk=64, stages=6, persistent=True), C(bm=256, consumers=2, bk=64, stages=6, group=16,
                                                                      persistent=True),
-         C(bm=256, consumers=2, bk=128, stages=3, pingpong=True, persistent=True)]
+         C(bm=256, consumers=2, bk=128, stages=3, pingpong=True, persistent=True),
+         C(bm=256, consumers=2, bk=128, stages=3, pingpong=True, persistent=True, stream_k=True)]
 
 
 def l2_bytes(m: int, k: int, n: int, bm: int, bn: int) -> float:

@@ -54,10 +54,12 @@ def test_candidates(cfg, m):
 @pytest.mark.parametrize("k,split", [(64, 0), (128, 0), (1152, 0), (1088, 2)])
 def test_large_tiles_step_parity_and_split(cfg, k, split):
     """The unrolled loop: 1 step (no pair), an even and an odd count of steps after the first; forced split-K
-    (one tile a program there: a persistent candidate is split as its one-tile form, which config_error asks)."""
+    (one tile a program there: a persistent candidate is split as its one-tile form, which config_error asks).
+    300 x 320 is 6 tiles of bm256 x bn128: the stream-K candidate splits them over the SMs (2-4 a tile)."""
     p = _weight(k, 320, 64, seed=k)
     x = torch.randn(300, k, device="cuda", dtype=torch.bfloat16)
-    _check(x, p, None, dataclasses.replace(cfg, split_k=split, persistent=cfg.persistent and split < 2))
+    _check(x, p, None, dataclasses.replace(cfg, split_k=split, persistent=cfg.persistent and split < 2,
+                                           stream_k=cfg.stream_k and split < 2))
 
 
 @pytest.mark.gpu
@@ -93,11 +95,62 @@ def test_persistent_equals_one_tile_a_program(cfg, k):
     assert torch.equal(wg.w4a16_wgmma(x, p, config=pers), wg.w4a16_wgmma(x, p, config=cfg)), pers
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("cfg", [wg.WgmmaConfig(bm=256, consumers=2, bk=128, stages=3, pingpong=True, persistent=True,
+                                                stream_k=True),
+                                 wg.WgmmaConfig(bm=256, consumers=2, bk=64, stages=6, persistent=True, stream_k=True),
+                                 wg.WgmmaConfig(bm=128, consumers=2, bk=128, stages=4, persistent=True, stream_k=True)],
+                         ids=lambda c: c.label())
+@pytest.mark.parametrize("m,n,k", [(300, 2100, 1088), (700, 8192, 640), (4100, 2100, 1088), (4100, 2100, 320)])
+def test_stream_k_tail(cfg, m, n, k):
+    """Stream-K tails (stream_k_plan): fewer tiles than SMs (up to 4 contributors a tile), one to two waves (all
+    stream-K), whole tiles then a stream-K tail; 1-9 K steps a segment, ragged M and N, bias. Correct against
+    float64, the same bits on a repeat (fix-up blocks summed in contributor order), the tickets left at zero, and
+    within accumulation noise of the plain persistent kernel."""
+    sms = wg._num_sms(torch.cuda.current_device())
+    tiles = -(-m // cfg.bm) * -(-n // cfg.bn)
+    dp, skq, maxc = wg.stream_k_plan(tiles, -(-k // cfg.bk), sms)
+    if skq == 0:
+        pytest.skip(f"no stream-K tail for {tiles} tiles on {sms} SMs")
+    p = _weight(k, n, 64, seed=m + k)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16) if m == 4100 else None
+    _check(x, p, bias, cfg)
+    y = wg.w4a16_wgmma(x, p, bias, config=cfg)
+    assert torch.equal(y, wg.w4a16_wgmma(x, p, bias, config=cfg)), (cfg, dp, skq, maxc)
+    plain = wg.w4a16_wgmma(x, p, bias, config=dataclasses.replace(cfg, stream_k=False))
+    torch.testing.assert_close(y.float(), plain.float(), rtol=2e-2, atol=2e-2 * plain.float().abs().max().item())
+    torch.cuda.synchronize()
+    assert int(wg._workspace(torch.device("cuda", torch.cuda.current_device()), 1, 1)[1].abs().sum()) == 0
+
+
+def test_stream_k_plan():
+    """Whole tiles a multiple of the programs, every K step of the rest covered once by the programs' runs, at
+    most MAXC contributors a tile, and only where the makespan (in K steps) drops; full last waves stay plain."""
+    assert wg.stream_k_plan(264, 32, 132) == (264, 0, 0)  # two full waves
+    assert wg.stream_k_plan(128, 32, 132) == (128, 0, 0)  # 97 % of one wave: not worth the fix-up
+    assert wg.stream_k_plan(448, 32, 132) == (264, 45, 2)  # K 4096 x N 14336 at M 1024: 3.39 waves run as 3.4
+    for tiles in (1, 5, 34, 64, 131, 133, 200, 289, 448, 1000, 1792):
+        for steps in (1, 2, 3, 9, 32, 113):
+            for progs in (8, 132):
+                dp, q, maxc = wg.stream_k_plan(tiles, steps, progs)
+                waves = -(-tiles // progs)
+                if q == 0:
+                    assert dp == tiles
+                    continue
+                assert dp % progs == 0 and 0 <= dp < tiles and progs * q >= (tiles - dp) * steps
+                assert dp // progs * steps + q < waves * steps
+                for r in range(tiles - dp):
+                    assert ((r + 1) * steps - 1) // q - (r * steps) // q + 1 <= maxc
+
+
 def test_persistent_config_errors():
     assert "persistent" in wg.config_error(wg.WgmmaConfig(bm=256, consumers=1, persistent=True))
     assert "persistent" in wg.config_error(wg.WgmmaConfig(bm=256, consumers=2, bk=64, stages=6, split_k=2,
                                                           persistent=True))
     assert wg.config_error(wg.WgmmaConfig(bm=256, consumers=2, bk=64, stages=6, persistent=True)) is None
+    assert "stream_k" in wg.config_error(wg.WgmmaConfig(bm=256, consumers=2, stream_k=True))
 
 
 @pytest.mark.gpu

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -382,7 +383,9 @@ def _launch(x2d, p: PackedW4, bias, y, cfg, split: int, pdl: bool = False) -> No
         _launch_gemm(x2d, p, bias, y, cfg, split)
 
 
-RETIME_TOP = 3  # _tune times the fastest few trials a second time and keeps the fastest of that round
+RETIME_TOP = 3  # _tune times the fastest few trials again, RETIME_ROUNDS times each, interleaved
+RETIME_ROUNDS = 3
+WARM_MS = 50.0  # before those rounds, the leader runs this long: the clocks settle at their loaded level
 
 
 TUNE_L2_PASSES = 2  # the tuner's weight copies together pass this many times the L2 (HBM-cold weights)
@@ -463,11 +466,25 @@ def _tune(key: tuple, cands: list, split_of, launch, steps_of=lambda c: 0, ring=
             continue  # this config does not fit the device (shared memory, registers)
     if not timed:
         raise RuntimeError(f"no W4A16 config runs on this device for {key}")
-    # A second round over the leaders, after every candidate has run once, so one unlucky timing cannot decide
-    # alone (added when eager timing had kept a config 1.5x slower than another run's choice; see _time).
-    leaders = sorted(timed)[:RETIME_TOP]
-    best = (min((_time(launch, *cs, weights), i, cs) for _, i, cs in leaders)[2] if len(leaders) > 1
-            else leaders[0][2])
+    # The leaders again, after every candidate has run once, so one unlucky timing cannot decide alone (added when
+    # eager timing had kept a config 1.5x slower than another run's choice; see _time): first WARM_MS of the leader,
+    # then RETIME_ROUNDS interleaved rounds (A B C, B C A, ...), each leader's median deciding. The first round runs
+    # on a GPU that was idle and still boosts: on the H200 the M = 4096 candidates timed 5-10 % faster there than
+    # later, and one more timing each in a row flipped a 4 % steady-state order (scratch diagnosis, session 21:
+    # the persistent bm256 x bn128 config lost to the one-tile bk64 config in 11 of 12 cells it leads at steady
+    # state); interleaved rounds on warm clocks spread such drift over every leader alike.
+    leaders = [cs for _, _, cs in sorted(timed)[:RETIME_TOP]]
+    if len(leaders) > 1:
+        t_end = time.perf_counter() + WARM_MS * 1e-3
+        while time.perf_counter() < t_end:
+            _time(launch, *leaders[0], weights)
+        seen = {i: [] for i in range(len(leaders))}
+        for r in range(RETIME_ROUNDS):
+            for i in [(r + j) % len(leaders) for j in range(len(leaders))]:
+                seen[i].append(_time(launch, *leaders[i], weights))
+        best = leaders[min(seen, key=lambda i: (sorted(seen[i])[len(seen[i]) // 2], i))]
+    else:
+        best = leaders[0]
     _TUNED[key] = dict(asdict(best[0]), split_k=best[1])
     return best
 

@@ -31,6 +31,10 @@ x^T (BK, BM) with RS-wgmma (m64nBMk16: A, the dequantized weights, from register
   * persistent (two consumers, no split): grid = min(tiles, SMs), program p takes tiles p, p + grid, ...; the ring's
     steps and turns run on across tiles (counters base + j), so the producer loads tile t+1 while the consumers
     store tile t (the fill and the epilogue of a tile no longer leave the tensor cores idle).
+  * stream_k (persistent): where the last wave would leave >= 10 % of the SMs idle (stream_k_plan), the grid is
+    the SMs and only the first whole waves but one go tile by tile; the K steps of the remaining tiles form one run
+    cut into equal pieces, one a program (Stream-K's hybrid). A tile split between programs: each writes its fp32
+    partial to its own block, and the last to take the tile's ticket sums the blocks in program order.
 act-order (perm): x is gathered once on the host (x[:, perm], one copy of M*K*2 bytes) since TMA cannot gather.
 Shapes: x (M, K), qweight (N_pad/16, K_pad/64, 32, 4) int32, sz (NG, N_pad) int32, y (M, N).
 """
@@ -73,6 +77,7 @@ class WgmmaConfig:
     consumer_regs: int = 240
     pingpong: bool = False  # two consumers: tensor-core turns (consumer c issues its wgmma of step j after c - 1)
     persistent: bool = False  # one CTA an SM looping over tiles: the ring runs on into the next tile's K steps
+    stream_k: bool = False  # persistent: the last, partly filled wave's tiles split along K over all programs
 
     @property
     def bn(self) -> int:
@@ -80,7 +85,8 @@ class WgmmaConfig:
 
     def label(self) -> str:
         return (f"bm{self.bm}-bn{self.bn}-bk{self.bk}-s{self.stages}" + (f"-k{self.split_k}" if self.split_k else "")
-                + ("-pp" if self.pingpong else "") + ("-persist" if self.persistent else ""))
+                + ("-pp" if self.pingpong else "") + ("-persist" if self.persistent else "")
+                + ("-sk" if self.stream_k else ""))
 
 
 def smem_bytes(cfg: WgmmaConfig, group_size: int = 128) -> int:
@@ -94,9 +100,10 @@ def smem_bytes(cfg: WgmmaConfig, group_size: int = 128) -> int:
 # bm256 bn64 s3 205 KB; bm256 bn64 bk64 s6 206 KB; bm256 bn128 bk64 s6 219 KB; bm256 bn128 bk128 s3 218 KB.
 # M > 256 leads with bm256 x bn128 (two consumers sharing each x tile): benchmarks/w4a16_gemm_probe.py on the H200
 # (2026-12-02) put it at 0.90-1.01x cuBLAS at M 1024 / 4096 where the best bn64 tile was 0.78-0.89x, and its
-# persistent bk128 form with turns first (the probe's best in all six cells, 0.87-1.00x).
+# persistent bk128 form with turns first (the probe's best in all six cells, 0.87-1.00x), with a stream-K tail
+# where the last wave leaves SMs idle (stream_k_plan; it is the plain persistent kernel elsewhere).
 _BIG = [WgmmaConfig(bm=128, consumers=1, stages=4), WgmmaConfig(bm=128, consumers=2, stages=4)]
-_LARGE = ([WgmmaConfig(bm=256, consumers=2, stages=3, pingpong=True, persistent=True),
+_LARGE = ([WgmmaConfig(bm=256, consumers=2, stages=3, pingpong=True, persistent=True, stream_k=True),
            WgmmaConfig(bm=256, consumers=2, bk=64, stages=6),
            WgmmaConfig(bm=64, consumers=2, stages=6), WgmmaConfig(bm=64, consumers=2, stages=6, group=16),
            WgmmaConfig(bm=64, consumers=2, stages=4)] + _BIG
@@ -138,6 +145,8 @@ def config_error(cfg: WgmmaConfig, group_size: int = 128, k: int | None = None) 
     if cfg.persistent and (cfg.split_k > 1 or cfg.consumers != 2):
         return ("persistent takes two consumers and split_k 0 or 1 (one consumer at 255 registers spills in the tile "
                 "loop; split tiles are reduced by tickets a program)")
+    if cfg.stream_k and not cfg.persistent:
+        return "stream_k takes persistent=True (the stream-K tail is walked by the persistent programs)"
     if cfg.pingpong and cfg.consumers != 2:
         return "pingpong takes consumers=2 (the turns alternate between two warpgroups)"
     g = group_size
@@ -159,24 +168,42 @@ if HAS_GLUON:
         return first_n + (t % width) % gsz, (t % width) // gsz
 
     @gluon.jit
-    def _producer(w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, tile0, tiles, tstride, num_n, num_m,
-                  it0, n_it, G: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                  STAGES: gl.constexpr, GROUP: gl.constexpr):
+    def _produce(w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, t, base, it0, n_it, num_n, num_m,
+                 G: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+                 GROUP: gl.constexpr):
+        """Tile t's K steps it0 .. it0 + n_it - 1 into ring steps base .. base + n_it - 1."""
         nbytes: gl.constexpr = w_desc.block_type.nbytes + x_desc.block_type.nbytes + sz_desc.block_type.nbytes
+        pid_n, pid_m = _coords(t, num_n, num_m, GROUP)
+        for j in range(n_it):
+            g = base + j
+            s = g % STAGES
+            mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)  # a fresh slot passes at once
+            mbarrier.expect(ready.index(s), nbytes)
+            k0 = (it0 + j) * BK
+            tma.async_copy_global_to_shared(w_desc, [pid_n * (BN // 16), k0 // 64, 0], ready.index(s),
+                                            w_smem.index(s))
+            tma.async_copy_global_to_shared(x_desc, [pid_m * BM, k0], ready.index(s), x_smem.index(s))
+            tma.async_copy_global_to_shared(sz_desc, [k0 // G, pid_n * BN], ready.index(s), sz_smem.index(s))
+
+    @gluon.jit
+    def _producer(w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, tile0, tiles, tstride, num_n, num_m,
+                  it0, n_it, DP, SKQ, G: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                  STAGES: gl.constexpr, GROUP: gl.constexpr, STREAM_K: gl.constexpr):
         base = 0  # ring steps of the earlier tiles (persistent: the ring runs on from tile to tile)
-        for t in range(tile0, tiles, tstride):
-            pid_n, pid_m = _coords(t, num_n, num_m, GROUP)
-            for j in range(n_it):
-                g = base + j
-                s = g % STAGES
-                mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)  # a fresh slot passes at once
-                mbarrier.expect(ready.index(s), nbytes)
-                k0 = (it0 + j) * BK
-                tma.async_copy_global_to_shared(w_desc, [pid_n * (BN // 16), k0 // 64, 0], ready.index(s),
-                                                w_smem.index(s))
-                tma.async_copy_global_to_shared(x_desc, [pid_m * BM, k0], ready.index(s), x_smem.index(s))
-                tma.async_copy_global_to_shared(sz_desc, [k0 // G, pid_n * BN], ready.index(s), sz_smem.index(s))
+        for t in range(tile0, DP, tstride):  # DP = tiles but with stream-K
+            _produce(w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, t, base, it0, n_it, num_n, num_m,
+                     G, BM, BN, BK, STAGES, GROUP)
             base += n_it
+        if STREAM_K:  # the same segments as _consumer's stream-K walk
+            s0 = tile0 * SKQ
+            s1 = gl.minimum(s0 + SKQ, (tiles - DP) * n_it)
+            if s0 < s1:
+                for r in range(s0 // n_it, (s1 - 1) // n_it + 1):
+                    k0 = gl.maximum(s0 - r * n_it, 0)
+                    k1 = gl.minimum(s1 - r * n_it, n_it)
+                    _produce(w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, DP + r, base, k0,
+                             k1 - k0, num_n, num_m, G, BM, BN, BK, STAGES, GROUP)
+                    base += k1 - k0
 
     @gluon.jit
     def _nib(s, MAGIC, LOW: gl.constexpr):
@@ -330,21 +357,32 @@ if HAS_GLUON:
                    HAS_BIAS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, MODE: gl.constexpr):
         """One column chunk (64 features, W tokens) of the accumulator, its offsets computed for it alone (the 64-bit
         pointers of the whole tile would not fit beside acc at BM >= 128). MODE 0: to y; 1: to this split's
-        workspace slice; 2: the last split sums the slices in split order (v unused) and writes y."""
+        workspace slice; 2: the last split sums the slices in split order (v unused) and writes y; stream-K, ws_ptr
+        at a (BN features, BM tokens) fp32 block of the tile: 3: to that block; 4: sums SPLIT_K consecutive blocks
+        in order (v unused) and writes y."""
         W: gl.constexpr = v.shape[1]
         l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, W, 16])
         offs_n = pid_n * BN + C * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, l))
         offs_m = pid_m * BM + col0 + gl.arange(0, W, layout=gl.SliceLayout(0, l))
         mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(offs_m < M, 0)
         off = gl.expand_dims(offs_m * N, 0) + gl.expand_dims(offs_n, 1)  # M * N < 2^31 (unsupported())
+        if MODE >= 3:  # the block's own offsets: tokens contiguous (a thread's column pairs: 8-byte accesses)
+            loc = (gl.expand_dims((C * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, l))) * BM, 1)
+                   + gl.expand_dims(col0 + gl.arange(0, W, layout=gl.SliceLayout(0, l)), 0))
         if MODE == 2:
             acc = gl.load(ws_ptr + off, mask=mask, other=0.0, cache_modifier=".cg")
             for sp in range(1, SPLIT_K):
                 acc += gl.load(ws_ptr + sp * M.to(gl.int64) * N + off, mask=mask, other=0.0, cache_modifier=".cg")
+        elif MODE == 4:
+            acc = gl.load(ws_ptr + loc, cache_modifier=".cg")
+            for sp in range(1, SPLIT_K):
+                acc += gl.load(ws_ptr + sp * (BM * BN) + loc, cache_modifier=".cg")
         else:
             acc = gl.convert_layout(v, l)  # the same registers (the chunk of the wgmma layout is this layout)
         if MODE == 1:
             gl.store(ws_ptr + gl.program_id(1).to(gl.int64) * M * N + off, acc, mask=mask)
+        elif MODE == 3:
+            gl.store(ws_ptr + loc, acc)
         else:
             if HAS_BIAS:
                 acc += gl.expand_dims(gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32), 1)
@@ -371,15 +409,12 @@ if HAS_GLUON:
                 _epi_store(q3, 3 * BM // 4, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, MODE)
 
     @gluon.jit
-    def _consumer_tile(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, t, base, num_n,
-                       num_m, n_it, M, N, MAGIC, SPLIT_K, C: gl.constexpr, HAS_BIAS: gl.constexpr, BM: gl.constexpr,
-                       BN: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr,
-                       CONSUMERS: gl.constexpr, HAS_SPLIT: gl.constexpr, PINGPONG: gl.constexpr, GROUP: gl.constexpr):
-        """Tile t, its K steps at ring steps base .. base + n_it - 1: main loop, then the epilogue."""
+    def _tile_acc(w_smem, x_smem, sz_smem, ready, empty, turn, base, n_it, MAGIC, C: gl.constexpr, BM: gl.constexpr,
+                  BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
+                  PINGPONG: gl.constexpr):
+        """The accumulator (64 features, BM tokens) of the K steps at ring steps base .. base + n_it - 1."""
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
-        CHUNKS: gl.constexpr = 4 if BM >= 128 else (2 if BM == 64 else 1)  # 16..64 tokens a chunk
-        pid_n, pid_m = _coords(t, num_n, num_m, GROUP)
         acc = gl.zeros([64, BM], gl.float32, acc_l)
         mbarrier.wait(ready.index(base % STAGES), (base // STAGES) & 1)
         p, szw = _load_slot(w_smem.index(base % STAGES), sz_smem.index(base % STAGES), C, BK, SZR, 4)
@@ -390,6 +425,18 @@ if HAS_GLUON:
         else:
             acc = _mainloop_wait1(a0, acc, w_smem, x_smem, sz_smem, ready, empty, base, n_it, MAGIC, C, a_l, BK, SZR,
                                   STAGES)
+        return acc
+
+    @gluon.jit
+    def _consumer_tile(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, t, base, num_n,
+                       num_m, n_it, M, N, MAGIC, SPLIT_K, C: gl.constexpr, HAS_BIAS: gl.constexpr, BM: gl.constexpr,
+                       BN: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr,
+                       CONSUMERS: gl.constexpr, HAS_SPLIT: gl.constexpr, PINGPONG: gl.constexpr, GROUP: gl.constexpr):
+        """Tile t, its K steps at ring steps base .. base + n_it - 1: main loop, then the epilogue."""
+        CHUNKS: gl.constexpr = 4 if BM >= 128 else (2 if BM == 64 else 1)  # 16..64 tokens a chunk
+        pid_n, pid_m = _coords(t, num_n, num_m, GROUP)
+        acc = _tile_acc(w_smem, x_smem, sz_smem, ready, empty, turn, base, n_it, MAGIC, C, BM, BK, SZR, STAGES,
+                        CONSUMERS, PINGPONG)
         if HAS_SPLIT:  # never persistent (config_error)
             _epilogue(acc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, CHUNKS, 1)
             gl.thread_barrier()  # slices + one ticket a (tile, consumer); the last split sums in split order
@@ -402,36 +449,77 @@ if HAS_GLUON:
             _epilogue(acc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, CHUNKS, 0)
 
     @gluon.jit
+    def _consumer_sk(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, tiles,
+                     num_n, num_m, n_it, M, N, MAGIC, base, DP, SKQ, MAXC, C: gl.constexpr, HAS_BIAS: gl.constexpr,
+                     BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr,
+                     CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, GROUP: gl.constexpr):
+        """Stream-K tail: the K steps of tiles DP .. tiles - 1 in one run, program p taking run steps [p SKQ, (p + 1)
+        SKQ): one segment a tile it touches. A tile done by one program is stored; a shared one is written by each
+        of its contributors to its own fp32 block (tile r's blocks r MAXC + idx, idx = program - the tile's first),
+        and the last to take the (tile, consumer) ticket sums the blocks in idx order (the same bits every call)."""
+        CHUNKS: gl.constexpr = 4 if BM >= 128 else (2 if BM == 64 else 1)
+        s0 = tile0 * SKQ
+        s1 = gl.minimum(s0 + SKQ, (tiles - DP) * n_it)
+        if s0 < s1:
+            for r in range(s0 // n_it, (s1 - 1) // n_it + 1):
+                k0 = gl.maximum(s0 - r * n_it, 0)
+                k1 = gl.minimum(s1 - r * n_it, n_it)
+                acc = _tile_acc(w_smem, x_smem, sz_smem, ready, empty, turn, base, k1 - k0, MAGIC, C, BM, BK, SZR,
+                                STAGES, CONSUMERS, PINGPONG)
+                base += k1 - k0
+                t = DP + r
+                pid_n, pid_m = _coords(t, num_n, num_m, GROUP)
+                first = (r * n_it) // SKQ
+                count = ((r + 1) * n_it - 1) // SKQ - first + 1
+                if count == 1:
+                    _epilogue(acc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, 1, C, HAS_BIAS, BM, BN,
+                              CHUNKS, 0)
+                else:
+                    blk = ws_ptr + (r * MAXC).to(gl.int64) * (BM * BN)
+                    _epilogue(acc, y_ptr, bias_ptr, blk + (tile0 - first) * (BM * BN), cnt_ptr, pid_n, pid_m, M, N,
+                              count, C, HAS_BIAS, BM, BN, CHUNKS, 3)
+                    gl.thread_barrier()
+                    tkt = t * CONSUMERS + C
+                    if gl.atomic_add(cnt_ptr + tkt, 1, sem="acq_rel", scope="gpu") == count - 1:
+                        _epilogue(acc, y_ptr, bias_ptr, blk, cnt_ptr, pid_n, pid_m, M, N, count, C, HAS_BIAS, BM, BN,
+                                  CHUNKS, 4)
+                        gl.atomic_xchg(cnt_ptr + tkt, 0, sem="relaxed", scope="gpu")
+
+    @gluon.jit
     def _consumer(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, tiles, tstride,
-                  num_n, num_m, it0, n_it, M, N, MAGIC, SPLIT_K, C: gl.constexpr, HAS_BIAS: gl.constexpr,
-                  BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr,
-                  CONSUMERS: gl.constexpr, HAS_SPLIT: gl.constexpr, PINGPONG: gl.constexpr, GROUP: gl.constexpr,
-                  PERSISTENT: gl.constexpr):
-        if PERSISTENT:  # tiles tile0, tile0 + tstride, ...: the ring's steps (and turns) run on from tile to tile
+                  num_n, num_m, it0, n_it, M, N, MAGIC, SPLIT_K, DP, SKQ, MAXC, C: gl.constexpr,
+                  HAS_BIAS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr,
+                  STAGES: gl.constexpr, CONSUMERS: gl.constexpr, HAS_SPLIT: gl.constexpr, PINGPONG: gl.constexpr,
+                  GROUP: gl.constexpr, PERSISTENT: gl.constexpr, STREAM_K: gl.constexpr):
+        if PERSISTENT:  # tiles tile0, tile0 + tstride, ... < DP: the ring's steps (and turns) run on from tile to tile
             base = 0
-            for t in range(tile0, tiles, tstride):
+            for t in range(tile0, DP, tstride):
                 _consumer_tile(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, t, base,
                                num_n, num_m, n_it, M, N, MAGIC, SPLIT_K, C, HAS_BIAS, BM, BN, BK, SZR, STAGES,
                                CONSUMERS, HAS_SPLIT, PINGPONG, GROUP)
                 base += n_it
+            if STREAM_K:
+                _consumer_sk(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0,
+                             tiles, num_n, num_m, n_it, M, N, MAGIC, base, DP, SKQ, MAXC, C, HAS_BIAS, BM, BN, BK, SZR,
+                             STAGES, CONSUMERS, PINGPONG, GROUP)
         else:  # one tile a program (no loop: a tile loop around the body made bm256-bn64-bk128 spill 12 B)
             _consumer_tile(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, 0,
                            num_n, num_m, n_it, M, N, MAGIC, SPLIT_K, C, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS,
                            HAS_SPLIT, PINGPONG, GROUP)
 
-    @gluon.jit(do_not_specialize=["M", "N", "K", "SPLIT_K"])
-    def w4a16_wgmma_kernel(w_desc, x_desc, sz_desc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, K, MAGIC, SPLIT_K,
-                           G: gl.constexpr, HAS_BIAS: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
+    @gluon.jit(do_not_specialize=["M", "N", "K", "SPLIT_K", "DP", "SKQ", "MAXC"])
+    def w4a16_wgmma_kernel(w_desc, x_desc, sz_desc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, K, MAGIC, SPLIT_K, DP, SKQ,
+                           MAXC, G: gl.constexpr, HAS_BIAS: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
                            STAGES: gl.constexpr, CONSUMERS: gl.constexpr, GROUP: gl.constexpr,
                            PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, HAS_SPLIT: gl.constexpr,
-                           PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
+                           PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, STREAM_K: gl.constexpr):
         BN: gl.constexpr = 64 * CONSUMERS
         SZR: gl.constexpr = sz_desc.block_type.shape[0]
         num_n = (N + BN - 1) // BN
         num_m = (M + BM - 1) // BM
         tiles = num_n * num_m
         tile0 = gl.program_id(0)
-        if PERSISTENT:  # tiles tile0, tile0 + grid, ... (the grid is min(tiles, SMs))
+        if PERSISTENT:  # tiles tile0, tile0 + grid, ... < DP (the grid is min(tiles, SMs), or SMs with stream-K)
             tstride = gl.num_programs(0)
         else:  # one tile a program
             tstride = tiles
@@ -453,21 +541,21 @@ if HAS_GLUON:
         if CONSUMERS == 2:
             gl.warp_specialize([
                 (_consumer, (w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, tiles,
-                             tstride, num_n, num_m, it0, n_it, M, N, MAGIC, SPLIT_K, 0, HAS_BIAS, BM, BN, BK, SZR,
-                             STAGES, CONSUMERS, HAS_SPLIT, PINGPONG, GROUP, PERSISTENT)),
+                             tstride, num_n, num_m, it0, n_it, M, N, MAGIC, SPLIT_K, DP, SKQ, MAXC, 0, HAS_BIAS, BM,
+                             BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT, PINGPONG, GROUP, PERSISTENT, STREAM_K)),
                 (_consumer, (w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, tiles,
-                             tstride, num_n, num_m, it0, n_it, M, N, MAGIC, SPLIT_K, 1, HAS_BIAS, BM, BN, BK, SZR,
-                             STAGES, CONSUMERS, HAS_SPLIT, PINGPONG, GROUP, PERSISTENT)),
+                             tstride, num_n, num_m, it0, n_it, M, N, MAGIC, SPLIT_K, DP, SKQ, MAXC, 1, HAS_BIAS, BM,
+                             BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT, PINGPONG, GROUP, PERSISTENT, STREAM_K)),
                 (_producer, (w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, tile0, tiles, tstride,
-                             num_n, num_m, it0, n_it, G, BM, BN, BK, STAGES, GROUP)),
+                             num_n, num_m, it0, n_it, DP, SKQ, G, BM, BN, BK, STAGES, GROUP, STREAM_K)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
         else:
             gl.warp_specialize([
                 (_consumer, (w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, tiles,
-                             tstride, num_n, num_m, it0, n_it, M, N, MAGIC, SPLIT_K, 0, HAS_BIAS, BM, BN, BK, SZR,
-                             STAGES, CONSUMERS, HAS_SPLIT, PINGPONG, GROUP, PERSISTENT)),
+                             tstride, num_n, num_m, it0, n_it, M, N, MAGIC, SPLIT_K, DP, SKQ, MAXC, 0, HAS_BIAS, BM,
+                             BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT, PINGPONG, GROUP, PERSISTENT, STREAM_K)),
                 (_producer, (w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, tile0, tiles, tstride,
-                             num_n, num_m, it0, n_it, G, BM, BN, BK, STAGES, GROUP)),
+                             num_n, num_m, it0, n_it, DP, SKQ, G, BM, BN, BK, STAGES, GROUP, STREAM_K)),
             ], [1], [PRODUCER_REGS])
 
 
@@ -528,6 +616,28 @@ def supported(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None,
 @functools.lru_cache(maxsize=None)
 def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+SK_MIN_STEPS = 4  # a stream-K segment's fewest K steps (shorter ones are mostly ring fill and fix-up)
+
+
+def stream_k_plan(tiles: int, k_steps: int, programs: int) -> tuple[int, int, int]:
+    """(DP, SKQ, MAXC) of a stream-K launch on `programs` persistent programs, or (tiles, 0, 0) where it does not
+    pay. Tiles 0 .. DP - 1 go whole, round robin (DP a multiple of programs); the K steps of the other tiles form
+    one run that program p walks at [p SKQ, (p + 1) SKQ) (Stream-K, Osama et al. 2023, its "DP + one to two tiles
+    of stream-K" hybrid: the stream-K part is the partly filled last wave plus one full wave, so segments stay
+    longer than a tile's K steps and a tile has at most two contributors). MAXC bounds the contributors of a tile
+    (its fp32 fix-up blocks). It pays where the last wave leaves >= 10 % of the programs idle (448 bm256 x bn128
+    tiles at M 1024, N 14336 on 132 SMs: 3.39 waves run as 4; with stream-K, 2 + 1.39)."""
+    waves = -(-tiles // programs)
+    if (waves * programs - tiles) * 10 < programs:
+        return tiles, 0, 0
+    dp = max(tiles // programs - 1, 0) * programs
+    run = (tiles - dp) * k_steps
+    q = max(-(-run // programs), min(k_steps, SK_MIN_STEPS))
+    if dp // programs * k_steps + q >= waves * k_steps:
+        return tiles, 0, 0
+    return dp, q, (k_steps - 1) // q + 2
 
 
 def auto_split(tiles: int, k_steps: int, num_sms: int) -> int:
@@ -606,13 +716,16 @@ def w4a16_wgmma(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None,
     # auto split only for token tiles <= 64: the split epilogue of bm >= 128 spills (docs/w4a16_gemm.md)
     split = cfg.split_k or (auto_split(tiles, k_steps, sms) if cfg.bm <= 64 else 1)
     split = max(1, min(split, k_steps))
-    ws, cnt = _workspace(x.device, split * m * n if split > 1 else 1, tiles * cfg.consumers)
-    grid0 = min(tiles, sms) if cfg.persistent and split == 1 else tiles
+    persistent = cfg.persistent and split == 1
+    dp, skq, maxc = stream_k_plan(tiles, k_steps, sms) if persistent and cfg.stream_k else (tiles, 0, 0)
+    floats = split * m * n if split > 1 else (tiles - dp) * maxc * cfg.bm * cfg.bn if skq else 1
+    ws, cnt = _workspace(x.device, floats, tiles * cfg.consumers)
+    grid0 = (sms if skq else min(tiles, sms)) if persistent else tiles
     w4a16_wgmma_kernel[(grid0, split)](
-        w_desc, x_desc, sz_desc, y, bias if bias is not None else y, ws, cnt, m, n, k, MAGIC_ONE, split,
+        w_desc, x_desc, sz_desc, y, bias if bias is not None else y, ws, cnt, m, n, k, MAGIC_ONE, split, dp, skq, maxc,
         G=p.group_size, HAS_BIAS=bias is not None, BM=cfg.bm, BK=cfg.bk, STAGES=cfg.stages,
         CONSUMERS=cfg.consumers, GROUP=cfg.group, PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs,
-        HAS_SPLIT=split > 1, PINGPONG=cfg.pingpong, PERSISTENT=cfg.persistent and split == 1, num_warps=4)
+        HAS_SPLIT=split > 1, PINGPONG=cfg.pingpong, PERSISTENT=persistent, STREAM_K=skq > 0, num_warps=4)
     return y
 
 
@@ -633,10 +746,11 @@ def compile_sm90(cfg: WgmmaConfig, *, n: int = 8192, k: int = 8192, group_size: 
            "x_desc": f"tensordesc<{ty}[{cfg.bm},{cfg.bk}],{x_l!r}>",
            "sz_desc": f"tensordesc<i32[{_szr(cfg, group_size)},{cfg.bn}],{sz_l!r}>",
            "y_ptr": f"*{ty}", "bias_ptr": f"*{ty}", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32",
-           "K": "i32", "MAGIC": "i32", "SPLIT_K": "i32"}
+           "K": "i32", "MAGIC": "i32", "SPLIT_K": "i32", "DP": "i32", "SKQ": "i32", "MAXC": "i32"}
     cx = dict(G=group_size, HAS_BIAS=bias, BM=cfg.bm, BK=cfg.bk, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
               GROUP=cfg.group, PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs, HAS_SPLIT=split_k > 1,
-              PINGPONG=cfg.pingpong, PERSISTENT=cfg.persistent and split_k == 1)
+              PINGPONG=cfg.pingpong, PERSISTENT=cfg.persistent and split_k == 1,
+              STREAM_K=cfg.stream_k and cfg.persistent and split_k == 1)
     names = list(sig)
     sig.update({key: "constexpr" for key in cx})
     attrs = {(names.index(a), ): [["tt.divisibility", 16]] for a in ("y_ptr", "bias_ptr", "ws_ptr", "cnt_ptr")}
@@ -670,6 +784,7 @@ def census(cfg: WgmmaConfig, **kw) -> dict:
     text = sass(kern.asm["cubin"])
     loops = sass_key_loops(text, "HGMMA")
     res = dict(config=cfg.label(), bm=cfg.bm, bk=cfg.bk, consumers=cfg.consumers, pingpong=cfg.pingpong,
+               stream_k=cfg.stream_k and cfg.persistent and kw.get("split_k", 1) == 1,
                registers=stats["registers"],
                spill_stores=stats["spill_stores"], spill_loads=stats["spill_loads"], stack=stats["stack"],
                local=len(re.findall(r"\b[LS]TL\b", text)), shared=kern.metadata.shared,
