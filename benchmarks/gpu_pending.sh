@@ -20,6 +20,7 @@
 #                                                                  # GPU tests, the attention grid
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh gemm20    # ~4 min: W4A16 GEMM configs at K 4096 x N 14336,
 #                                                                  # the W4A16 grid, GEMM GPU tests (session 20)
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh gemm21    # ~8 min: stream-K and tuner GPU tests, the grid
 #
 # refresh / attn19: copy $OUT/attention-h200.json (and w4a16-h200.json) over benchmarks/results/, give the file a
 # note saying what changed, and rerun make_tables.py.
@@ -80,7 +81,12 @@ case "${1:-}" in
     step w4a16 300 "$PY" benchmarks/w4a16.py --out "$OUT"
     step gemm_tests 200 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu tests/kernels/test_w4a16.py tests/test_qlinear.py \
       tests/kernels/test_w4a16_wgmma_gpu.py -k "auto_and_forced or pingpong or persistent or large_tiles or (candidates and bm256)" ;;
+  gemm21)  # session 21: the stream-K tail of the persistent GEMM, the tuner's interleaved retiming; tests first
+    step sk_tests 240 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu tests/kernels/test_w4a16_wgmma_gpu.py \
+      -k "stream_k or (candidates and bm256-bn128-bk128) or large_tiles or persistent"
+    step tune_tests 100 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu tests/kernels/test_w4a16.py tests/test_qlinear.py
+    step w4a16 330 "$PY" benchmarks/w4a16.py --out "$OUT" ;;
   *)
-    echo "usage: [OUT=DIR] bash benchmarks/gpu_pending.sh tests|refresh|e2e|host|decode|attn19|gemm20" >&2
+    echo "usage: [OUT=DIR] bash benchmarks/gpu_pending.sh tests|refresh|e2e|host|decode|attn19|gemm20|gemm21" >&2
     exit 2 ;;
 esac

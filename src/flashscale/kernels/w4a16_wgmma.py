@@ -108,10 +108,14 @@ _LARGE = ([WgmmaConfig(bm=256, consumers=2, stages=3, pingpong=True, persistent=
            WgmmaConfig(bm=64, consumers=2, stages=6), WgmmaConfig(bm=64, consumers=2, stages=6, group=16),
            WgmmaConfig(bm=64, consumers=2, stages=4)] + _BIG
           + [WgmmaConfig(bm=256, consumers=1, stages=3), WgmmaConfig(bm=256, consumers=1, bk=64, stages=6)])
+# M <= 256: few tiles (32-224 at N 4096-28672), so a wave is partly filled or not even one; split-K covered that for
+# bm <= 64 only (its epilogue spills at bm >= 128), the stream-K tail (spill-free at bm 32-256) covers every tile.
 CANDIDATES: dict[int, list[WgmmaConfig]] = {
     64: [WgmmaConfig(bm=64, consumers=2, stages=6), WgmmaConfig(bm=64, consumers=1, stages=8),
-         WgmmaConfig(bm=32, consumers=2, stages=8)],
-    256: [WgmmaConfig(bm=64, consumers=2, stages=6), WgmmaConfig(bm=64, consumers=1, stages=8)] + _BIG,
+         WgmmaConfig(bm=32, consumers=2, stages=8), WgmmaConfig(bm=64, consumers=2, stages=6, persistent=True,
+                                                                stream_k=True)],
+    256: [WgmmaConfig(bm=64, consumers=2, stages=6), WgmmaConfig(bm=64, consumers=1, stages=8)] + _BIG
+         + [WgmmaConfig(bm=128, consumers=2, stages=4, persistent=True, stream_k=True), _LARGE[0]],
     2048: _LARGE,
     1 << 30: _LARGE,  # M > 2048 (w4a16._GEMM_CANDIDATES' buckets: tuned apart from 257..2048)
 }
