@@ -83,8 +83,9 @@ case "${1:-}" in
       tests/kernels/test_w4a16_wgmma_gpu.py -k "auto_and_forced or pingpong or persistent or large_tiles or (candidates and bm256)" ;;
   gemm21)  # session 21: the stream-K tail of the persistent GEMM, the tuner's interleaved retiming; tests first
     step sk_tests 240 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu tests/kernels/test_w4a16_wgmma_gpu.py \
-      -k "stream_k or (candidates and bm256-bn128-bk128) or large_tiles or persistent"
+      -k "stream_k or (candidates and (persist or bm256-bn128-bk128)) or large_tiles or persistent" -n 4
     step tune_tests 100 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu tests/kernels/test_w4a16.py tests/test_qlinear.py
+    step probe 90 "$PY" benchmarks/w4a16_gemm_probe.py --shapes 4096x14336 --ms 1024 --candidates none --out "$OUT"
     step w4a16 330 "$PY" benchmarks/w4a16.py --out "$OUT" ;;
   *)
     echo "usage: [OUT=DIR] bash benchmarks/gpu_pending.sh tests|refresh|e2e|host|decode|attn19|gemm20|gemm21" >&2

@@ -102,15 +102,16 @@ def test_persistent_equals_one_tile_a_program(cfg, k):
                                  wg.WgmmaConfig(bm=256, consumers=2, bk=64, stages=6, persistent=True, stream_k=True),
                                  wg.WgmmaConfig(bm=128, consumers=2, bk=128, stages=4, persistent=True, stream_k=True)],
                          ids=lambda c: c.label())
-@pytest.mark.parametrize("m,n,k", [(300, 2100, 1088), (700, 8192, 640), (4100, 2100, 1088), (4100, 2100, 320)])
+@pytest.mark.parametrize("m,n,k", [(100, 8192, 1088), (300, 2100, 1088), (700, 8192, 1088), (4100, 2100, 1088),
+                                   (4100, 2100, 4160)])
 def test_stream_k_tail(cfg, m, n, k):
-    """Stream-K tails (stream_k_plan): fewer tiles than SMs (up to 4 contributors a tile), one to two waves (all
-    stream-K), whole tiles then a stream-K tail; 1-9 K steps a segment, ragged M and N, bias. Correct against
-    float64, the same bits on a repeat (fix-up blocks summed in contributor order), the tickets left at zero, and
-    within accumulation noise of the plain persistent kernel."""
+    """Stream-K tails (stream_k_plan): one token tile (runs over all tiles, 2 contributors a tile), fewer tiles than
+    SMs in K pieces, whole waves then the partial wave's tiles in 2-5 pieces; 5-13 K steps a segment, ragged M and N,
+    bias. Correct against float64, the same bits on a repeat (fix-up blocks summed in contributor order), the
+    tickets left at zero, and within accumulation noise of the plain persistent kernel."""
     sms = wg._num_sms(torch.cuda.current_device())
     tiles = -(-m // cfg.bm) * -(-n // cfg.bn)
-    dp, skq, maxc = wg.stream_k_plan(tiles, -(-k // cfg.bk), sms)
+    dp, skq, maxc = wg.stream_k_plan(tiles, -(-k // cfg.bk), sms, -(-m // cfg.bm))
     if skq == 0:
         pytest.skip(f"no stream-K tail for {tiles} tiles on {sms} SMs")
     p = _weight(k, n, 64, seed=m + k)
@@ -127,22 +128,28 @@ def test_stream_k_tail(cfg, m, n, k):
 
 def test_stream_k_plan():
     """Whole tiles a multiple of the programs, every K step of the rest covered once by the programs' runs, at
-    most MAXC contributors a tile, and only where the makespan (in K steps) drops; full last waves stay plain."""
-    assert wg.stream_k_plan(264, 32, 132) == (264, 0, 0)  # two full waves
-    assert wg.stream_k_plan(128, 32, 132) == (128, 0, 0)  # 97 % of one wave: not worth the fix-up
-    assert wg.stream_k_plan(448, 32, 132) == (264, 45, 2)  # K 4096 x N 14336 at M 1024: 3.39 waves run as 3.4
+    most MAXC contributors a tile, and only where the makespan (in K steps) drops; full last waves stay plain;
+    with several token tiles only whole waves go tile by tile and the pieces are aligned (SKQ = ceil(steps / S))."""
+    assert wg.stream_k_plan(264, 32, 132, 4) == (264, 0, 0)  # two full waves
+    assert wg.stream_k_plan(128, 32, 132, 1) == (128, 0, 0)  # 97 % of one wave: not worth the fix-up
+    assert wg.stream_k_plan(448, 32, 132, 4) == (396, 16, 3)  # K 4096 x N 14336 at M 1024: 52 tiles in halves
+    assert wg.stream_k_plan(1024, 64, 132, 16) == (1024, 0, 0)  # 100 tiles left: no two pieces fit
+    assert wg.stream_k_plan(224, 64, 132, 1) == (0, 109, 2)  # M 256 x N 28672 (bm256): 1.7 waves run as 1.7
     for tiles in (1, 5, 34, 64, 131, 133, 200, 289, 448, 1000, 1792):
         for steps in (1, 2, 3, 9, 32, 113):
             for progs in (8, 132):
-                dp, q, maxc = wg.stream_k_plan(tiles, steps, progs)
-                waves = -(-tiles // progs)
-                if q == 0:
-                    assert dp == tiles
-                    continue
-                assert dp % progs == 0 and 0 <= dp < tiles and progs * q >= (tiles - dp) * steps
-                assert dp // progs * steps + q < waves * steps
-                for r in range(tiles - dp):
-                    assert ((r + 1) * steps - 1) // q - (r * steps) // q + 1 <= maxc
+                for m_tiles in (1, 4):
+                    dp, q, maxc = wg.stream_k_plan(tiles, steps, progs, m_tiles)
+                    waves = -(-tiles // progs)
+                    if q == 0:
+                        assert dp == tiles
+                        continue
+                    assert dp % progs == 0 and 0 <= dp < tiles and progs * q >= (tiles - dp) * steps
+                    assert dp // progs * steps + q < waves * steps
+                    if m_tiles > 1:
+                        assert dp == tiles // progs * progs and q >= min(steps, wg.SK_MIN_STEPS)
+                    for r in range(tiles - dp):
+                        assert ((r + 1) * steps - 1) // q - (r * steps) // q + 1 <= maxc
 
 
 def test_persistent_config_errors():

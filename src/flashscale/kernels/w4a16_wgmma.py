@@ -32,9 +32,10 @@ x^T (BK, BM) with RS-wgmma (m64nBMk16: A, the dequantized weights, from register
     steps and turns run on across tiles (counters base + j), so the producer loads tile t+1 while the consumers
     store tile t (the fill and the epilogue of a tile no longer leave the tensor cores idle).
   * stream_k (persistent): where the last wave would leave >= 10 % of the SMs idle (stream_k_plan), the grid is
-    the SMs and only the first whole waves but one go tile by tile; the K steps of the remaining tiles form one run
-    cut into equal pieces, one a program (Stream-K's hybrid). A tile split between programs: each writes its fp32
-    partial to its own block, and the last to take the tile's ticket sums the blocks in program order.
+    the SMs; the whole waves (or all but one) go tile by tile, and the K steps of the remaining tiles form one run
+    cut into equal pieces, one a program (Stream-K's hybrid; with several token tiles, each partial-wave tile in
+    S aligned K pieces). A tile split between programs: each writes its fp32 partial to its own block, and the last
+    to take the tile's ticket sums the blocks in program order.
 act-order (perm): x is gathered once on the host (x[:, perm], one copy of M*K*2 bytes) since TMA cannot gather.
 Shapes: x (M, K), qweight (N_pad/16, K_pad/64, 32, 4) int32, sz (NG, N_pad) int32, y (M, N).
 """
@@ -625,20 +626,31 @@ def _num_sms(index: int) -> int:
 SK_MIN_STEPS = 4  # a stream-K segment's fewest K steps (shorter ones are mostly ring fill and fix-up)
 
 
-def stream_k_plan(tiles: int, k_steps: int, programs: int) -> tuple[int, int, int]:
+def stream_k_plan(tiles: int, k_steps: int, programs: int, m_tiles: int) -> tuple[int, int, int]:
     """(DP, SKQ, MAXC) of a stream-K launch on `programs` persistent programs, or (tiles, 0, 0) where it does not
     pay. Tiles 0 .. DP - 1 go whole, round robin (DP a multiple of programs); the K steps of the other tiles form
-    one run that program p walks at [p SKQ, (p + 1) SKQ) (Stream-K, Osama et al. 2023, its "DP + one to two tiles
-    of stream-K" hybrid: the stream-K part is the partly filled last wave plus one full wave, so segments stay
-    longer than a tile's K steps and a tile has at most two contributors). MAXC bounds the contributors of a tile
-    (its fp32 fix-up blocks). It pays where the last wave leaves >= 10 % of the programs idle (448 bm256 x bn128
-    tiles at M 1024, N 14336 on 132 SMs: 3.39 waves run as 4; with stream-K, 2 + 1.39)."""
+    one run that program p walks at [p SKQ, (p + 1) SKQ); MAXC bounds the contributors of a tile (its fp32 fix-up
+    blocks). Only where the last wave leaves >= 10 % of the programs idle, and in one of two forms:
+    * one token tile (m_tiles == 1: no two tiles share a weight block, x is <= 256 rows): Stream-K's "DP + one to
+      two tiles" hybrid (Osama et al., 2023): the last, partly filled wave plus one full wave cut into equal runs
+      (a tile has at most two contributors). M 256 x N 28672: 224 tiles = 1.7 waves run as 1.7.
+    * several token tiles: the tiles of the partial wave each cut into S equal K pieces (S * tiles <= programs),
+      so the programs of one piece index run at the same K offsets. Tiles that share x rows or a weight block then
+      read them at the same time, as in the whole waves (the GROUP order keeps them in L2); free-running runs did
+      not, and measured 5-15 % slower than no stream-K at M 1024-4096 (H200, session 21). K 4096 x N 14336 at
+      M 1024: 448 tiles = 3 waves + 52 tiles, each in two halves: 3.5 waves instead of 4."""
     waves = -(-tiles // programs)
     if (waves * programs - tiles) * 10 < programs:
         return tiles, 0, 0
-    dp = max(tiles // programs - 1, 0) * programs
-    run = (tiles - dp) * k_steps
-    q = max(-(-run // programs), min(k_steps, SK_MIN_STEPS))
+    if m_tiles == 1:
+        dp = max(tiles // programs - 1, 0) * programs
+        q = max(-(-(tiles - dp) * k_steps // programs), min(k_steps, SK_MIN_STEPS))
+    else:
+        dp = tiles // programs * programs
+        pieces = min(programs // (tiles - dp), k_steps // SK_MIN_STEPS)
+        if pieces < 2:
+            return tiles, 0, 0
+        q = -(-k_steps // pieces)
     if dp // programs * k_steps + q >= waves * k_steps:
         return tiles, 0, 0
     return dp, q, (k_steps - 1) // q + 2
@@ -721,7 +733,8 @@ def w4a16_wgmma(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None,
     split = cfg.split_k or (auto_split(tiles, k_steps, sms) if cfg.bm <= 64 else 1)
     split = max(1, min(split, k_steps))
     persistent = cfg.persistent and split == 1
-    dp, skq, maxc = stream_k_plan(tiles, k_steps, sms) if persistent and cfg.stream_k else (tiles, 0, 0)
+    dp, skq, maxc = (stream_k_plan(tiles, k_steps, sms, triton.cdiv(m, cfg.bm)) if persistent and cfg.stream_k
+                     else (tiles, 0, 0))
     floats = split * m * n if split > 1 else (tiles - dp) * maxc * cfg.bm * cfg.bn if skq else 1
     ws, cnt = _workspace(x.device, floats, tiles * cfg.consumers)
     grid0 = (sms if skq else min(tiles, sms)) if persistent else tiles
