@@ -402,12 +402,20 @@ def _weight_ring(p: PackedW4) -> list[PackedW4]:
     return [p] + [replace(p, qweight=p.qweight.clone(), sz=p.sz.clone()) for _ in range(n - 1)]
 
 
+TUNE_REPLAY_MS = 10.0  # a timed graph replay's length: long enough for the clocks to settle at their loaded level
+TUNE_MAX_LAUNCHES = 1024
+
+
 def _time(launch, c, s, ring=()) -> float:
     """ms a launch of (c, s): a CUDA graph of launches back to back, launch(c, s, w) over the weights w of ring in
-    turn (launch(c, s) when ring is empty), about 1 ms of work a replay, median of 5 replays. Eager timing
+    turn (launch(c, s) when ring is empty), about TUNE_REPLAY_MS of work a replay; one replay to warm, then the median
+    of 5 replays queued back to back (events between them, one synchronize at the end: no idle gaps). Eager timing
     (do_bench) of a 5-20 us kernel measures the host's launch path as much as the kernel, and one weight stays
     in L2 at 4096x4096: the H200 once kept a 15 us config over an 8.5 us one that way (results/w4a16-h200.json,
-    2026-12-02). Falls back to do_bench where a graph cannot be captured."""
+    2026-12-02). Short replays with a synchronize between them (1 ms, until session 21) ran as bursts at boost
+    clocks: at M 1024 they timed bm256 x bn64 as fast as the persistent bm256 x bn128 config (192-195 us both),
+    where 60 ms of steady replays put them at 212-217 and 203 us (docs/w4a16_gemm.md, session 21). Falls back to
+    do_bench where a graph cannot be captured."""
     calls = [functools.partial(launch, c, s, w) for w in ring] or [functools.partial(launch, c, s)]
     try:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -416,7 +424,7 @@ def _time(launch, c, s, ring=()) -> float:
         calls[0]()
         end.record()
         end.synchronize()
-        n = max(len(calls), min(256, int(1.0 / max(start.elapsed_time(end), 1e-3))))
+        n = max(len(calls), min(TUNE_MAX_LAUNCHES, int(TUNE_REPLAY_MS / max(start.elapsed_time(end), 1e-3))))
         n = -(-n // len(calls)) * len(calls)
         for call in calls[1:]:  # each copy's first launch (allocation, descriptors) outside the capture
             call()
@@ -425,14 +433,13 @@ def _time(launch, c, s, ring=()) -> float:
             for i in range(n):
                 calls[i % len(calls)]()
         graph.replay()
-        times = []
-        for _ in range(5):
-            start.record()
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(6)]
+        marks[0].record()
+        for i in range(5):
             graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / n)
-        return sorted(times)[2]
+            marks[i + 1].record()
+        marks[-1].synchronize()
+        return sorted(marks[i].elapsed_time(marks[i + 1]) / n for i in range(5))[2]
     except RuntimeError:
         torch.cuda.synchronize()
         return triton.testing.do_bench(calls[0], warmup=5, rep=25, return_mode="median")
