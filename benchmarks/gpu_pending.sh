@@ -1,12 +1,9 @@
 #!/usr/bin/env bash
-# GPU steps of sessions 18-20 (2026-12-02), kept runnable. Session 20 ran the review's unrun GPU paths first (the
-# Hopper backward's delta pre-pass: `-k "auto or ws_matches"` 8 passed; decode / PDL / attention API 70 passed;
-# the W4A16 tuner's GPU tests 15 passed), then the W4A16 GEMM work step by step (`gemm20` below is its last
-# form: probe, grid, GEMM GPU tests). Unrun on a GPU: test_large_tiles_step_parity_and_split's cases of the
-# persistent candidate (bm256-bn128-bk128-s3-pp-persist; the test was fixed after the last call to split it in its
-# one-tile form), and the review's refactor of benchmarks/w4a16.py / w4a16_gemm_probe.py (shared weight_copies,
-# wgmma_trials taking a config list): `gemm20` runs both. One `run` per step, back to back; each step's commands
-# have their own timeouts so one hang costs only its share. Outputs go to $OUT (at most 8 files come back).
+# GPU steps of sessions 18-21 (2026-12-02), kept runnable. Session 21 ran `gemm21` (stream-K and tuner GPU tests, the
+# probe at K 4096 x N 14336 M 1024, the W4A16 grid), then the grid again after the tuner's 10 ms replays
+# (`python benchmarks/w4a16.py --out $OUT`): every GPU path of the session's changes has run. One `run` per step,
+# back to back; each step's commands have their own timeouts so one hang costs only its share. Outputs go to $OUT
+# (at most 8 files come back).
 #
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: backward dispatch GPU tests, FA2's
 #                                                                  # GPU tests, the attention API file
