@@ -477,9 +477,9 @@ def _tune(key: tuple, cands: list, split_of, launch, steps_of=lambda c: 0, ring=
     # eager timing had kept a config 1.5x slower than another run's choice; see _time): first WARM_MS of the leader,
     # then RETIME_ROUNDS interleaved rounds (A B C, B C A, ...), each leader's median deciding. The first round runs
     # on a GPU that was idle and still boosts: on the H200 the M = 4096 candidates timed 5-10 % faster there than
-    # later, and one more timing each in a row flipped a 4 % steady-state order (benchmarks/w4a16_tune_timing.py, session 21:
-    # the persistent bm256 x bn128 config lost to the one-tile bk64 config in 11 of 12 cells it leads at steady
-    # state); interleaved rounds on warm clocks spread such drift over every leader alike.
+    # later, and one more timing each in a row flipped a 4 % steady-state order (benchmarks/w4a16_tune_timing.py,
+    # session 21: the persistent bm256 x bn128 config lost to the one-tile bk64 config in 11 of 12 cells it leads at
+    # steady state); interleaved rounds on warm clocks spread such drift over every leader alike.
     leaders = [cs for _, _, cs in sorted(timed)[:RETIME_TOP]]
     if len(leaders) > 1:
         t_end = time.perf_counter() + WARM_MS * 1e-3
