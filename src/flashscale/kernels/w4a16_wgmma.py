@@ -191,6 +191,23 @@ if HAS_GLUON:
             tma.async_copy_global_to_shared(sz_desc, [k0 // G, pid_n * BN], ready.index(s), sz_smem.index(s))
 
     @gluon.jit
+    def _sk_run(tile0, tiles, DP, SKQ, n_it):
+        """Program tile0's stream-K run: steps [s0, s1) of the K steps of tiles DP .. tiles - 1 taken in order, and
+        the stream-K tiles r_lo .. r_hi - 1 it touches (none where s0 >= s1)."""
+        s0 = tile0 * SKQ
+        s1 = gl.minimum(s0 + SKQ, (tiles - DP) * n_it)
+        r_lo = s0 // n_it
+        r_hi = r_lo
+        if s0 < s1:
+            r_hi = (s1 - 1) // n_it + 1
+        return s0, s1, r_lo, r_hi
+
+    @gluon.jit
+    def _sk_segment(r, s0, s1, n_it):
+        """The K steps [k0, k1) of stream-K tile r in the run [s0, s1)."""
+        return gl.maximum(s0 - r * n_it, 0), gl.minimum(s1 - r * n_it, n_it)
+
+    @gluon.jit
     def _producer(w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, tile0, tiles, tstride, num_n, num_m,
                   it0, n_it, DP, SKQ, G: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                   STAGES: gl.constexpr, GROUP: gl.constexpr, STREAM_K: gl.constexpr):
@@ -199,16 +216,13 @@ if HAS_GLUON:
             _produce(w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, t, base, it0, n_it, num_n, num_m,
                      G, BM, BN, BK, STAGES, GROUP)
             base += n_it
-        if STREAM_K:  # the same segments as _consumer's stream-K walk
-            s0 = tile0 * SKQ
-            s1 = gl.minimum(s0 + SKQ, (tiles - DP) * n_it)
-            if s0 < s1:
-                for r in range(s0 // n_it, (s1 - 1) // n_it + 1):
-                    k0 = gl.maximum(s0 - r * n_it, 0)
-                    k1 = gl.minimum(s1 - r * n_it, n_it)
-                    _produce(w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, DP + r, base, k0,
-                             k1 - k0, num_n, num_m, G, BM, BN, BK, STAGES, GROUP)
-                    base += k1 - k0
+        if STREAM_K:  # the same segments as _consumer_sk's
+            s0, s1, r_lo, r_hi = _sk_run(tile0, tiles, DP, SKQ, n_it)
+            for r in range(r_lo, r_hi):
+                k0, k1 = _sk_segment(r, s0, s1, n_it)
+                _produce(w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, DP + r, base, k0, k1 - k0,
+                         num_n, num_m, G, BM, BN, BK, STAGES, GROUP)
+                base += k1 - k0
 
     @gluon.jit
     def _nib(s, MAGIC, LOW: gl.constexpr):
@@ -463,12 +477,10 @@ if HAS_GLUON:
         of its contributors to its own fp32 block (tile r's blocks r MAXC + idx, idx = program - the tile's first),
         and the last to take the (tile, consumer) ticket sums the blocks in idx order (the same bits every call)."""
         CHUNKS: gl.constexpr = 4 if BM >= 128 else (2 if BM == 64 else 1)
-        s0 = tile0 * SKQ
-        s1 = gl.minimum(s0 + SKQ, (tiles - DP) * n_it)
+        s0, s1, r_lo, r_hi = _sk_run(tile0, tiles, DP, SKQ, n_it)
         if s0 < s1:
-            for r in range(s0 // n_it, (s1 - 1) // n_it + 1):
-                k0 = gl.maximum(s0 - r * n_it, 0)
-                k1 = gl.minimum(s1 - r * n_it, n_it)
+            for r in range(r_lo, r_hi):
+                k0, k1 = _sk_segment(r, s0, s1, n_it)
                 acc = _tile_acc(w_smem, x_smem, sz_smem, ready, empty, turn, base, k1 - k0, MAGIC, C, BM, BK, SZR,
                                 STAGES, CONSUMERS, PINGPONG)
                 base += k1 - k0
