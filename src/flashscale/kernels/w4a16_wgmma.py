@@ -650,7 +650,9 @@ def stream_k_plan(tiles: int, k_steps: int, programs: int, m_tiles: int) -> tupl
       so the programs of one piece index run at the same K offsets. Tiles that share x rows or a weight block then
       read them at the same time, as in the whole waves (the GROUP order keeps them in L2); free-running runs did
       not, and measured 5-15 % slower than no stream-K at M 1024-4096 (H200, session 21). K 4096 x N 14336 at
-      M 1024: 448 tiles = 3 waves + 52 tiles, each in two halves: 3.5 waves instead of 4."""
+      M 1024: 448 tiles = 3 waves + 52 tiles, each in two halves: 3.5 waves instead of 4.
+    The fix-up workspace is (tiles - DP) * MAXC blocks of BM x BN fp32: at most ~4 blocks a program (68 MB at
+    bm256 x bn128 on 132 SMs), kept and reused by _workspace."""
     waves = -(-tiles // programs)
     if (waves * programs - tiles) * 10 < programs:
         return tiles, 0, 0
