@@ -18,6 +18,9 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh gemm20    # ~4 min: W4A16 GEMM configs at K 4096 x N 14336,
 #                                                                  # the W4A16 grid, GEMM GPU tests (session 20)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh gemm21    # ~8 min: stream-K and tuner GPU tests, the grid
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~3 min: _time against do_bench_cudagraph, one
+#                                                                  # knob at a time (not run yet: written after the
+#                                                                  # session's device time was spent)
 #
 # refresh / attn19: copy $OUT/attention-h200.json (and w4a16-h200.json) over benchmarks/results/, give the file a
 # note saying what changed, and rerun make_tables.py.
@@ -84,7 +87,9 @@ case "${1:-}" in
     step tune_tests 100 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu tests/kernels/test_w4a16.py tests/test_qlinear.py
     step probe 90 "$PY" benchmarks/w4a16_gemm_probe.py --shapes 4096x14336 --ms 1024 --candidates none --out "$OUT"
     step w4a16 330 "$PY" benchmarks/w4a16.py --out "$OUT" ;;
+  timing)  # next: which difference between the tuner's _time and do_bench_cudagraph moves the GEMM timings
+    step timing 240 "$PY" benchmarks/w4a16_tune_timing.py --cells 4096x14336x1024,8192x8192x4096 ;;
   *)
-    echo "usage: [OUT=DIR] bash benchmarks/gpu_pending.sh tests|refresh|e2e|host|decode|attn19|gemm20|gemm21" >&2
+    echo "usage: [OUT=DIR] bash benchmarks/gpu_pending.sh tests|refresh|e2e|host|decode|attn19|gemm20|gemm21|timing" >&2
     exit 2 ;;
 esac
