@@ -150,6 +150,7 @@ def test_stream_k_plan():
                         assert dp == tiles // progs * progs and q >= min(steps, wg.SK_MIN_STEPS)
                     for r in range(tiles - dp):
                         assert ((r + 1) * steps - 1) // q - (r * steps) // q + 1 <= maxc
+                    assert (tiles - dp) * maxc <= 4 * progs  # the fix-up workspace bound the docstring gives
 
 
 def test_persistent_config_errors():
