@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # GPU steps of sessions 18-21 (2026-12-02), kept runnable. Session 21 ran `gemm21` (stream-K and tuner GPU tests, the
 # probe at K 4096 x N 14336 M 1024, the W4A16 grid), then the grid again after the tuner's 10 ms replays
-# (`python benchmarks/w4a16.py --out $OUT`): every GPU path of the session's changes has run. One `run` per step,
-# back to back; each step's commands have their own timeouts so one hang costs only its share. Outputs go to $OUT
-# (at most 8 files come back).
+# (`python benchmarks/w4a16.py --out $OUT`). Unrun: `timing` (below), which also runs the tuner's GPU tests on
+# _time's last form (knobs for the timing diagnosis; the default path times as before). One `run` per step, back to
+# back; each step's commands have their own timeouts so one hang costs only its share. Outputs go to $OUT (at most
+# 8 files come back).
 #
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: backward dispatch GPU tests, FA2's
 #                                                                  # GPU tests, the attention API file
@@ -18,8 +19,9 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh gemm20    # ~4 min: W4A16 GEMM configs at K 4096 x N 14336,
 #                                                                  # the W4A16 grid, GEMM GPU tests (session 20)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh gemm21    # ~8 min: stream-K and tuner GPU tests, the grid
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~3 min: _time against do_bench_cudagraph, one
-#                                                                  # knob at a time (not run yet: written after the
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
+#                                                                  # do_bench_cudagraph, one knob at a time (not run
+#                                                                  # yet, nor _time's knob refactor: written after the
 #                                                                  # session's device time was spent)
 #
 # refresh / attn19: copy $OUT/attention-h200.json (and w4a16-h200.json) over benchmarks/results/, give the file a
@@ -88,6 +90,7 @@ case "${1:-}" in
     step probe 90 "$PY" benchmarks/w4a16_gemm_probe.py --shapes 4096x14336 --ms 1024 --candidates none --out "$OUT"
     step w4a16 330 "$PY" benchmarks/w4a16.py --out "$OUT" ;;
   timing)  # next: which difference between the tuner's _time and do_bench_cudagraph moves the GEMM timings
+    step tune_tests 100 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu tests/kernels/test_w4a16.py tests/test_qlinear.py
     step timing 240 "$PY" benchmarks/w4a16_tune_timing.py --cells 4096x14336x1024,8192x8192x4096 ;;
   *)
     echo "usage: [OUT=DIR] bash benchmarks/gpu_pending.sh tests|refresh|e2e|host|decode|attn19|gemm20|gemm21|timing" >&2

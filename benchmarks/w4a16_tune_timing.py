@@ -6,7 +6,7 @@ For each cell (K x N x M, group 128) and config (the persistent stream-K leader,
 bn64 with one consumer) it prints, per round: `_time` (flashscale.kernels.w4a16._time: the tuner's own timing over
 its weight ring), `graph` (triton's do_bench_cudagraph over benchmarks/w4a16.py's weight copies, as the grid times
 a cell), `graph1` (do_bench_cudagraph on one weight), and _time's method with one difference from do_bench_cudagraph
-at a time (graph_time: a side stream, a synchronize after each replay, 60 ms replays); then cuBLAS, and the tuner
+at a time (_time's knobs: a side stream, a synchronize after each replay, 60 ms replays); then cuBLAS, and the tuner
 run on the cell with each of its timings. docs/w4a16_gemm.md (session 21) has what it showed on the H200. Needs a Hopper GPU.
 """
 
@@ -32,35 +32,6 @@ from flashscale.reference.w4a16 import dequantize_w4  # noqa: E402
 W = wg.WgmmaConfig
 
 
-def graph_time(calls: list, replay_ms: float, replays: int = 5, side_stream: bool = False, sync: bool = False) -> float:
-    """_time's method with its knobs exposed, to find which difference from do_bench_cudagraph matters: median ms a
-    launch of a graph of launches cycling through `calls` (~replay_ms a replay), one warm replay, then `replays`
-    replays either queued back to back (_time) or each synchronized (do_bench_cudagraph), on the current stream
-    (_time) or a side stream (do_bench_cudagraph)."""
-    stream = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
-    with torch.cuda.stream(stream):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        calls[0]()
-        end.record()
-        end.synchronize()
-        n = max(len(calls), int(replay_ms / max(start.elapsed_time(end), 1e-3)))
-        n = -(-n // len(calls)) * len(calls)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for i in range(n):
-                calls[i % len(calls)]()
-        graph.replay()
-        marks = [torch.cuda.Event(enable_timing=True) for _ in range(2 * replays)]
-        for i in range(replays):
-            marks[2 * i].record()
-            graph.replay()
-            marks[2 * i + 1].record()
-            if sync:
-                marks[2 * i + 1].synchronize()
-        marks[-1].synchronize()
-        return sorted(marks[2 * i].elapsed_time(marks[2 * i + 1]) / n for i in range(replays))[replays // 2]
 CONFIGS = {"sk": W(bm=256, consumers=2, stages=3, pingpong=True, persistent=True, stream_k=True),
            "bk64": W(bm=256, consumers=2, bk=64, stages=6),
            "c1": W(bm=256, consumers=1, stages=3)}
@@ -93,9 +64,8 @@ def cell(k: int, n: int, m: int, rounds: int, gen: torch.Generator) -> None:
 
             res[name]["graph"].append(triton.testing.do_bench_cudagraph(rotating, rep=60) * 1e3)
             res[name]["graph1"].append(triton.testing.do_bench_cudagraph(lambda c=c: launch(c, 0), rep=60) * 1e3)
-            calls = [lambda c=c, w=w: launch(c, 0, w) for w in ring]
             for v, kw in variants.items():  # the tuner's ring and launch, one knob of _time changed at a time
-                res[name][v].append(graph_time(calls, **kw) * 1e3)
+                res[name][v].append(K._time(launch, c, 0, ring, **kw) * 1e3)
 
     def cublas():
         it["w"] = (it["w"] + 1) % len(ws)

@@ -406,7 +406,8 @@ TUNE_REPLAY_MS = 10.0  # a timed graph replay's length: long enough for the cloc
 TUNE_MAX_LAUNCHES = 1024
 
 
-def _time(launch, c, s, ring=()) -> float:
+def _time(launch, c, s, ring=(), *, replay_ms: float | None = None, sync: bool = False,
+          side_stream: bool = False) -> float:
     """ms a launch of (c, s): a CUDA graph of launches back to back, launch(c, s, w) over the weights w of ring in
     turn (launch(c, s) when ring is empty), about TUNE_REPLAY_MS of work a replay; one replay to warm, then the median
     of 5 replays queued back to back (events between them, one synchronize at the end: no idle gaps). Eager timing
@@ -415,8 +416,15 @@ def _time(launch, c, s, ring=()) -> float:
     2026-12-02). Short replays with a synchronize between them (1 ms, until session 21) ran as bursts at boost
     clocks: at M 1024 they timed bm256 x bn64 as fast as the persistent bm256 x bn128 config (192-195 us both),
     where 60 ms of steady replays put them at 212-217 and 203 us (docs/w4a16_gemm.md, session 21). Falls back to
-    do_bench where a graph cannot be captured."""
+    do_bench where a graph cannot be captured. replay_ms (default TUNE_REPLAY_MS), sync (a synchronize after each
+    replay) and side_stream (replays on a new stream) are do_bench_cudagraph's ways, for
+    benchmarks/w4a16_tune_timing.py to compare one at a time."""
     calls = [functools.partial(launch, c, s, w) for w in ring] or [functools.partial(launch, c, s)]
+    with torch.cuda.stream(torch.cuda.Stream() if side_stream else torch.cuda.current_stream()):
+        return _time_graph(calls, TUNE_REPLAY_MS if replay_ms is None else replay_ms, sync)
+
+
+def _time_graph(calls: list, replay_ms: float, sync: bool) -> float:
     try:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
@@ -424,7 +432,7 @@ def _time(launch, c, s, ring=()) -> float:
         calls[0]()
         end.record()
         end.synchronize()
-        n = max(len(calls), min(TUNE_MAX_LAUNCHES, int(TUNE_REPLAY_MS / max(start.elapsed_time(end), 1e-3))))
+        n = max(len(calls), min(TUNE_MAX_LAUNCHES, int(replay_ms / max(start.elapsed_time(end), 1e-3))))
         n = -(-n // len(calls)) * len(calls)
         for call in calls[1:]:  # each copy's first launch (allocation, descriptors) outside the capture
             call()
@@ -433,13 +441,15 @@ def _time(launch, c, s, ring=()) -> float:
             for i in range(n):
                 calls[i % len(calls)]()
         graph.replay()
-        marks = [torch.cuda.Event(enable_timing=True) for _ in range(6)]
-        marks[0].record()
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(10)]
         for i in range(5):
+            marks[2 * i].record()
             graph.replay()
-            marks[i + 1].record()
+            marks[2 * i + 1].record()
+            if sync:
+                marks[2 * i + 1].synchronize()
         marks[-1].synchronize()
-        return sorted(marks[i].elapsed_time(marks[i + 1]) / n for i in range(5))[2]
+        return sorted(marks[2 * i].elapsed_time(marks[2 * i + 1]) / n for i in range(5))[2]
     except RuntimeError:
         torch.cuda.synchronize()
         return triton.testing.do_bench(calls[0], warmup=5, rep=25, return_mode="median")
