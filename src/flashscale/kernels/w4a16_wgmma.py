@@ -428,6 +428,22 @@ if HAS_GLUON:
                 _epi_store(q3, 3 * BM // 4, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, MODE)
 
     @gluon.jit
+    def _fixup(acc, y_ptr, bias_ptr, part_ptr, sum_ptr, cnt_ptr, t, pid_n, pid_m, M, N, COUNT, C: gl.constexpr,
+               HAS_BIAS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, CHUNKS: gl.constexpr,
+               CONSUMERS: gl.constexpr, PART: gl.constexpr, SUM: gl.constexpr):
+        """Tile t split among COUNT programs (split-K: PART 1 / SUM 2; stream-K: 3 / 4, _epi_store's modes): this
+        one's fp32 partial to part_ptr, then one acq_rel ticket a (tile, consumer); the last to take it sums the
+        COUNT partials from sum_ptr in order (the same bits whatever the arrival order), writes y and puts the
+        ticket back to zero."""
+        _epilogue(acc, y_ptr, bias_ptr, part_ptr, cnt_ptr, pid_n, pid_m, M, N, COUNT, C, HAS_BIAS, BM, BN, CHUNKS, PART)
+        gl.thread_barrier()
+        tkt = t * CONSUMERS + C
+        if gl.atomic_add(cnt_ptr + tkt, 1, sem="acq_rel", scope="gpu") == COUNT - 1:
+            _epilogue(acc, y_ptr, bias_ptr, sum_ptr, cnt_ptr, pid_n, pid_m, M, N, COUNT, C, HAS_BIAS, BM, BN, CHUNKS,
+                      SUM)
+            gl.atomic_xchg(cnt_ptr + tkt, 0, sem="relaxed", scope="gpu")
+
+    @gluon.jit
     def _tile_acc(w_smem, x_smem, sz_smem, ready, empty, turn, base, n_it, MAGIC, C: gl.constexpr, BM: gl.constexpr,
                   BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                   PINGPONG: gl.constexpr):
@@ -456,14 +472,9 @@ if HAS_GLUON:
         pid_n, pid_m = _coords(t, num_n, num_m, GROUP)
         acc = _tile_acc(w_smem, x_smem, sz_smem, ready, empty, turn, base, n_it, MAGIC, C, BM, BK, SZR, STAGES,
                         CONSUMERS, PINGPONG)
-        if HAS_SPLIT:  # never persistent (config_error)
-            _epilogue(acc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, CHUNKS, 1)
-            gl.thread_barrier()  # slices + one ticket a (tile, consumer); the last split sums in split order
-            tkt = t * CONSUMERS + C
-            if gl.atomic_add(cnt_ptr + tkt, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
-                _epilogue(acc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN,
-                          CHUNKS, 2)
-                gl.atomic_xchg(cnt_ptr + tkt, 0, sem="relaxed", scope="gpu")
+        if HAS_SPLIT:  # never persistent (config_error); slices, the last split sums them in split order
+            _fixup(acc, y_ptr, bias_ptr, ws_ptr, ws_ptr, cnt_ptr, t, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN,
+                   CHUNKS, CONSUMERS, 1, 2)
         else:
             _epilogue(acc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, CHUNKS, 0)
 
@@ -478,29 +489,22 @@ if HAS_GLUON:
         and the last to take the (tile, consumer) ticket sums the blocks in idx order (the same bits every call)."""
         CHUNKS: gl.constexpr = 4 if BM >= 128 else (2 if BM == 64 else 1)
         s0, s1, r_lo, r_hi = _sk_run(tile0, tiles, DP, SKQ, n_it)
-        if s0 < s1:
-            for r in range(r_lo, r_hi):
-                k0, k1 = _sk_segment(r, s0, s1, n_it)
-                acc = _tile_acc(w_smem, x_smem, sz_smem, ready, empty, turn, base, k1 - k0, MAGIC, C, BM, BK, SZR,
-                                STAGES, CONSUMERS, PINGPONG)
-                base += k1 - k0
-                t = DP + r
-                pid_n, pid_m = _coords(t, num_n, num_m, GROUP)
-                first = (r * n_it) // SKQ
-                count = ((r + 1) * n_it - 1) // SKQ - first + 1
-                if count == 1:
-                    _epilogue(acc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, 1, C, HAS_BIAS, BM, BN,
-                              CHUNKS, 0)
-                else:
-                    blk = ws_ptr + (r * MAXC).to(gl.int64) * (BM * BN)
-                    _epilogue(acc, y_ptr, bias_ptr, blk + (tile0 - first) * (BM * BN), cnt_ptr, pid_n, pid_m, M, N,
-                              count, C, HAS_BIAS, BM, BN, CHUNKS, 3)
-                    gl.thread_barrier()
-                    tkt = t * CONSUMERS + C
-                    if gl.atomic_add(cnt_ptr + tkt, 1, sem="acq_rel", scope="gpu") == count - 1:
-                        _epilogue(acc, y_ptr, bias_ptr, blk, cnt_ptr, pid_n, pid_m, M, N, count, C, HAS_BIAS, BM, BN,
-                                  CHUNKS, 4)
-                        gl.atomic_xchg(cnt_ptr + tkt, 0, sem="relaxed", scope="gpu")
+        for r in range(r_lo, r_hi):
+            k0, k1 = _sk_segment(r, s0, s1, n_it)
+            acc = _tile_acc(w_smem, x_smem, sz_smem, ready, empty, turn, base, k1 - k0, MAGIC, C, BM, BK, SZR,
+                            STAGES, CONSUMERS, PINGPONG)
+            base += k1 - k0
+            t = DP + r
+            pid_n, pid_m = _coords(t, num_n, num_m, GROUP)
+            first = (r * n_it) // SKQ
+            count = ((r + 1) * n_it - 1) // SKQ - first + 1
+            if count == 1:
+                _epilogue(acc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, 1, C, HAS_BIAS, BM, BN,
+                          CHUNKS, 0)
+            else:
+                blk = ws_ptr + (r * MAXC).to(gl.int64) * (BM * BN)
+                _fixup(acc, y_ptr, bias_ptr, blk + (tile0 - first) * (BM * BN), blk, cnt_ptr, t, pid_n, pid_m, M,
+                       N, count, C, HAS_BIAS, BM, BN, CHUNKS, CONSUMERS, 3, 4)
 
     @gluon.jit
     def _consumer(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, tiles, tstride,
