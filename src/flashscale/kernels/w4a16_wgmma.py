@@ -639,6 +639,13 @@ def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _grid_flags(cfg: WgmmaConfig, split: int) -> tuple[bool, bool]:
+    """(PERSISTENT, stream-K compiled in) of a launch of cfg that splits K `split` ways: a split launch runs its
+    one-tile-a-program form (config_error keeps split_k off persistent configs; an auto split only reaches bm <= 64)."""
+    persistent = cfg.persistent and split == 1
+    return persistent, persistent and cfg.stream_k
+
+
 SK_MIN_STEPS = 4  # a stream-K segment's fewest K steps (shorter ones are mostly ring fill and fix-up)
 
 
@@ -750,9 +757,8 @@ def w4a16_wgmma(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None,
     # auto split only for token tiles <= 64: the split epilogue of bm >= 128 spills (docs/w4a16_gemm.md)
     split = cfg.split_k or (auto_split(tiles, k_steps, sms) if cfg.bm <= 64 else 1)
     split = max(1, min(split, k_steps))
-    persistent = cfg.persistent and split == 1
-    dp, skq, maxc = (stream_k_plan(tiles, k_steps, sms, triton.cdiv(m, cfg.bm)) if persistent and cfg.stream_k
-                     else (tiles, 0, 0))
+    persistent, stream_k = _grid_flags(cfg, split)
+    dp, skq, maxc = stream_k_plan(tiles, k_steps, sms, triton.cdiv(m, cfg.bm)) if stream_k else (tiles, 0, 0)
     floats = split * m * n if split > 1 else (tiles - dp) * maxc * cfg.bm * cfg.bn if skq else 1
     ws, cnt = _workspace(x.device, floats, tiles * cfg.consumers)
     grid0 = (sms if skq else min(tiles, sms)) if persistent else tiles
@@ -782,10 +788,10 @@ def compile_sm90(cfg: WgmmaConfig, *, n: int = 8192, k: int = 8192, group_size: 
            "sz_desc": f"tensordesc<i32[{_szr(cfg, group_size)},{cfg.bn}],{sz_l!r}>",
            "y_ptr": f"*{ty}", "bias_ptr": f"*{ty}", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32",
            "K": "i32", "MAGIC": "i32", "SPLIT_K": "i32", "DP": "i32", "SKQ": "i32", "MAXC": "i32"}
+    persistent, stream_k = _grid_flags(cfg, split_k)
     cx = dict(G=group_size, HAS_BIAS=bias, BM=cfg.bm, BK=cfg.bk, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
               GROUP=cfg.group, PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs, HAS_SPLIT=split_k > 1,
-              PINGPONG=cfg.pingpong, PERSISTENT=cfg.persistent and split_k == 1,
-              STREAM_K=cfg.stream_k and cfg.persistent and split_k == 1)
+              PINGPONG=cfg.pingpong, PERSISTENT=persistent, STREAM_K=stream_k)
     names = list(sig)
     sig.update({key: "constexpr" for key in cx})
     attrs = {(names.index(a), ): [["tt.divisibility", 16]] for a in ("y_ptr", "bias_ptr", "ws_ptr", "cnt_ptr")}
@@ -819,7 +825,7 @@ def census(cfg: WgmmaConfig, **kw) -> dict:
     text = sass(kern.asm["cubin"])
     loops = sass_key_loops(text, "HGMMA")
     res = dict(config=cfg.label(), bm=cfg.bm, bk=cfg.bk, consumers=cfg.consumers, pingpong=cfg.pingpong,
-               stream_k=cfg.stream_k and cfg.persistent and kw.get("split_k", 1) == 1,
+               stream_k=_grid_flags(cfg, kw.get("split_k", 1))[1],
                registers=stats["registers"],
                spill_stores=stats["spill_stores"], spill_loads=stats["spill_loads"], stack=stats["stack"],
                local=len(re.findall(r"\b[LS]TL\b", text)), shared=kern.metadata.shared,
