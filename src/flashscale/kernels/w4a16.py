@@ -12,8 +12,8 @@
 
 Autotuning: the first call of a (kernel, M bucket, N, K, G, dtype, act-order) key on a GPU times the
 candidate configs of its bucket (a handful, so few compiles) in CUDA graphs over copies of the weight
-that pass the L2 (_time) and keeps the fastest for the process (tuned_configs() / load_tuned_configs() move the table to and from a JSON
-file). Under CUDA-graph capture an untuned key takes its bucket's first candidate without timing.
+that pass the L2 (_time) and keeps the fastest for the process (tuned_configs() / load_tuned_configs() move the
+table to and from a JSON file). Under CUDA-graph capture an untuned key takes its bucket's first candidate without timing.
 Under Triton's interpreter (CPU tests) the first candidate runs, or the one passed as `config=`.
 """
 
@@ -457,7 +457,8 @@ def _time_graph(calls: list, replay_ms: float, sync: bool) -> float:
 
 def _tune(key: tuple, cands: list, split_of, launch, steps_of=lambda c: 0, ring=tuple) -> tuple[object, int]:
     """Fastest (config, split) for `key`, timed once per process over the candidates and a few split
-    factors around the heuristic, the RETIME_TOP fastest timed again and the fastest of that second round kept;
+    factors around the heuristic, the RETIME_TOP fastest timed again in RETIME_ROUNDS interleaved rounds and the
+    best median kept;
     the first candidate with the heuristic split when timing is off or impossible (interpreter, CUDA-graph
     capture). launch(c, s[, w]) runs a trial (on weight w); ring() gives the weights _time cycles through, built
     only when a key is timed."""
