@@ -13,8 +13,8 @@
 Autotuning: the first call of a (kernel, M bucket, N, K, G, dtype, act-order) key on a GPU times the
 candidate configs of its bucket (a handful, so few compiles) in CUDA graphs over copies of the weight
 that pass the L2 (_time) and keeps the fastest for the process (tuned_configs() / load_tuned_configs() move the
-table to and from a JSON file). Under CUDA-graph capture an untuned key takes its bucket's first candidate without timing.
-Under Triton's interpreter (CPU tests) the first candidate runs, or the one passed as `config=`.
+table to and from a JSON file). Under CUDA-graph capture an untuned key takes its bucket's first candidate
+without timing. Under Triton's interpreter (CPU tests) the first candidate runs, or the one passed as `config=`.
 """
 
 from __future__ import annotations
