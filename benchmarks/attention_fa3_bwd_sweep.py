@@ -88,6 +88,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seqlens", default="2048,4096,8192,16384")
     ap.add_argument("--rep", type=int, default=60, help="do_bench rep (ms)")
     ap.add_argument("--budget", type=float, default=400.0, help="seconds; stops timing new cells after it")
+    ap.add_argument("--variants", default="", help="comma-separated substrings: only the TUNING_CONFIGS names "
+                    "holding one (e.g. ws), checked and timed; default all")
+    ap.add_argument("--no-sdpa", action="store_true", help="skip the SDPA anchor rows (known from earlier runs)")
     args = ap.parse_args(argv)
     if args.replot:
         path = Path(args.replot)
@@ -116,10 +119,15 @@ def main(argv=None) -> int:
 
     hdims = [int(x) for x in args.hdims.split(",")]
     seqlens = [int(x) for x in args.seqlens.split(",")]
+    wanted = [w for w in args.variants.split(",") if w]
+
+    def configs(hdim):
+        return {n: c for n, c in bwd.TUNING_CONFIGS[hdim].items() if not wanted or any(w in n for w in wanted)}
+
     good = {}
     for hdim in hdims:
         for causal in (False, True):
-            for variant, cfg in bwd.TUNING_CONFIGS[hdim].items():
+            for variant, cfg in configs(hdim).items():
                 try:
                     rows = check(hdim, causal, variant, cfg)
                     for r in rows:
@@ -141,7 +149,7 @@ def main(argv=None) -> int:
                 o, lse = fwd.attention_fa3_fwd(q, k, v, causal=causal)
                 base = dict(**{"pass": "bwd"}, hdim=hdim, causal=causal, seqlen=seqlen, batch=batch, heads=heads)
                 fl = flops_bwd(batch, seqlen, heads, hdim, causal)
-                for variant, cfg in bwd.TUNING_CONFIGS[hdim].items():
+                for variant, cfg in configs(hdim).items():
                     if not good.get((hdim, causal, variant)):
                         continue
                     ms = triton.testing.do_bench(lambda: bwd.attention_fa3_bwd(do, q, k, v, o, lse, causal=causal,
@@ -149,7 +157,9 @@ def main(argv=None) -> int:
                     emit(dict(impl="fa3_bwd", variant=variant, **base, ms=ms, tflops=fl / ms * 1e-9))
                 qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_(True) for t in (q, k, v))
                 dot = do.transpose(1, 2)
-                for impl, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+                anchors = () if args.no_sdpa else (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
+                                                   ("sdpa_flash", SDPBackend.FLASH_ATTENTION))
+                for impl, backend in anchors:
                     try:
                         with sdpa_kernel(backend):
                             ot = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)

@@ -19,6 +19,8 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh gemm20    # ~4 min: W4A16 GEMM configs at K 4096 x N 14336,
 #                                                                  # the W4A16 grid, GEMM GPU tests (session 20)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh gemm21    # ~8 min: stream-K and tuner GPU tests, the grid
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd22     # ~8 min: backward GPU tests (every config, the
+#                                                                  # TMA dQ ones included), ws/tma sweep, ncu of tma
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -43,6 +45,13 @@ step() {  # step NAME SECONDS command...: run with a timeout, log to $OUT/NAME.l
 }
 
 case "${1:-}" in
+  bwd22)  # session 22: the backward's dQ by TMA reduce-add (ncu showed the red.v4 writer holding the MMA warps)
+    step bwd_tests 240 "$PY" -m pytest -q -p no:cacheprovider -m gpu -x tests/kernels/test_attention_fa3_bwd_gpu.py \
+      -k "every_config or (ws_matches and tma)"
+    step bwd_sweep 240 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 128,64 --variants ws --no-sdpa \
+      --budget 200 --out "$OUT/attention-fa3-bwd-sweep-tma-h200.json"
+    NCU_LIMIT=100 OUT=/tmp/ncu22 bash benchmarks/ncu_device.sh bwd_d128_tma > "$OUT/ncu.log" 2>&1
+    cp /tmp/ncu22/ncu_text.tar.gz "$OUT/ncu_bwd_tma.tar.gz" 2>/dev/null; tail -n 5 "$OUT/ncu.log" ;;
   tests)
     step dispatch 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu -x tests/kernels/test_attention_fa3_bwd_gpu.py \
       -k "auto or ws_matches"

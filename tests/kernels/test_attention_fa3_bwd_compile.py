@@ -4,7 +4,8 @@ dK/dV, mbarrier waits, dQ by vector reductions (red.global.add.v2.f32), shared m
 and register spills bounded (docs/attention_fa3.md records them: the fused dQ costs registers).
 The warp-specialized configs (ws=True in TUNING_CONFIGS) are held to more: no spill and no local memory at all,
 setmaxnreg 240 for the MMA warps and 24 for the producer / dQ writer, no wgmma serialization, and a key loop
-with the five GEMMs' HGMMAs and no global reduction (the dQ writer's red.global.add.v4 lies outside it)."""
+with the five GEMMs' HGMMAs and no global reduction (the dQ writer's red.global.add.v4, or its TMA reduce-add
+with dq_tma, lies outside it)."""
 
 from __future__ import annotations
 
@@ -88,6 +89,8 @@ for d, cfgs in bwd.TUNING_CONFIGS.items():
                 tma_loads=len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.3d\\.shared::cluster\\.global", ptx)),
                 tma_stores=len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.3d\\.global\\.shared", ptx)),
                 ptx_red_v4="red.relaxed.gpu.global.add.v4.f32" in ptx, ptx_atom="atom.global" in ptx,
+                dq_tma=cfg.dq_tma,
+                tma_reduce=len(re.findall(r"cp\\.reduce\\.async\\.bulk\\.tensor\\.3d\\.global\\.shared[^;]*\\.add", ptx)),
                 loops=[dict(hgmma=sum("HGMMA" in o for o in b), red=sum(o.startswith("RED") for o in b),
                             local=sum(o.startswith(("LDL", "STL")) for o in b)) for b in loops])
 json.dump(res, open(f"{out}/compiled_ws.json", "w"))
@@ -125,7 +128,10 @@ def test_ws_machine_code(compiled_ws, name):
     loop = m["loops"][0]
     assert loop["hgmma"] == (2 * m["d"] + 2 * m["block_m"] + m["block_n"]) // 16, m
     assert loop["red"] == 0 and loop["local"] == 0, m
-    assert m["red_v4"] > 0 and m["ptx_red_v4"] and not m["ptx_atom"], m
+    if m["dq_tma"]:  # one bulk tensor reduce-add of the float32 dQ tile a step (split in 128-byte-wide boxes)
+        assert m["tma_reduce"] >= 1 and m["red_v4"] == 0 and not m["ptx_red_v4"] and not m["ptx_atom"], m
+    else:
+        assert m["red_v4"] > 0 and m["ptx_red_v4"] and not m["ptx_atom"] and m["tma_reduce"] == 0, m
     assert m["tma_loads"] >= 4 and m["tma_stores"] == 2, m  # K, V, Q, dO in; dK, dV out
 
 
@@ -137,3 +143,5 @@ def test_config_errors_are_clear():
     assert bwd.config_error(128, bwd.FA3BwdConfig(ws=True, stages=3, dq_stages=2)) is not None  # 242 KB
     assert bwd.config_error(256, bwd.FA3BwdConfig(block_n=64, block_m=64, ws=True)) is not None  # shared memory
     assert bwd.config_error(128, bwd.FA3BwdConfig(ws=True, red_v2=False)) is not None
+    assert "dq_warps" in bwd.config_error(128, bwd.FA3BwdConfig(ws=True, dq_tma=True, dq_warps=2))
+    assert "ws=True" in bwd.config_error(128, bwd.FA3BwdConfig(dq_tma=True))

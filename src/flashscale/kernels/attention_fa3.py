@@ -847,7 +847,7 @@ if HAS_GLUON:
 
 
 def _gl_dtype(dtype: torch.dtype):
-    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
 
 
 @functools.lru_cache(maxsize=None)  # 25 us a call uncached: host time of every launch (benchmarks/attention_host.py)

@@ -71,6 +71,9 @@ class FA3BwdConfig:
     stages: int = 2  # Q/dO (and LSE/delta) ring depth
     dq_stages: int = 2  # float32 dQ tiles in shared memory between the MMA warps and the writer
     dq_warps: int = 2  # warps of the dQ writer (red.global.add.v4.f32)
+    # dQ by TMA reduce-add (cp.reduce.async.bulk.tensor .add.f32, FA3's way): the writer is one warp that issues
+    # one bulk reduction a step from a 128-byte-swizzled float32 tile, instead of dq_warps warps of red.v4
+    dq_tma: bool = False
     # setmaxnreg of the producer warp and of the dQ writer. Both sit in one 4-warp group, which gets the larger of
     # the two; Triton gives the MMA warps 168 + (168 - that) / 2 rounded down to 8: 24 -> 240, 32 or 40 -> 232
     # (and at 232 ptxas serializes the causal loop's wgmmas for want of registers). Both fit 24 without spills.
@@ -96,22 +99,30 @@ DEFAULT_CONFIGS = {64: FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, 
                    256: PLAIN_CONFIGS[256]}
 TUNING_CONFIGS = {
     64: {"n128_m128": PLAIN_CONFIGS[64], "n128_m64": FA3BwdConfig(block_n=128, block_m=64),
-         "n128_m64_ws_s3": DEFAULT_CONFIGS[64]},
+         "n128_m64_ws_s3": DEFAULT_CONFIGS[64],
+         "n128_m64_ws_s3_tma": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=2, dq_tma=True,
+                                            dq_warps=1)},
     128: {"n128_m64": PLAIN_CONFIGS[128], "n128_m64_atom": FA3BwdConfig(block_n=128, block_m=64, red_v2=False),
           "n64_m128": FA3BwdConfig(block_n=64, block_m=128),
           # warp-specialized: 2 or 3 Q/dO stages, 2 or 1 dQ tiles (the same speed on the H200)
           "n128_m64_ws": DEFAULT_CONFIGS[128],
-          "n128_m64_ws_s3": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=1)},
+          "n128_m64_ws_s3": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=1),
+          # dQ by TMA reduce-add from a one-warp writer (ncu, 2026-12-02: the red.v4 writer is the bottleneck)
+          "n128_m64_ws_tma": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=2, dq_stages=2, dq_tma=True,
+                                          dq_warps=1),
+          "n128_m64_ws_s3_tma": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=1, dq_tma=True,
+                                             dq_warps=1)},
     256: {"n64_m64": PLAIN_CONFIGS[256], "n64_m64_atom": FA3BwdConfig(block_n=64, block_m=64, red_v2=False)},
 }
 
 
 def smem_bytes(head_dim: int, cfg: FA3BwdConfig, elem: int = 2) -> int:
     """K, V tiles + a 2-slot Q/dO ring + the dS^T tile + barriers; ws: a `stages`-slot Q/dO ring with LSE/delta
-    beside it, and `dq_stages` float32 dQ tiles (rows padded by 4 floats)."""
+    beside it, and `dq_stages` float32 dQ tiles (rows padded by 4 floats; swizzled and unpadded for dq_tma)."""
     if cfg.ws:
+        dq_row = head_dim if cfg.dq_tma else head_dim + 4
         return (elem * (2 * cfg.block_n * head_dim + 2 * cfg.stages * cfg.block_m * head_dim
-                        + cfg.block_n * cfg.block_m) + 4 * cfg.dq_stages * cfg.block_m * (head_dim + 4)
+                        + cfg.block_n * cfg.block_m) + 4 * cfg.dq_stages * cfg.block_m * dq_row
                 + 4 * 2 * cfg.stages * cfg.block_m + 8 * (1 + 2 * cfg.stages + 2 * cfg.dq_stages))
     return elem * (2 * cfg.block_n * head_dim + 4 * cfg.block_m * head_dim + cfg.block_n * cfg.block_m) + 8 * 3
 
@@ -127,6 +138,10 @@ def config_error(head_dim: int, cfg: FA3BwdConfig) -> str | None:
             return f"ws: stages {cfg.stages} in 2..4, dq_stages {cfg.dq_stages} 1 or 2, dq_warps {cfg.dq_warps} 1 or 2"
         if not cfg.red_v2:
             return "ws: the dQ writer always uses red.global.add.v4.f32 (red_v2=False is the plain kernel's)"
+        if cfg.dq_tma and cfg.dq_warps != 1:
+            return f"ws: dq_tma's writer is one warp (one bulk reduction a step): dq_warps {cfg.dq_warps} must be 1"
+    elif cfg.dq_tma:
+        return "dq_tma is the warp-specialized kernel's dQ path: it needs ws=True"
     if smem_bytes(head_dim, cfg) > SMEM_LIMIT:
         return f"{smem_bytes(head_dim, cfg)} B of shared memory > {SMEM_LIMIT}"
     return None
@@ -346,7 +361,9 @@ def attention_fa3_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
     _kernel(cfg)[grid](desc(q, Sq, H, cfg.block_m, q_lay), desc(k, Sk, Hkv, cfg.block_n, kv_lay),
                           desc(v, Sk, Hkv, cfg.block_n, kv_lay), desc(do, Sq, H, cfg.block_m, q_lay),
                           desc(dk, Sk, Hkv, cfg.block_n, kv_lay), desc(dv, Sk, Hkv, cfg.block_n, kv_lay),
-                          lse, delta, dq32, lse.stride(0), lse.stride(1), H, Sq, Sk, float(scale),
+                          lse, delta,
+                          desc(dq32, Sq, H, cfg.block_m, tile_layout(cfg.block_m, D, torch.float32)) if cfg.dq_tma
+                          else dq32, lse.stride(0), lse.stride(1), H, Sq, Sk, float(scale),
                           float(scale) * LOG2E, **_constexprs(D, H // Hkv, bool(causal), cfg))
     return (dq32 * scale).to(q.dtype), dk, dv
 
@@ -363,7 +380,7 @@ def _constexprs(head_dim: int, group: int, causal: bool, cfg: FA3BwdConfig) -> d
     c = {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "CAUSAL": causal,
          "KV_WM": cfg.warps(cfg.block_n)[0], "DQ_WM": cfg.warps(cfg.block_m)[0]}
     if cfg.ws:
-        c.update({"STAGES": cfg.stages, "DQ_STAGES": cfg.dq_stages, "DQ_WARPS": cfg.dq_warps,
+        c.update({"STAGES": cfg.stages, "DQ_STAGES": cfg.dq_stages, "DQ_WARPS": cfg.dq_warps, "DQ_TMA": cfg.dq_tma,
                   "PRODUCER_REGS": cfg.producer_regs, "WRITER_REGS": cfg.writer_regs})
     else:
         c["RED_V2"] = cfg.red_v2
@@ -383,12 +400,13 @@ def compile_sm90(head_dim: int, causal: bool, *, group: int = 1, dtype: torch.dt
         raise ValueError(f"compile_sm90: {cfg}: {bad}")
     ty = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 
-    def desc(rows):
-        return f"tensordesc<{ty}[1,{rows},{head_dim}],{tile_layout(rows, head_dim, dtype)!r}>"
+    def desc(rows, t=ty, dt=dtype):
+        return f"tensordesc<{t}[1,{rows},{head_dim}],{tile_layout(rows, head_dim, dt)!r}>"
 
     signature = {"q_desc": desc(cfg.block_m), "k_desc": desc(cfg.block_n), "v_desc": desc(cfg.block_n),
                  "do_desc": desc(cfg.block_m), "dk_desc": desc(cfg.block_n), "dv_desc": desc(cfg.block_n),
-                 "LSE": "*fp32", "DELTA": "*fp32", "DQ": "*fp32", "stride_lb": "i32", "stride_lh": "i32", "H": "i32",
+                 "LSE": "*fp32", "DELTA": "*fp32",
+                 "DQ": desc(cfg.block_m, "fp32", torch.float32) if cfg.dq_tma else "*fp32", "stride_lb": "i32", "stride_lh": "i32", "H": "i32",
                  "seqlen_q": "i32", "seqlen_k": "i32", "sm_scale": "fp32", "qk_scale": "fp32"}
     constexprs = _constexprs(head_dim, group, bool(causal), cfg)
     signature.update({name: "constexpr" for name in constexprs})

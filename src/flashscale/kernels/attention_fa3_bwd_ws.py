@@ -39,12 +39,25 @@ from __future__ import annotations
 from flashscale.kernels.attention_fa3_bwd import HAS_GLUON
 
 if HAS_GLUON:
+    from triton._C.libtriton import ir
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language._core import builtin
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                    warpgroup_mma, warpgroup_mma_wait)
 
     from flashscale.kernels.attention_fa3_bwd import _kv_block
+
+    @builtin
+    def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+        """global[box at coord] += shared src, by TMA (cp.reduce.async.bulk.tensor ... .add, one bulk group).
+        Gluon 3.6 exposes the op in its IR builder (ttng.async_tma_reduce) but not in gluon.language for
+        Hopper; this is the same call tma.async_copy_shared_to_global makes, with the reduce kind. Elements of
+        the box outside the tensor's bounds are skipped, as for a TMA store. tma.store_wait(n) waits for it to
+        have read src."""
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
+                                                  src.handle)
 
     @gluon.jit
     def _red_add_v4(ptrs, vals, mask):
@@ -92,7 +105,7 @@ if HAS_GLUON:
                   dq_full, dq_empty, dk_desc, dv_desc, b, hk, n0, m_lo, m_full, n_mb, n_steps, off, sm_scale,
                   qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   CAUSAL: gl.constexpr, KV_WM: gl.constexpr, DQ_WM: gl.constexpr, STAGES: gl.constexpr,
-                  DQ_STAGES: gl.constexpr, num_warps: gl.constexpr):
+                  DQ_STAGES: gl.constexpr, DQ_TMA: gl.constexpr, num_warps: gl.constexpr):
         dtype: gl.constexpr = k_smem.dtype
         KV_WN: gl.constexpr = num_warps // KV_WM
         DQ_WN: gl.constexpr = num_warps // DQ_WM
@@ -156,7 +169,11 @@ if HAS_GLUON:
             # dQ to the writer's slot (free once the writer has loaded step - DQ_STAGES' tile); dK still runs
             dslot = step % DQ_STAGES
             mbarrier.wait(dq_empty.index(dslot), ((step // DQ_STAGES) & 1) ^ 1)
-            dq_smem.index(dslot).store(dq)
+            if DQ_TMA:
+                dq_smem.index(dslot).reshape([BLOCK_M, HEAD_DIM]).store(dq)
+                fence_async_shared()  # the generic-proxy stores, visible to the TMA that reads the tile
+            else:
+                dq_smem.index(dslot).store(dq)
             gl.thread_barrier()  # every warp's dQ fragment is in the slot
             mbarrier.arrive(dq_full.index(dslot), count=1)
             dk = warpgroup_mma_wait(0, deps=(tok_dk, ))
@@ -210,13 +227,38 @@ if HAS_GLUON:
             gl.thread_barrier()  # every warp has read the slot before thread 0 frees it
             mbarrier.arrive(dq_empty.index(dslot), count=1)
 
+    @gluon.jit
+    def _dq_tma_writer(dq_smem, dq_full, dq_empty, dq_desc, b, hk, m_lo, n_mb, n_steps, GROUP: gl.constexpr,
+                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, DQ_STAGES: gl.constexpr):
+        """One warp: each step's float32 dQ tile into the dQ buffer by one TMA reduce-add (rows past Sq are
+        outside the descriptor's bounds and skipped); the slot is freed once the TMA has read it."""
+        for step in range(n_steps):
+            dslot = step % DQ_STAGES
+            h = hk * GROUP + step // n_mb
+            m0 = (m_lo + step % n_mb) * BLOCK_M
+            mbarrier.wait(dq_full.index(dslot), (step // DQ_STAGES) & 1)
+            _tma_reduce_add(dq_desc, [b, m0, h * HEAD_DIM], dq_smem.index(dslot))
+            tma.store_wait(pendings=0)
+            mbarrier.arrive(dq_empty.index(dslot), count=1)
+
+    @gluon.jit
+    def _dq_any_writer(dq_smem, dq_full, dq_empty, DQ, b, hk, H, seqlen_q, m_lo, n_mb, n_steps, GROUP: gl.constexpr,
+                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, DQ_STAGES: gl.constexpr, WARPS: gl.constexpr,
+                       DQ_TMA: gl.constexpr):
+        if DQ_TMA:  # DQ is a float32 (B, Sq, H * D) descriptor with (1, BLOCK_M, D) boxes
+            _dq_tma_writer(dq_smem, dq_full, dq_empty, DQ, b, hk, m_lo, n_mb, n_steps, GROUP, HEAD_DIM, BLOCK_M,
+                           DQ_STAGES)
+        else:  # DQ points at the float32 (B, Sq, H, D) buffer
+            _dq_writer(dq_smem, dq_full, dq_empty, DQ, b, hk, H, seqlen_q, m_lo, n_mb, n_steps, GROUP, HEAD_DIM,
+                       BLOCK_M, DQ_STAGES, WARPS)
+
     @gluon.jit(do_not_specialize=["stride_lb", "stride_lh", "H", "seqlen_q", "seqlen_k"])
     def _fa3_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA, DQ, stride_lb, stride_lh,
                            H, seqlen_q, seqlen_k, sm_scale, qk_scale, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, KV_WM: gl.constexpr,
                            DQ_WM: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
-                           DQ_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, WRITER_REGS: gl.constexpr,
-                           num_warps: gl.constexpr):
+                           DQ_WARPS: gl.constexpr, DQ_TMA: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                           WRITER_REGS: gl.constexpr, num_warps: gl.constexpr):
         dtype: gl.constexpr = q_desc.dtype
         b, hk, n0, off, m_lo, m_full, n_mb, n_steps = _kv_block(H, seqlen_q, seqlen_k, GROUP, BLOCK_M, BLOCK_N,
                                                                 CAUSAL)
@@ -230,9 +272,12 @@ if HAS_GLUON:
         # float32 dQ tiles, rows padded by 16 bytes: the accumulator fragment's stores (8 rows x 8 floats a
         # warp-instruction) and the writer's row loads are both free of bank conflicts, and the writer may
         # slice any number of rows (a 128-byte swizzle would not let it split an 8-row phase)
-        dq_layout: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[HEAD_DIM, 4]], [BLOCK_M, HEAD_DIM],
-                                                                          [1, 0])
-        dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BLOCK_M, HEAD_DIM], dq_layout)
+        if DQ_TMA:  # the TMA's own (1, BLOCK_M, D) box layout, 128-byte swizzled, unpadded
+            dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES] + DQ.block_type.shape, DQ.layout)
+        else:
+            dq_layout: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[HEAD_DIM, 4]], [BLOCK_M, HEAD_DIM],
+                                                                              [1, 0])
+            dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BLOCK_M, HEAD_DIM], dq_layout)
         stat_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # per slot
         lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stat_layout)
         delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stat_layout)
@@ -253,10 +298,10 @@ if HAS_GLUON:
             (_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, ready,
                          empty, dq_full, dq_empty, dk_desc, dv_desc, b, hk, n0, m_lo, m_full, n_mb, n_steps, off,
                          sm_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, KV_WM, DQ_WM, STAGES, DQ_STAGES,
-                         num_warps)),
+                         DQ_TMA, num_warps)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                          kv_bar, ready, empty, LSE, DELTA, stride_lb, stride_lh, b, hk, n0, seqlen_q, m_lo, n_mb,
                          n_steps, GROUP, HEAD_DIM, BLOCK_M, STAGES)),
-            (_dq_writer, (dq_smem, dq_full, dq_empty, DQ, b, hk, H, seqlen_q, m_lo, n_mb, n_steps, GROUP, HEAD_DIM,
-                          BLOCK_M, DQ_STAGES, DQ_WARPS)),
+            (_dq_any_writer, (dq_smem, dq_full, dq_empty, DQ, b, hk, H, seqlen_q, m_lo, n_mb, n_steps, GROUP,
+                              HEAD_DIM, BLOCK_M, DQ_STAGES, DQ_WARPS, DQ_TMA)),
         ], [1, DQ_WARPS], [PRODUCER_REGS, WRITER_REGS])
