@@ -65,6 +65,9 @@ class FA3BwdConfig:
     block_n: int = 128
     block_m: int = 64
     red_v2: bool = True  # dQ by red.global.add.v2.f32 (inline PTX) rather than Triton's scalar atomics
+    # dQ by red.global.add.v4.f32: lanes 2t and 2t + 1 swap a column pair (two shfl) so that each holds four
+    # consecutive columns of one row: half the reductions of red_v2 (ncu, D 256: the LSU queue full of them)
+    red_quad: bool = False
     # warp-specialized variant (kernels.attention_fa3_bwd_ws): a TMA producer warp, the 8 MMA warps, and a dQ
     # writer partition doing the atomics from shared memory. The fields below only matter with ws=True.
     ws: bool = False
@@ -104,6 +107,7 @@ TUNING_CONFIGS = {
                                             dq_warps=1)},
     128: {"n128_m64": PLAIN_CONFIGS[128], "n128_m64_atom": FA3BwdConfig(block_n=128, block_m=64, red_v2=False),
           "n64_m128": FA3BwdConfig(block_n=64, block_m=128),
+          "n128_m64_quad": FA3BwdConfig(block_n=128, block_m=64, red_quad=True),
           # warp-specialized: 2 or 3 Q/dO stages, 2 or 1 dQ tiles (the same speed on the H200)
           "n128_m64_ws": DEFAULT_CONFIGS[128],
           "n128_m64_ws_s3": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=1),
@@ -112,7 +116,8 @@ TUNING_CONFIGS = {
                                           dq_warps=1),
           "n128_m64_ws_s3_tma": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=1, dq_tma=True,
                                              dq_warps=1)},
-    256: {"n64_m64": PLAIN_CONFIGS[256], "n64_m64_atom": FA3BwdConfig(block_n=64, block_m=64, red_v2=False)},
+    256: {"n64_m64": PLAIN_CONFIGS[256], "n64_m64_atom": FA3BwdConfig(block_n=64, block_m=64, red_v2=False),
+          "n64_m64_quad": FA3BwdConfig(block_n=64, block_m=64, red_quad=True)},
 }
 
 
@@ -138,6 +143,8 @@ def config_error(head_dim: int, cfg: FA3BwdConfig) -> str | None:
             return f"ws: stages {cfg.stages} in 2..4, dq_stages {cfg.dq_stages} 1 or 2, dq_warps {cfg.dq_warps} 1 or 2"
         if not cfg.red_v2:
             return "ws: the dQ writer always uses red.global.add.v4.f32 (red_v2=False is the plain kernel's)"
+        if cfg.red_quad:
+            return "ws: red_quad is the single-partition kernel's dQ path (the ws writer already adds 4 floats)"
         if cfg.dq_tma and cfg.dq_warps != 1:
             return f"ws: dq_tma's writer is one warp (one bulk reduction a step): dq_warps {cfg.dq_warps} must be 1"
     elif cfg.dq_tma:
@@ -198,10 +205,33 @@ if HAS_GLUON:
             "=r,=r,l,l,f,f,r,r", [addr, vals, m], dtype=gl.int32, is_pure=False, pack=2)
 
     @gluon.jit
+    def _red_add_quad(ptrs, vals, mask):
+        """*ptrs += vals with red.global.add.v4.f32 on a wgmma accumulator fragment. A thread's four consecutive
+        values (pack=4) are columns (c, c + 1) of rows r and r + 8, c = 8 j + 2 (lane % 4); the neighbour lane
+        (lane ^ 1) holds columns (c + 2, c + 3) (even lane) or (c - 2, c - 1) (odd lane) of the same rows. One
+        shfl.bfly pair swaps row r + 8's pair of the even lane for row r's pair of the odd lane: the even lane
+        then adds row r, columns c .. c + 3 (16-byte aligned: c % 4 == 0), the odd lane row r + 8, columns
+        c - 2 .. c + 1. All lanes run the shuffles (full mask); only the reductions are predicated."""
+        m = gl.broadcast(mask, vals)[0].to(gl.int32)
+        addr = ptrs.to(gl.int64, bitcast=True)
+        return gl.inline_asm_elementwise(
+            "{ .reg .pred odd, p; .reg .b32 ln, s0, s1, r0, r1, w0, w1, w2, w3; .reg .b64 a, a2; "
+            "mov.u32 ln, %laneid; and.b32 ln, ln, 1; setp.ne.u32 odd, ln, 0; "
+            "selp.b32 s0, $8, $10, odd; selp.b32 s1, $9, $11, odd; "
+            "shfl.sync.bfly.b32 r0, s0, 1, 0x1f, 0xffffffff; shfl.sync.bfly.b32 r1, s1, 1, 0x1f, 0xffffffff; "
+            "selp.b32 w0, r0, $8, odd; selp.b32 w1, r1, $9, odd; selp.b32 w2, $10, r0, odd; "
+            "selp.b32 w3, $11, r1, odd; sub.s64 a2, $6, 8; selp.b64 a, a2, $4, odd; "
+            "setp.ne.s32 p, $12, 0; @odd setp.ne.s32 p, $14, 0; "
+            "@p red.relaxed.gpu.global.add.v4.f32 [a], {w0, w1, w2, w3}; "
+            "mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0; }",
+            "=r,=r,=r,=r,l,l,l,l,f,f,f,f,r,r,r,r", [addr, vals, m], dtype=gl.int32, is_pure=False, pack=4)
+
+    @gluon.jit
     def _fa3_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA, DQ, stride_lb, stride_lh,
                         H, seqlen_q, seqlen_k, sm_scale, qk_scale, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                        KV_WM: gl.constexpr, DQ_WM: gl.constexpr, RED_V2: gl.constexpr, num_warps: gl.constexpr):
+                        KV_WM: gl.constexpr, DQ_WM: gl.constexpr, RED_V2: gl.constexpr, RED_QUAD: gl.constexpr,
+                        num_warps: gl.constexpr):
         dtype: gl.constexpr = q_desc.dtype
         KV_WN: gl.constexpr = num_warps // KV_WM
         DQ_WN: gl.constexpr = num_warps // DQ_WM
@@ -293,7 +323,9 @@ if HAS_GLUON:
             dq_rows = m0 + dq_rows0
             dq_off = gl.expand_dims(dq_rows * (H * HEAD_DIM), 1) + gl.expand_dims(dq_cols, 0)
             dq_mask = gl.expand_dims(dq_rows < seqlen_q, 1)
-            if RED_V2:
+            if RED_QUAD:
+                _red_add_quad(dq_base + dq_off, dq, dq_mask)
+            elif RED_V2:
                 _red_add_v2(dq_base + dq_off, dq, dq_mask)
             else:
                 gl.atomic_add(dq_base + dq_off, dq, mask=dq_mask, sem="relaxed")
@@ -384,6 +416,7 @@ def _constexprs(head_dim: int, group: int, causal: bool, cfg: FA3BwdConfig) -> d
                   "PRODUCER_REGS": cfg.producer_regs, "WRITER_REGS": cfg.writer_regs})
     else:
         c["RED_V2"] = cfg.red_v2
+        c["RED_QUAD"] = cfg.red_quad
     c["num_warps"] = NUM_WARPS
     return c
 
