@@ -68,6 +68,9 @@ class FA3BwdConfig:
     # dQ by red.global.add.v4.f32: lanes 2t and 2t + 1 swap a column pair (two shfl) so that each holds four
     # consecutive columns of one row: half the reductions of red_v2 (ncu, D 256: the LSU queue full of them)
     red_quad: bool = False
+    # dQ = dS K in this many column pieces a step (single-partition kernel): 2 holds half of dQ's accumulator at a
+    # time (32 fewer registers a thread at D 256, where the plain kernel spills)
+    dq_split: int = 1
     # warp-specialized variant (kernels.attention_fa3_bwd_ws): a TMA producer warp, the 8 MMA warps, and a dQ
     # writer partition doing the atomics from shared memory. The fields below only matter with ws=True.
     ws: bool = False
@@ -117,7 +120,9 @@ TUNING_CONFIGS = {
           "n128_m64_ws_s3_tma": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=1, dq_tma=True,
                                              dq_warps=1)},
     256: {"n64_m64": PLAIN_CONFIGS[256], "n64_m64_atom": FA3BwdConfig(block_n=64, block_m=64, red_v2=False),
-          "n64_m64_quad": FA3BwdConfig(block_n=64, block_m=64, red_quad=True)},
+          "n64_m64_quad": FA3BwdConfig(block_n=64, block_m=64, red_quad=True),
+          "n64_m64_split": FA3BwdConfig(block_n=64, block_m=64, dq_split=2),  # no spills (the others: ~100 B)
+          "n64_m64_quad_split": FA3BwdConfig(block_n=64, block_m=64, red_quad=True, dq_split=2)},
 }
 
 
@@ -143,10 +148,14 @@ def config_error(head_dim: int, cfg: FA3BwdConfig) -> str | None:
             return f"ws: stages {cfg.stages} in 2..4, dq_stages {cfg.dq_stages} 1 or 2, dq_warps {cfg.dq_warps} 1 or 2"
         if not cfg.red_v2:
             return "ws: the dQ writer always uses red.global.add.v4.f32 (red_v2=False is the plain kernel's)"
+        if cfg.dq_split != 1:
+            return "ws: dq_split is the single-partition kernel's (the ws kernel stages the whole dQ tile)"
         if cfg.red_quad:
             return "ws: red_quad is the single-partition kernel's dQ path (the ws writer already adds 4 floats)"
         if cfg.dq_tma and cfg.dq_warps != 1:
             return f"ws: dq_tma's writer is one warp (one bulk reduction a step): dq_warps {cfg.dq_warps} must be 1"
+    elif cfg.dq_split not in (1, 2) or head_dim // cfg.dq_split < 64:
+        return f"dq_split {cfg.dq_split}: 1 or 2, with at least 64 columns a piece (head_dim {head_dim})"
     elif cfg.dq_tma:
         return "dq_tma is the warp-specialized kernel's dQ path: it needs ws=True"
     if smem_bytes(head_dim, cfg) > SMEM_LIMIT:
@@ -227,11 +236,20 @@ if HAS_GLUON:
             "=r,=r,=r,=r,l,l,l,l,f,f,f,f,r,r,r,r", [addr, vals, m], dtype=gl.int32, is_pure=False, pack=4)
 
     @gluon.jit
+    def _dq_add(ptrs, dq, mask, RED_V2: gl.constexpr, RED_QUAD: gl.constexpr):
+        if RED_QUAD:
+            _red_add_quad(ptrs, dq, mask)
+        elif RED_V2:
+            _red_add_v2(ptrs, dq, mask)
+        else:
+            gl.atomic_add(ptrs, dq, mask=mask, sem="relaxed")
+
+    @gluon.jit
     def _fa3_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA, DQ, stride_lb, stride_lh,
                         H, seqlen_q, seqlen_k, sm_scale, qk_scale, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                         KV_WM: gl.constexpr, DQ_WM: gl.constexpr, RED_V2: gl.constexpr, RED_QUAD: gl.constexpr,
-                        num_warps: gl.constexpr):
+                        DQ_SPLIT: gl.constexpr, num_warps: gl.constexpr):
         dtype: gl.constexpr = q_desc.dtype
         KV_WN: gl.constexpr = num_warps // KV_WM
         DQ_WN: gl.constexpr = num_warps // DQ_WM
@@ -240,8 +258,9 @@ if HAS_GLUON:
                                                             instr_shape=[16, BLOCK_M // KV_WN, 16])
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[KV_WM, KV_WN],
                                                             instr_shape=[16, HEAD_DIM // KV_WN, 16])
+        DQ_N: gl.constexpr = HEAD_DIM // DQ_SPLIT  # columns of one dQ piece
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[DQ_WM, DQ_WN],
-                                                            instr_shape=[16, HEAD_DIM // DQ_WN, 16])
+                                                            instr_shape=[16, DQ_N // DQ_WN, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
         col_s: gl.constexpr = gl.SliceLayout(0, st_layout)  # a query's value, broadcast over the keys
         row_s: gl.constexpr = gl.SliceLayout(1, st_layout)
@@ -274,7 +293,7 @@ if HAS_GLUON:
         keys = n0 + gl.arange(0, BLOCK_N, layout=row_s)
         qcols = gl.arange(0, BLOCK_M, layout=col_s)
         dq_rows0 = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-        dq_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
+        dq_cols = gl.arange(0, DQ_N, layout=gl.SliceLayout(0, dq_layout))
         mbarrier.wait(kv_bar, 0)
 
         for step in range(n_steps):
@@ -313,8 +332,9 @@ if HAS_GLUON:
             ds_smem.store(dst)
             fence_async_shared()
             gl.thread_barrier()  # every warp's rows of dS^T are in shared memory before the dQ wgmma reads them
-            tok_dq = warpgroup_mma(ds_smem.permute((1, 0)), k, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32,
-                                                                        layout=dq_layout), use_acc=False, is_async=True)
+            dq_zero = gl.zeros([BLOCK_M, DQ_N], gl.float32, layout=dq_layout)
+            tok_dq = warpgroup_mma(ds_smem.permute((1, 0)), k.slice(0, DQ_N, dim=1), dq_zero, use_acc=False,
+                                   is_async=True)
             tok_dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q, dk, is_async=True)
             # wgmma groups retire in issue order: dV and dQ are done, dK still runs under the atomics
             dv = warpgroup_mma_wait(2, deps=(tok_dv, ))
@@ -323,12 +343,12 @@ if HAS_GLUON:
             dq_rows = m0 + dq_rows0
             dq_off = gl.expand_dims(dq_rows * (H * HEAD_DIM), 1) + gl.expand_dims(dq_cols, 0)
             dq_mask = gl.expand_dims(dq_rows < seqlen_q, 1)
-            if RED_QUAD:
-                _red_add_quad(dq_base + dq_off, dq, dq_mask)
-            elif RED_V2:
-                _red_add_v2(dq_base + dq_off, dq, dq_mask)
-            else:
-                gl.atomic_add(dq_base + dq_off, dq, mask=dq_mask, sem="relaxed")
+            _dq_add(dq_base + dq_off, dq, dq_mask, RED_V2, RED_QUAD)
+            for piece in gl.static_range(1, DQ_SPLIT):  # the next columns, while dK runs
+                tok_dq = warpgroup_mma(ds_smem.permute((1, 0)), k.slice(piece * DQ_N, DQ_N, dim=1), dq_zero,
+                                       use_acc=False, is_async=True)
+                dq = warpgroup_mma_wait(0, deps=(tok_dq, ))
+                _dq_add(dq_base + piece * DQ_N + dq_off, dq, dq_mask, RED_V2, RED_QUAD)
             dk = warpgroup_mma_wait(0, deps=(tok_dk, ))
 
         # epilogue: dK (times the scale) and dV through the dead K/V tiles, TMA-stored (clipped past Sk)
@@ -417,6 +437,7 @@ def _constexprs(head_dim: int, group: int, causal: bool, cfg: FA3BwdConfig) -> d
     else:
         c["RED_V2"] = cfg.red_v2
         c["RED_QUAD"] = cfg.red_quad
+        c["DQ_SPLIT"] = cfg.dq_split
     c["num_warps"] = NUM_WARPS
     return c
 
