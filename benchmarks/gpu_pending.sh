@@ -49,7 +49,7 @@ case "${1:-}" in
     # and the single-partition kernel's dQ by red.v4 after a lane-pair shuffle (red_quad: D 256's default kernel)
     step bwd_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_attention_fa3_bwd_gpu.py \
       -k "every_config or (ws_matches and tma)"
-    step bwd_sweep 240 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 128,64,256 --variants ws,quad,n64_m64 \
+    step bwd_sweep 240 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 128,64,256 --variants ws,quad,n64_m64 --seqlens 1024,2048,4096,8192,16384 \
       --no-sdpa --budget 200 --out "$OUT/attention-fa3-bwd-sweep-tma-h200.json"
     NCU_LIMIT=80 OUT=/tmp/ncu22 bash benchmarks/ncu_device.sh bwd_d128_tma > "$OUT/ncu.log" 2>&1
     cp /tmp/ncu22/ncu_text.tar.gz "$OUT/ncu_bwd_tma.tar.gz" 2>/dev/null; tail -n 5 "$OUT/ncu.log" ;;
