@@ -21,6 +21,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh gemm21    # ~8 min: stream-K and tuner GPU tests, the grid
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd22     # ~8 min: backward GPU tests (every config, the
 #                                                                  # TMA dQ ones included), ws/tma sweep, ncu of tma
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh attn22    # ~6 min: backward API/rule GPU tests, the grid
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -45,6 +46,13 @@ step() {  # step NAME SECONDS command...: run with a timeout, log to $OUT/NAME.l
 }
 
 case "${1:-}" in
+  attn22)  # session 22: the new backward defaults (TMA dQ at 64/128, dQ in two pieces at 256) and the auto rule
+    step bwd_api_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_attention_fa3_bwd_gpu.py \
+      -k "auto or dlse or ws_matches"
+    mkdir -p /tmp/seedcache
+    "$PY" -c "import json; json.dump(json.load(open('benchmarks/results/attention-h200.json'))['configs'], open('/tmp/seedcache/attention_configs.json', 'w'))"
+    export FLASHSCALE_CACHE_DIR=/tmp/seedcache
+    step attention 280 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
   bwd22)  # session 22: the backward's dQ by TMA reduce-add (ncu showed the red.v4 writer holding the MMA warps)
     # and the single-partition kernel's dQ by red.v4 after a lane-pair shuffle (red_quad: D 256's default kernel)
     step bwd_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_attention_fa3_bwd_gpu.py \

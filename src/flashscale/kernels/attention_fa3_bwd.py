@@ -31,7 +31,8 @@ One partition of 8 warps (two warpgroups): accumulators of BLOCK_N rows put a wa
 
 FA3BwdConfig(ws=True) runs the warp-specialized variant instead (kernels.attention_fa3_bwd_ws): the same math
 in the same 8 warps, with a TMA producer warp (Q/dO ring of `stages`, LSE/delta) and a dQ writer partition
-that takes dQ from shared memory and issues the atomics.
+that takes dQ from shared memory and adds it into the float32 buffer: by one TMA reduce-add a step
+(dq_tma=True, the default; FA3's way), or by red.global.add.v4 from dq_warps warps.
 """
 
 from __future__ import annotations
@@ -96,32 +97,31 @@ class FA3BwdConfig:
 # The single-partition kernel's best tiles (the fallback; FA3BwdConfig(ws=False) everywhere).
 PLAIN_CONFIGS = {64: FA3BwdConfig(block_n=128, block_m=128), 128: FA3BwdConfig(block_n=128, block_m=64),
                  256: FA3BwdConfig(block_n=64, block_m=64)}
-# Defaults: warp-specialized at head dims 64 and 128, where the H200 measured it 1.05-1.3x the plain kernel in
-# every cell of the sweep (benchmarks/results/attention-fa3-bwd-sweep-ws-h200.json, 2026-12-02: d128 16k 383
-# against 294 TFLOP/s non-causal, 364 against 308 causal; d64 16k 330 against 315 / 313 against 281); D 256
-# does not fit its shared memory.
-DEFAULT_CONFIGS = {64: FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=2),
-                   128: FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=2, dq_stages=2),
-                   256: PLAIN_CONFIGS[256]}
+# Defaults (H200, benchmarks/results/attention-fa3-bwd-sweep-tma-h200.json, 2026-12-02, TFLOP/s at 1k / 16k):
+# at head dims 64 and 128 the warp-specialized kernel with the TMA reduce-add dQ writer (d128 402 / 531-545
+# non-causal, 285 / 531-537 causal; the red.v4 writer's 309 / 395-400 and 229 / 396-399; d64 315 / 427 and 230 /
+# 419 against 274 / 352 and 207 / 356); at 256, where the ws kernel does not fit shared memory, the plain kernel
+# with dQ in two column pieces (no spills: 237 / 290 and 191 / 293 against 207 / 249 and 168 / 245).
+DQ_TMA_WS = dict(ws=True, dq_tma=True, dq_warps=1)
+DEFAULT_CONFIGS = {64: FA3BwdConfig(block_n=128, block_m=64, stages=3, dq_stages=2, **DQ_TMA_WS),
+                   128: FA3BwdConfig(block_n=128, block_m=64, stages=2, dq_stages=2, **DQ_TMA_WS),
+                   256: FA3BwdConfig(block_n=64, block_m=64, dq_split=2)}
 TUNING_CONFIGS = {
     64: {"n128_m128": PLAIN_CONFIGS[64], "n128_m64": FA3BwdConfig(block_n=128, block_m=64),
-         "n128_m64_ws_s3": DEFAULT_CONFIGS[64],
-         "n128_m64_ws_s3_tma": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=2, dq_tma=True,
-                                            dq_warps=1)},
+         "n128_m64_ws_s3": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=2),
+         "n128_m64_ws_s3_tma": DEFAULT_CONFIGS[64]},
     128: {"n128_m64": PLAIN_CONFIGS[128], "n128_m64_atom": FA3BwdConfig(block_n=128, block_m=64, red_v2=False),
           "n64_m128": FA3BwdConfig(block_n=64, block_m=128),
           "n128_m64_quad": FA3BwdConfig(block_n=128, block_m=64, red_quad=True),
           # warp-specialized: 2 or 3 Q/dO stages, 2 or 1 dQ tiles (the same speed on the H200)
-          "n128_m64_ws": DEFAULT_CONFIGS[128],
+          "n128_m64_ws": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=2, dq_stages=2),
           "n128_m64_ws_s3": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=1),
           # dQ by TMA reduce-add from a one-warp writer (ncu, 2026-12-02: the red.v4 writer is the bottleneck)
-          "n128_m64_ws_tma": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=2, dq_stages=2, dq_tma=True,
-                                          dq_warps=1),
-          "n128_m64_ws_s3_tma": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=1, dq_tma=True,
-                                             dq_warps=1)},
+          "n128_m64_ws_tma": DEFAULT_CONFIGS[128],
+          "n128_m64_ws_s3_tma": FA3BwdConfig(block_n=128, block_m=64, stages=3, dq_stages=1, **DQ_TMA_WS)},
     256: {"n64_m64": PLAIN_CONFIGS[256], "n64_m64_atom": FA3BwdConfig(block_n=64, block_m=64, red_v2=False),
           "n64_m64_quad": FA3BwdConfig(block_n=64, block_m=64, red_quad=True),
-          "n64_m64_split": FA3BwdConfig(block_n=64, block_m=64, dq_split=2),  # no spills (the others: ~100 B)
+          "n64_m64_split": DEFAULT_CONFIGS[256],  # no spills (the others: ~100 B)
           "n64_m64_quad_split": FA3BwdConfig(block_n=64, block_m=64, red_quad=True, dq_split=2)},
 }
 
@@ -460,7 +460,8 @@ def compile_sm90(head_dim: int, causal: bool, *, group: int = 1, dtype: torch.dt
     signature = {"q_desc": desc(cfg.block_m), "k_desc": desc(cfg.block_n), "v_desc": desc(cfg.block_n),
                  "do_desc": desc(cfg.block_m), "dk_desc": desc(cfg.block_n), "dv_desc": desc(cfg.block_n),
                  "LSE": "*fp32", "DELTA": "*fp32",
-                 "DQ": desc(cfg.block_m, "fp32", torch.float32) if cfg.dq_tma else "*fp32", "stride_lb": "i32", "stride_lh": "i32", "H": "i32",
+                 "DQ": desc(cfg.block_m, "fp32", torch.float32) if cfg.dq_tma else "*fp32",
+                 "stride_lb": "i32", "stride_lh": "i32", "H": "i32",
                  "seqlen_q": "i32", "seqlen_k": "i32", "sm_scale": "fp32", "qk_scale": "fp32"}
     constexprs = _constexprs(head_dim, group, bool(causal), cfg)
     signature.update({name: "constexpr" for name in constexprs})

@@ -80,16 +80,15 @@ def fwd_impl(q, k, v, cu_q, cu_k, alibi, seed: int, max_q, max_k, scale, wl, wr,
 
 
 # The Hopper backward (kernels.attention_fa3_bwd) where the H200 measured it faster than FA2's backward, by
-# (head_dim, causal) -> from how many query rows: the warp-specialized kernel at 128 non-causal from 8192 (353 /
-# 377 TFLOP/s at 8k / 16k against FA2's 335 / 341) and at 64 non-causal from 16384 (328 against 299); the plain
-# kernel at 256 from 1024 non-causal (154 against 133) and 2048 causal (149 against 126; at 512 / 1024 causal FA2
-# leads, 94 / 114 against 69 / 108). Causal 64/128 and shorter rows stay FA2's (its backward with the dQ kernel
-# leads there: 323 / 375 against 313 / 361 at 16k). Sources: benchmarks/results/attention-h200.json (2026-12-02,
-# where every FA3-forward cell ran this backward: the dispatch bug below) and attention-fa3-bwd-sweep-ws-h200.json.
+# (head_dim, causal) -> from how many query rows. Since the dQ writer became a TMA reduce-add (2026-12-02,
+# session 22; benchmarks/results/attention-fa3-bwd-sweep-tma-h200.json) and D 256 computes dQ in two pieces,
+# it leads FA2 in every cell measured, from 1024 on (TFLOP/s at 1k, FA2 in brackets: d64 315 (249) / causal 230
+# (223), d128 402 (277) / causal 285 (230), d256 237 (153) / causal 191 (114)); 512 was not measured with
+# these kernels and stays FA2's (the warp-specialized kernel lost there before: 69 against 94 at d256 causal).
 # FLASHSCALE_FA3=1 takes it wherever it applies (and impl="fa3"), =0 never; deterministic=True always runs FA2's
 # dQ kernel (no atomics). Until 2026-12-02 ops.attention passed impl="fa3" on when auto chose the fa3 forward, so
 # the backward was forced too in every such cell (d64 from 2k, d128 from 1k): "auto_fa3" keeps auto's rule.
-FA3_BWD_AUTO_MIN_SEQLEN_Q = {(256, False): 1024, (256, True): 2048, (128, False): 8192, (64, False): 16384}
+FA3_BWD_AUTO_MIN_SEQLEN_Q = {(d, c): 1024 for d in (64, 128, 256) for c in (False, True)}
 
 # FA2's backward computes dQ either by atomics inside the dK/dV kernel or by its own kernel (the deterministic
 # path). The H200 measured the dQ kernel faster in these dense cells, (head_dim, causal) -> from how many query
