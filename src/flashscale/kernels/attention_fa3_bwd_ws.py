@@ -13,10 +13,12 @@ them is the data movement (FA3's Hopper backward, hopper/mainloop_bwd_sm90_tma_g
   * consumers, the default partition of 8 warps (two warpgroups, the accumulators split as in the plain
     kernel): the five GEMMs of a step. dQ's accumulator fragment goes to a float32 tile in shared memory
     (DQ_STAGES slots) instead of to the atomics, so the tensor-core warps never issue a global reduction.
-  * dQ writer, DQ_WARPS warps (few registers): takes each step's dQ tile from shared memory and adds it into
-    the float32 dQ buffer with red.global.add.v4.f32 (16 bytes an instruction, inline PTX). Gluon 3.6 has no
-    TMA reduce-add (cp.reduce.async.bulk.tensor) and no way to hand a shared-memory address to inline PTX
-    (so no cp.reduce.async.bulk either): the writer goes through registers, 4 floats a thread at a time.
+  * dQ writer (few registers): takes each step's dQ tile from shared memory and adds it into the float32 dQ
+    buffer. DQ_TMA (the default): one warp issues one TMA reduce-add of the tile (cp.reduce.async.bulk.tensor
+    .add.f32, FA3's way; Gluon 3.6 has the op in its IR builder, not in gluon.language for Hopper, hence
+    _tma_reduce_add) from a 128-byte-swizzled unpadded tile, and frees the slot once the TMA has read it.
+    Otherwise DQ_WARPS warps go through registers with red.global.add.v4.f32, 4 floats a thread at a time:
+    with 24 registers their loop is serial (load, wait, reduce) and ncu found the MMA warps waiting on them.
 
 Barrier protocol (m-th completion of a barrier waited with parity m & 1; a fresh barrier passes parity 1):
   * kv_bar (count 1): the producer's expect-tx arrive + the K/V bytes; consumers wait parity 0.
