@@ -22,6 +22,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd22     # ~8 min: backward GPU tests (every config, the
 #                                                                  # TMA dQ ones included), ws/tma sweep, ncu of tma
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh attn22    # ~6 min: backward API/rule GPU tests, the grid
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd22b    # ~4 min: D 256 ws backward (dQ pieces): tests, sweep
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -46,6 +47,11 @@ step() {  # step NAME SECONDS command...: run with a timeout, log to $OUT/NAME.l
 }
 
 case "${1:-}" in
+  bwd22b)  # session 22: the ws backward at D 256 (four 64-column dQ pieces through one 16 KB slot), d128 pieces
+    step bwd_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_attention_fa3_bwd_gpu.py \
+      -k "every_config or (ws_matches and (q4 or q2))"
+    step bwd_sweep 240 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 256,128 --variants split,q4,ws_tma,ws_s3_tma \
+      --seqlens 1024,2048,4096,8192,16384 --no-sdpa --budget 200 --out "$OUT/attention-fa3-bwd-sweep-q4-h200.json" ;;
   attn22)  # session 22: the new backward defaults (TMA dQ at 64/128, dQ in two pieces at 256) and the auto rule
     step bwd_api_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_attention_fa3_bwd_gpu.py \
       -k "auto or dlse or ws_matches"

@@ -118,11 +118,16 @@ TUNING_CONFIGS = {
           "n128_m64_ws_s3": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=1),
           # dQ by TMA reduce-add from a one-warp writer (ncu, 2026-12-02: the red.v4 writer is the bottleneck)
           "n128_m64_ws_tma": DEFAULT_CONFIGS[128],
-          "n128_m64_ws_s3_tma": FA3BwdConfig(block_n=128, block_m=64, stages=3, dq_stages=1, **DQ_TMA_WS)},
+          "n128_m64_ws_s3_tma": FA3BwdConfig(block_n=128, block_m=64, stages=3, dq_stages=1, **DQ_TMA_WS),
+          "n128_m64_ws_s3_tma_q2": FA3BwdConfig(block_n=128, block_m=64, stages=3, dq_stages=2, dq_split=2,
+                                                **DQ_TMA_WS)},
     256: {"n64_m64": PLAIN_CONFIGS[256], "n64_m64_atom": FA3BwdConfig(block_n=64, block_m=64, red_v2=False),
           "n64_m64_quad": FA3BwdConfig(block_n=64, block_m=64, red_quad=True),
           "n64_m64_split": DEFAULT_CONFIGS[256],  # no spills (the others: ~100 B)
-          "n64_m64_quad_split": FA3BwdConfig(block_n=64, block_m=64, red_quad=True, dq_split=2)},
+          "n64_m64_quad_split": FA3BwdConfig(block_n=64, block_m=64, red_quad=True, dq_split=2),
+          # warp-specialized at D 256: fits only with one 64-column float32 dQ piece in shared memory (16 KB),
+          # four pieces a step through the TMA writer
+          "n64_m64_ws_tma_q4": FA3BwdConfig(block_n=64, block_m=64, stages=2, dq_stages=1, dq_split=4, **DQ_TMA_WS)},
 }
 
 
@@ -130,10 +135,12 @@ def smem_bytes(head_dim: int, cfg: FA3BwdConfig, elem: int = 2) -> int:
     """K, V tiles + a 2-slot Q/dO ring + the dS^T tile + barriers; ws: a `stages`-slot Q/dO ring with LSE/delta
     beside it, and `dq_stages` float32 dQ tiles (rows padded by 4 floats; swizzled and unpadded for dq_tma)."""
     if cfg.ws:
-        dq_row = head_dim if cfg.dq_tma else head_dim + 4
+        dq_row = head_dim // cfg.dq_split if cfg.dq_tma else head_dim + 4
+        # + up to 1 KB of alignment a swizzled buffer (K, V, Q, dO, dS^T, dQ): Triton's allocation measured
+        # 0.3-4 KB above the sum (4 KB at D 256 with a 16 KB dQ piece), so the sum alone is no bound
         return (elem * (2 * cfg.block_n * head_dim + 2 * cfg.stages * cfg.block_m * head_dim
                         + cfg.block_n * cfg.block_m) + 4 * cfg.dq_stages * cfg.block_m * dq_row
-                + 4 * 2 * cfg.stages * cfg.block_m + 8 * (1 + 2 * cfg.stages + 2 * cfg.dq_stages))
+                + 4 * 2 * cfg.stages * cfg.block_m + 8 * (1 + 2 * cfg.stages + 2 * cfg.dq_stages) + 6 * 1024)
     return elem * (2 * cfg.block_n * head_dim + 4 * cfg.block_m * head_dim + cfg.block_n * cfg.block_m) + 8 * 3
 
 
@@ -143,19 +150,19 @@ def config_error(head_dim: int, cfg: FA3BwdConfig) -> str | None:
     for name, v in (("block_n", cfg.block_n), ("block_m", cfg.block_m)):
         if v not in (64, 128):
             return f"{name} {v}: 64 or 128"
+    if cfg.dq_split not in (1, 2, 4) or head_dim // cfg.dq_split < 64:
+        return f"dq_split {cfg.dq_split}: 1, 2 or 4, with at least 64 columns a piece (head_dim {head_dim})"
     if cfg.ws:
         if not 2 <= cfg.stages <= 4 or cfg.dq_stages not in (1, 2) or cfg.dq_warps not in (1, 2):
             return f"ws: stages {cfg.stages} in 2..4, dq_stages {cfg.dq_stages} 1 or 2, dq_warps {cfg.dq_warps} 1 or 2"
         if not cfg.red_v2:
             return "ws: the dQ writer always uses red.global.add.v4.f32 (red_v2=False is the plain kernel's)"
-        if cfg.dq_split != 1:
-            return "ws: dq_split is the single-partition kernel's (the ws kernel stages the whole dQ tile)"
+        if cfg.dq_split != 1 and not cfg.dq_tma:
+            return "ws: dq_split needs dq_tma (the red.v4 writer takes whole dQ tiles)"
         if cfg.red_quad:
             return "ws: red_quad is the single-partition kernel's dQ path (the ws writer already adds 4 floats)"
         if cfg.dq_tma and cfg.dq_warps != 1:
             return f"ws: dq_tma's writer is one warp (one bulk reduction a step): dq_warps {cfg.dq_warps} must be 1"
-    elif cfg.dq_split not in (1, 2) or head_dim // cfg.dq_split < 64:
-        return f"dq_split {cfg.dq_split}: 1 or 2, with at least 64 columns a piece (head_dim {head_dim})"
     elif cfg.dq_tma:
         return "dq_tma is the warp-specialized kernel's dQ path: it needs ws=True"
     if smem_bytes(head_dim, cfg) > SMEM_LIMIT:
@@ -414,10 +421,17 @@ def attention_fa3_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
                           desc(v, Sk, Hkv, cfg.block_n, kv_lay), desc(do, Sq, H, cfg.block_m, q_lay),
                           desc(dk, Sk, Hkv, cfg.block_n, kv_lay), desc(dv, Sk, Hkv, cfg.block_n, kv_lay),
                           lse, delta,
-                          desc(dq32, Sq, H, cfg.block_m, tile_layout(cfg.block_m, D, torch.float32)) if cfg.dq_tma
-                          else dq32, lse.stride(0), lse.stride(1), H, Sq, Sk, float(scale),
+                          _dq_desc(dq32, cfg) if cfg.dq_tma else dq32, lse.stride(0), lse.stride(1), H, Sq, Sk, float(scale),
                           float(scale) * LOG2E, **_constexprs(D, H // Hkv, bool(causal), cfg))
     return (dq32 * scale).to(q.dtype), dk, dv
+
+
+def _dq_desc(dq32: torch.Tensor, cfg: FA3BwdConfig):
+    """The float32 (B, Sq, H * D) dQ buffer as a TMA descriptor with (1, block_m, D // dq_split) boxes."""
+    B, Sq, H, D = dq32.shape
+    n = D // cfg.dq_split
+    return TensorDescriptor(dq32, [B, Sq, H * D], [Sq * H * D, H * D, 1], [1, cfg.block_m, n],
+                            tile_layout(cfg.block_m, n, torch.float32))
 
 
 def _kernel(cfg: FA3BwdConfig):
@@ -433,6 +447,7 @@ def _constexprs(head_dim: int, group: int, causal: bool, cfg: FA3BwdConfig) -> d
          "KV_WM": cfg.warps(cfg.block_n)[0], "DQ_WM": cfg.warps(cfg.block_m)[0]}
     if cfg.ws:
         c.update({"STAGES": cfg.stages, "DQ_STAGES": cfg.dq_stages, "DQ_WARPS": cfg.dq_warps, "DQ_TMA": cfg.dq_tma,
+                  "DQ_SPLIT": cfg.dq_split,
                   "PRODUCER_REGS": cfg.producer_regs, "WRITER_REGS": cfg.writer_regs})
     else:
         c["RED_V2"] = cfg.red_v2
@@ -454,13 +469,13 @@ def compile_sm90(head_dim: int, causal: bool, *, group: int = 1, dtype: torch.dt
         raise ValueError(f"compile_sm90: {cfg}: {bad}")
     ty = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 
-    def desc(rows, t=ty, dt=dtype):
-        return f"tensordesc<{t}[1,{rows},{head_dim}],{tile_layout(rows, head_dim, dt)!r}>"
+    def desc(rows, t=ty, dt=dtype, cols=head_dim):
+        return f"tensordesc<{t}[1,{rows},{cols}],{tile_layout(rows, cols, dt)!r}>"
 
     signature = {"q_desc": desc(cfg.block_m), "k_desc": desc(cfg.block_n), "v_desc": desc(cfg.block_n),
                  "do_desc": desc(cfg.block_m), "dk_desc": desc(cfg.block_n), "dv_desc": desc(cfg.block_n),
                  "LSE": "*fp32", "DELTA": "*fp32",
-                 "DQ": desc(cfg.block_m, "fp32", torch.float32) if cfg.dq_tma else "*fp32",
+                 "DQ": desc(cfg.block_m, "fp32", torch.float32, head_dim // cfg.dq_split) if cfg.dq_tma else "*fp32",
                  "stride_lb": "i32", "stride_lh": "i32", "H": "i32",
                  "seqlen_q": "i32", "seqlen_k": "i32", "sm_scale": "fp32", "qk_scale": "fp32"}
     constexprs = _constexprs(head_dim, group, bool(causal), cfg)

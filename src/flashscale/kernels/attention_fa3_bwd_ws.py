@@ -103,11 +103,25 @@ if HAS_GLUON:
             mbarrier.arrive(bar, count=1)
 
     @gluon.jit
+    def _dq_to_slot(dq, dq_smem, dq_full, dq_empty, i, BLOCK_M: gl.constexpr, DQ_N: gl.constexpr,
+                    DQ_STAGES: gl.constexpr, DQ_TMA: gl.constexpr):
+        """The i-th dQ piece (step * DQ_SPLIT + piece) into slot i % DQ_STAGES, once the writer freed it."""
+        dslot = i % DQ_STAGES
+        mbarrier.wait(dq_empty.index(dslot), ((i // DQ_STAGES) & 1) ^ 1)
+        if DQ_TMA:
+            dq_smem.index(dslot).reshape([BLOCK_M, DQ_N]).store(dq)
+            fence_async_shared()  # the generic-proxy stores, visible to the TMA that reads the tile
+        else:
+            dq_smem.index(dslot).store(dq)
+        gl.thread_barrier()  # every warp's dQ fragment is in the slot
+        mbarrier.arrive(dq_full.index(dslot), count=1)
+
+    @gluon.jit
     def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, ready, empty,
                   dq_full, dq_empty, dk_desc, dv_desc, b, hk, n0, m_lo, m_full, n_mb, n_steps, off, sm_scale,
                   qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   CAUSAL: gl.constexpr, KV_WM: gl.constexpr, DQ_WM: gl.constexpr, STAGES: gl.constexpr,
-                  DQ_STAGES: gl.constexpr, DQ_TMA: gl.constexpr, num_warps: gl.constexpr):
+                  DQ_STAGES: gl.constexpr, DQ_TMA: gl.constexpr, DQ_SPLIT: gl.constexpr, num_warps: gl.constexpr):
         dtype: gl.constexpr = k_smem.dtype
         KV_WN: gl.constexpr = num_warps // KV_WM
         DQ_WN: gl.constexpr = num_warps // DQ_WM
@@ -116,8 +130,9 @@ if HAS_GLUON:
                                                             instr_shape=[16, BLOCK_M // KV_WN, 16])
         kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[KV_WM, KV_WN],
                                                             instr_shape=[16, HEAD_DIM // KV_WN, 16])
+        DQ_N: gl.constexpr = HEAD_DIM // DQ_SPLIT  # columns of one dQ piece (one slot)
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[DQ_WM, DQ_WN],
-                                                            instr_shape=[16, HEAD_DIM // DQ_WN, 16])
+                                                            instr_shape=[16, DQ_N // DQ_WN, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
         col_s: gl.constexpr = gl.SliceLayout(0, st_layout)
         row_s: gl.constexpr = gl.SliceLayout(1, st_layout)
@@ -163,21 +178,20 @@ if HAS_GLUON:
             ds_smem.store(dst)
             fence_async_shared()
             gl.thread_barrier()  # every warp's rows of dS^T are in shared memory before the dQ wgmma reads them
-            tok_dq = warpgroup_mma(ds_smem.permute((1, 0)), k, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32,
-                                                                        layout=dq_layout), use_acc=False, is_async=True)
+            dq_zero = gl.zeros([BLOCK_M, DQ_N], gl.float32, layout=dq_layout)
+            tok_dq = warpgroup_mma(ds_smem.permute((1, 0)), k.slice(0, DQ_N, dim=1), dq_zero, use_acc=False,
+                                   is_async=True)
             tok_dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q, dk, is_async=True)
             dv = warpgroup_mma_wait(2, deps=(tok_dv, ))
             dq = warpgroup_mma_wait(1, deps=(tok_dq, ))
-            # dQ to the writer's slot (free once the writer has loaded step - DQ_STAGES' tile); dK still runs
-            dslot = step % DQ_STAGES
-            mbarrier.wait(dq_empty.index(dslot), ((step // DQ_STAGES) & 1) ^ 1)
-            if DQ_TMA:
-                dq_smem.index(dslot).reshape([BLOCK_M, HEAD_DIM]).store(dq)
-                fence_async_shared()  # the generic-proxy stores, visible to the TMA that reads the tile
-            else:
-                dq_smem.index(dslot).store(dq)
-            gl.thread_barrier()  # every warp's dQ fragment is in the slot
-            mbarrier.arrive(dq_full.index(dslot), count=1)
+            # dQ to the writer's slot (free once the writer is done with the piece DQ_STAGES before); dK still runs
+            _dq_to_slot(dq, dq_smem, dq_full, dq_empty, step * DQ_SPLIT, BLOCK_M, DQ_N, DQ_STAGES, DQ_TMA)
+            for piece in gl.static_range(1, DQ_SPLIT):  # (DQ_TMA) the next columns of dQ through the slots
+                tok_dq = warpgroup_mma(ds_smem.permute((1, 0)), k.slice(piece * DQ_N, DQ_N, dim=1), dq_zero,
+                                       use_acc=False, is_async=True)
+                dq = warpgroup_mma_wait(0, deps=(tok_dq, ))
+                _dq_to_slot(dq, dq_smem, dq_full, dq_empty, step * DQ_SPLIT + piece, BLOCK_M, DQ_N, DQ_STAGES,
+                            DQ_TMA)
             dk = warpgroup_mma_wait(0, deps=(tok_dk, ))
             gl.thread_barrier()  # every warp's wgmmas reading Q/dO and dS^T retired, LSE/delta read
             mbarrier.arrive(empty.index(slot), count=1)
@@ -231,25 +245,29 @@ if HAS_GLUON:
 
     @gluon.jit
     def _dq_tma_writer(dq_smem, dq_full, dq_empty, dq_desc, b, hk, m_lo, n_mb, n_steps, GROUP: gl.constexpr,
-                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, DQ_STAGES: gl.constexpr):
-        """One warp: each step's float32 dQ tile into the dQ buffer by one TMA reduce-add (rows past Sq are
-        outside the descriptor's bounds and skipped); the slot is freed once the TMA has read it."""
+                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, DQ_STAGES: gl.constexpr,
+                       DQ_SPLIT: gl.constexpr):
+        """One warp: each step's float32 dQ tile (in DQ_SPLIT column pieces) into the dQ buffer by TMA reduce-add
+        (rows past Sq are outside the descriptor's bounds and skipped); a slot is freed once the TMA read it."""
+        DQ_N: gl.constexpr = HEAD_DIM // DQ_SPLIT
         for step in range(n_steps):
-            dslot = step % DQ_STAGES
             h = hk * GROUP + step // n_mb
             m0 = (m_lo + step % n_mb) * BLOCK_M
-            mbarrier.wait(dq_full.index(dslot), (step // DQ_STAGES) & 1)
-            _tma_reduce_add(dq_desc, [b, m0, h * HEAD_DIM], dq_smem.index(dslot))
-            tma.store_wait(pendings=0)
-            mbarrier.arrive(dq_empty.index(dslot), count=1)
+            for piece in gl.static_range(DQ_SPLIT):
+                i = step * DQ_SPLIT + piece
+                dslot = i % DQ_STAGES
+                mbarrier.wait(dq_full.index(dslot), (i // DQ_STAGES) & 1)
+                _tma_reduce_add(dq_desc, [b, m0, h * HEAD_DIM + piece * DQ_N], dq_smem.index(dslot))
+                tma.store_wait(pendings=0)
+                mbarrier.arrive(dq_empty.index(dslot), count=1)
 
     @gluon.jit
     def _dq_any_writer(dq_smem, dq_full, dq_empty, DQ, b, hk, H, seqlen_q, m_lo, n_mb, n_steps, GROUP: gl.constexpr,
                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, DQ_STAGES: gl.constexpr, WARPS: gl.constexpr,
-                       DQ_TMA: gl.constexpr):
-        if DQ_TMA:  # DQ is a float32 (B, Sq, H * D) descriptor with (1, BLOCK_M, D) boxes
+                       DQ_TMA: gl.constexpr, DQ_SPLIT: gl.constexpr):
+        if DQ_TMA:  # DQ is a float32 (B, Sq, H * D) descriptor with (1, BLOCK_M, D // DQ_SPLIT) boxes
             _dq_tma_writer(dq_smem, dq_full, dq_empty, DQ, b, hk, m_lo, n_mb, n_steps, GROUP, HEAD_DIM, BLOCK_M,
-                           DQ_STAGES)
+                           DQ_STAGES, DQ_SPLIT)
         else:  # DQ points at the float32 (B, Sq, H, D) buffer
             _dq_writer(dq_smem, dq_full, dq_empty, DQ, b, hk, H, seqlen_q, m_lo, n_mb, n_steps, GROUP, HEAD_DIM,
                        BLOCK_M, DQ_STAGES, WARPS)
@@ -259,7 +277,8 @@ if HAS_GLUON:
                            H, seqlen_q, seqlen_k, sm_scale, qk_scale, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, KV_WM: gl.constexpr,
                            DQ_WM: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
-                           DQ_WARPS: gl.constexpr, DQ_TMA: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                           DQ_WARPS: gl.constexpr, DQ_TMA: gl.constexpr, DQ_SPLIT: gl.constexpr,
+                           PRODUCER_REGS: gl.constexpr,
                            WRITER_REGS: gl.constexpr, num_warps: gl.constexpr):
         dtype: gl.constexpr = q_desc.dtype
         b, hk, n0, off, m_lo, m_full, n_mb, n_steps = _kv_block(H, seqlen_q, seqlen_k, GROUP, BLOCK_M, BLOCK_N,
@@ -300,10 +319,10 @@ if HAS_GLUON:
             (_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, ready,
                          empty, dq_full, dq_empty, dk_desc, dv_desc, b, hk, n0, m_lo, m_full, n_mb, n_steps, off,
                          sm_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, KV_WM, DQ_WM, STAGES, DQ_STAGES,
-                         DQ_TMA, num_warps)),
+                         DQ_TMA, DQ_SPLIT, num_warps)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                          kv_bar, ready, empty, LSE, DELTA, stride_lb, stride_lh, b, hk, n0, seqlen_q, m_lo, n_mb,
                          n_steps, GROUP, HEAD_DIM, BLOCK_M, STAGES)),
             (_dq_any_writer, (dq_smem, dq_full, dq_empty, DQ, b, hk, H, seqlen_q, m_lo, n_mb, n_steps, GROUP,
-                              HEAD_DIM, BLOCK_M, DQ_STAGES, DQ_WARPS, DQ_TMA)),
+                              HEAD_DIM, BLOCK_M, DQ_STAGES, DQ_WARPS, DQ_TMA, DQ_SPLIT)),
         ], [1, DQ_WARPS], [PRODUCER_REGS, WRITER_REGS])
