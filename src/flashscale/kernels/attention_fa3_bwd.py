@@ -97,15 +97,16 @@ class FA3BwdConfig:
 # The single-partition kernel's best tiles (the fallback; FA3BwdConfig(ws=False) everywhere).
 PLAIN_CONFIGS = {64: FA3BwdConfig(block_n=128, block_m=128), 128: FA3BwdConfig(block_n=128, block_m=64),
                  256: FA3BwdConfig(block_n=64, block_m=64)}
-# Defaults (H200, benchmarks/results/attention-fa3-bwd-sweep-tma-h200.json, 2026-12-02, TFLOP/s at 1k / 16k):
-# at head dims 64 and 128 the warp-specialized kernel with the TMA reduce-add dQ writer (d128 402 / 531-545
-# non-causal, 285 / 531-537 causal; the red.v4 writer's 309 / 395-400 and 229 / 396-399; d64 315 / 427 and 230 /
-# 419 against 274 / 352 and 207 / 356); at 256, where the ws kernel does not fit shared memory, the plain kernel
-# with dQ in two column pieces (no spills: 237 / 290 and 191 / 293 against 207 / 249 and 168 / 245).
+# Defaults (H200, benchmarks/results/attention-fa3-bwd-sweep-tma-h200.json and -q4-h200.json, 2026-12-02, TFLOP/s
+# at 1k / 16k): the warp-specialized kernel with the TMA reduce-add dQ writer everywhere. d128 402 / 531-545
+# non-causal, 285 / 531-537 causal (the red.v4 writer's 309 / 395-400 and 229 / 396-399); d64 315 / 427 and 230 /
+# 419 (274 / 352 and 207 / 356); d256, where only one 16 KB dQ piece fits in shared memory, dQ in four 64-column
+# pieces: 253 / 310 and 197 / 312 (the single-partition kernel: 207 / 249 and 168 / 245; with dQ in two pieces,
+# no spills, 237 / 278-290 and 192 / 293).
 DQ_TMA_WS = dict(ws=True, dq_tma=True, dq_warps=1)
 DEFAULT_CONFIGS = {64: FA3BwdConfig(block_n=128, block_m=64, stages=3, dq_stages=2, **DQ_TMA_WS),
                    128: FA3BwdConfig(block_n=128, block_m=64, stages=2, dq_stages=2, **DQ_TMA_WS),
-                   256: FA3BwdConfig(block_n=64, block_m=64, dq_split=2)}
+                   256: FA3BwdConfig(block_n=64, block_m=64, stages=2, dq_stages=1, dq_split=4, **DQ_TMA_WS)}
 TUNING_CONFIGS = {
     64: {"n128_m128": PLAIN_CONFIGS[64], "n128_m64": FA3BwdConfig(block_n=128, block_m=64),
          "n128_m64_ws_s3": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=2),
@@ -123,11 +124,11 @@ TUNING_CONFIGS = {
                                                 **DQ_TMA_WS)},
     256: {"n64_m64": PLAIN_CONFIGS[256], "n64_m64_atom": FA3BwdConfig(block_n=64, block_m=64, red_v2=False),
           "n64_m64_quad": FA3BwdConfig(block_n=64, block_m=64, red_quad=True),
-          "n64_m64_split": DEFAULT_CONFIGS[256],  # no spills (the others: ~100 B)
+          "n64_m64_split": FA3BwdConfig(block_n=64, block_m=64, dq_split=2),  # no spills (the others: ~100 B)
           "n64_m64_quad_split": FA3BwdConfig(block_n=64, block_m=64, red_quad=True, dq_split=2),
           # warp-specialized at D 256: fits only with one 64-column float32 dQ piece in shared memory (16 KB),
           # four pieces a step through the TMA writer
-          "n64_m64_ws_tma_q4": FA3BwdConfig(block_n=64, block_m=64, stages=2, dq_stages=1, dq_split=4, **DQ_TMA_WS)},
+          "n64_m64_ws_tma_q4": DEFAULT_CONFIGS[256]},
 }
 
 
