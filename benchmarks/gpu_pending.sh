@@ -47,6 +47,13 @@ step() {  # step NAME SECONDS command...: run with a timeout, log to $OUT/NAME.l
 }
 
 case "${1:-}" in
+  attn22b)  # session 22, last: D 256's new default (ws, four dQ pieces) through ops.attention: tests, the d256 grid
+    step bwd_api_tests 100 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_attention_fa3_bwd_gpu.py \
+      -k "auto or (dlse and 256)"
+    mkdir -p /tmp/seedcache
+    "$PY" -c "import json; json.dump(json.load(open('benchmarks/results/attention-h200.json'))['configs'], open('/tmp/seedcache/attention_configs.json', 'w'))"
+    export FLASHSCALE_CACHE_DIR=/tmp/seedcache
+    step attention 120 "$PY" benchmarks/attention.py --deterministic --hdims 256 --out "$OUT" ;;
   bwd22b)  # session 22: the ws backward at D 256 (four 64-column dQ pieces through one 16 KB slot), d128 pieces
     step bwd_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_attention_fa3_bwd_gpu.py \
       -k "every_config or (ws_matches and (q4 or q2))"
