@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# GPU steps of sessions 18-21 (2026-12-02), kept runnable. Session 21 ran `gemm21` (stream-K and tuner GPU tests, the
-# probe at K 4096 x N 14336 M 1024, the W4A16 grid), then the grid again after the tuner's 10 ms replays
-# (`python benchmarks/w4a16.py --out $OUT`). Unrun: `timing` (below), which also runs the tuner's GPU tests on
-# _time's last form (knobs for the timing diagnosis; the default path times as before). One `run` per step, back to
+# GPU steps of sessions 18-22 (2026-12-02), kept runnable. Session 22 ran `bwd22`, `attn22` and `bwd22b` (the
+# backward's TMA-dQ writer: GPU tests, sweeps, the grid) and the ncu profiles (benchmarks/ncu_device.sh). Unrun:
+# `attn22b` (D 256's new default, the ws kernel with four dQ pieces, through ops.attention: the dLSE / auto GPU
+# tests and the d256 rows of the grid; the session's device time ran out) and `timing` (session 21: the tuner's
+# GPU tests on _time's last form, then _time against do_bench_cudagraph). One `run` per step, back to
 # back; each step's commands have their own timeouts so one hang costs only its share. Outputs go to $OUT (at most
 # 8 files come back).
 #
