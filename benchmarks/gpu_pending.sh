@@ -47,13 +47,17 @@ step() {  # step NAME SECONDS command...: run with a timeout, log to $OUT/NAME.l
   tail -n 15 "$OUT/$name.log"
 }
 
+seed_attention_configs() {  # the tuned FA2 configs of results/attention-h200.json as this run's config cache
+  mkdir -p /tmp/seedcache
+  "$PY" -c "import json; json.dump(json.load(open('benchmarks/results/attention-h200.json'))['configs'], open('/tmp/seedcache/attention_configs.json', 'w'))"
+  export FLASHSCALE_CACHE_DIR=/tmp/seedcache
+}
+
 case "${1:-}" in
   attn22b)  # session 22, last: D 256's new default (ws, four dQ pieces) through ops.attention: tests, the d256 grid
     step bwd_api_tests 100 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_attention_fa3_bwd_gpu.py \
       -k "auto or (dlse and 256)"
-    mkdir -p /tmp/seedcache
-    "$PY" -c "import json; json.dump(json.load(open('benchmarks/results/attention-h200.json'))['configs'], open('/tmp/seedcache/attention_configs.json', 'w'))"
-    export FLASHSCALE_CACHE_DIR=/tmp/seedcache
+    seed_attention_configs
     step attention 120 "$PY" benchmarks/attention.py --deterministic --hdims 256 --out "$OUT" ;;
   bwd22b)  # session 22: the ws backward at D 256 (four 64-column dQ pieces through one 16 KB slot), d128 pieces
     step bwd_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_attention_fa3_bwd_gpu.py \
@@ -63,12 +67,11 @@ case "${1:-}" in
   attn22)  # session 22: the new backward defaults (TMA dQ at 64/128, dQ in two pieces at 256) and the auto rule
     step bwd_api_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_attention_fa3_bwd_gpu.py \
       -k "auto or dlse or ws_matches"
-    mkdir -p /tmp/seedcache
-    "$PY" -c "import json; json.dump(json.load(open('benchmarks/results/attention-h200.json'))['configs'], open('/tmp/seedcache/attention_configs.json', 'w'))"
-    export FLASHSCALE_CACHE_DIR=/tmp/seedcache
+    seed_attention_configs
     step attention 280 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
   bwd22)  # session 22: the backward's dQ by TMA reduce-add (ncu showed the red.v4 writer holding the MMA warps)
-    # and the single-partition kernel's dQ by red.v4 after a lane-pair shuffle (red_quad: D 256's default kernel)
+    # and the single-partition kernel's dQ by red.v4 after a lane-pair shuffle (red_quad, measured slower, since
+    # removed: "quad" selects nothing now)
     step bwd_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_attention_fa3_bwd_gpu.py \
       -k "every_config or (ws_matches and tma)"
     step bwd_sweep 240 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 128,64,256 --variants ws,quad,n64_m64 --seqlens 1024,2048,4096,8192,16384 \
@@ -81,9 +84,7 @@ case "${1:-}" in
     step fa2 240 "$PY" -m pytest -q -p no:cacheprovider -m gpu -x -n 6 tests/kernels/test_attention_gpu.py
     step api 120 "$PY" -m pytest -q -p no:cacheprovider -x tests/kernels/test_attention_api.py ;;
   refresh)
-    mkdir -p /tmp/seedcache
-    "$PY" -c "import json; json.dump(json.load(open('benchmarks/results/attention-h200.json'))['configs'], open('/tmp/seedcache/attention_configs.json', 'w'))"
-    export FLASHSCALE_CACHE_DIR=/tmp/seedcache
+    seed_attention_configs
     step attention 240 "$PY" benchmarks/attention.py --deterministic --out "$OUT"
     step w4a16 240 "$PY" benchmarks/w4a16.py --out "$OUT" ;;  # the tuner's second round: 4096x4096 at M 2-16
   e2e)
@@ -104,9 +105,7 @@ case "${1:-}" in
     step host 90 "$PY" benchmarks/attention_host.py --out "$OUT"
     step attn_tests 150 "$PY" -m pytest -q -p no:cacheprovider -x tests/kernels/test_attention_fa3_gpu.py \
       tests/kernels/test_attention_fp8_gpu.py tests/kernels/test_attention_api.py -k "ops_attention or fp8 or api or paths"
-    mkdir -p /tmp/seedcache
-    "$PY" -c "import json; json.dump(json.load(open('benchmarks/results/attention-h200.json'))['configs'], open('/tmp/seedcache/attention_configs.json', 'w'))"
-    export FLASHSCALE_CACHE_DIR=/tmp/seedcache
+    seed_attention_configs
     step attention 200 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
   gemm20)  # session 20: the W4A16 GEMM's bm256 x bn128 candidates and M > 2048 bucket, per config then the grid
     # (the GEMM GPU tests last: run them first when only the tests are wanted)

@@ -66,9 +66,6 @@ class FA3BwdConfig:
     block_n: int = 128
     block_m: int = 64
     red_v2: bool = True  # dQ by red.global.add.v2.f32 (inline PTX) rather than Triton's scalar atomics
-    # dQ by red.global.add.v4.f32: lanes 2t and 2t + 1 swap a column pair (two shfl) so that each holds four
-    # consecutive columns of one row: half the reductions of red_v2 (ncu, D 256: the LSU queue full of them)
-    red_quad: bool = False
     # dQ = dS K in this many column pieces a step (single-partition kernel): 2 holds half of dQ's accumulator at a
     # time (32 fewer registers a thread at D 256, where the plain kernel spills)
     dq_split: int = 1
@@ -113,7 +110,6 @@ TUNING_CONFIGS = {
          "n128_m64_ws_s3_tma": DEFAULT_CONFIGS[64]},
     128: {"n128_m64": PLAIN_CONFIGS[128], "n128_m64_atom": FA3BwdConfig(block_n=128, block_m=64, red_v2=False),
           "n64_m128": FA3BwdConfig(block_n=64, block_m=128),
-          "n128_m64_quad": FA3BwdConfig(block_n=128, block_m=64, red_quad=True),
           # warp-specialized: 2 or 3 Q/dO stages, 2 or 1 dQ tiles (the same speed on the H200)
           "n128_m64_ws": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=2, dq_stages=2),
           "n128_m64_ws_s3": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=1),
@@ -123,9 +119,7 @@ TUNING_CONFIGS = {
           "n128_m64_ws_s3_tma_q2": FA3BwdConfig(block_n=128, block_m=64, stages=3, dq_stages=2, dq_split=2,
                                                 **DQ_TMA_WS)},
     256: {"n64_m64": PLAIN_CONFIGS[256], "n64_m64_atom": FA3BwdConfig(block_n=64, block_m=64, red_v2=False),
-          "n64_m64_quad": FA3BwdConfig(block_n=64, block_m=64, red_quad=True),
           "n64_m64_split": FA3BwdConfig(block_n=64, block_m=64, dq_split=2),  # no spills (the others: ~100 B)
-          "n64_m64_quad_split": FA3BwdConfig(block_n=64, block_m=64, red_quad=True, dq_split=2),
           # warp-specialized at D 256: fits only with one 64-column float32 dQ piece in shared memory (16 KB),
           # four pieces a step through the TMA writer
           "n64_m64_ws_tma_q4": DEFAULT_CONFIGS[256]},
@@ -160,8 +154,6 @@ def config_error(head_dim: int, cfg: FA3BwdConfig) -> str | None:
             return "ws: the dQ writer always uses red.global.add.v4.f32 (red_v2=False is the plain kernel's)"
         if cfg.dq_split != 1 and not cfg.dq_tma:
             return "ws: dq_split needs dq_tma (the red.v4 writer takes whole dQ tiles)"
-        if cfg.red_quad:
-            return "ws: red_quad is the single-partition kernel's dQ path (the ws writer already adds 4 floats)"
         if cfg.dq_tma and cfg.dq_warps != 1:
             return f"ws: dq_tma's writer is one warp (one bulk reduction a step): dq_warps {cfg.dq_warps} must be 1"
     elif cfg.dq_tma:
@@ -222,32 +214,8 @@ if HAS_GLUON:
             "=r,=r,l,l,f,f,r,r", [addr, vals, m], dtype=gl.int32, is_pure=False, pack=2)
 
     @gluon.jit
-    def _red_add_quad(ptrs, vals, mask):
-        """*ptrs += vals with red.global.add.v4.f32 on a wgmma accumulator fragment. A thread's four consecutive
-        values (pack=4) are columns (c, c + 1) of rows r and r + 8, c = 8 j + 2 (lane % 4); the neighbour lane
-        (lane ^ 1) holds columns (c + 2, c + 3) (even lane) or (c - 2, c - 1) (odd lane) of the same rows. One
-        shfl.bfly pair swaps row r + 8's pair of the even lane for row r's pair of the odd lane: the even lane
-        then adds row r, columns c .. c + 3 (16-byte aligned: c % 4 == 0), the odd lane row r + 8, columns
-        c - 2 .. c + 1. All lanes run the shuffles (full mask); only the reductions are predicated."""
-        m = gl.broadcast(mask, vals)[0].to(gl.int32)
-        addr = ptrs.to(gl.int64, bitcast=True)
-        return gl.inline_asm_elementwise(
-            "{ .reg .pred odd, p; .reg .b32 ln, s0, s1, r0, r1, w0, w1, w2, w3; .reg .b64 a, a2; "
-            "mov.u32 ln, %laneid; and.b32 ln, ln, 1; setp.ne.u32 odd, ln, 0; "
-            "selp.b32 s0, $8, $10, odd; selp.b32 s1, $9, $11, odd; "
-            "shfl.sync.bfly.b32 r0, s0, 1, 0x1f, 0xffffffff; shfl.sync.bfly.b32 r1, s1, 1, 0x1f, 0xffffffff; "
-            "selp.b32 w0, r0, $8, odd; selp.b32 w1, r1, $9, odd; selp.b32 w2, $10, r0, odd; "
-            "selp.b32 w3, $11, r1, odd; sub.s64 a2, $6, 8; selp.b64 a, a2, $4, odd; "
-            "setp.ne.s32 p, $12, 0; @odd setp.ne.s32 p, $14, 0; "
-            "@p red.relaxed.gpu.global.add.v4.f32 [a], {w0, w1, w2, w3}; "
-            "mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0; }",
-            "=r,=r,=r,=r,l,l,l,l,f,f,f,f,r,r,r,r", [addr, vals, m], dtype=gl.int32, is_pure=False, pack=4)
-
-    @gluon.jit
-    def _dq_add(ptrs, dq, mask, RED_V2: gl.constexpr, RED_QUAD: gl.constexpr):
-        if RED_QUAD:
-            _red_add_quad(ptrs, dq, mask)
-        elif RED_V2:
+    def _dq_add(ptrs, dq, mask, RED_V2: gl.constexpr):
+        if RED_V2:
             _red_add_v2(ptrs, dq, mask)
         else:
             gl.atomic_add(ptrs, dq, mask=mask, sem="relaxed")
@@ -256,8 +224,8 @@ if HAS_GLUON:
     def _fa3_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA, DQ, stride_lb, stride_lh,
                         H, seqlen_q, seqlen_k, sm_scale, qk_scale, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                        KV_WM: gl.constexpr, DQ_WM: gl.constexpr, RED_V2: gl.constexpr, RED_QUAD: gl.constexpr,
-                        DQ_SPLIT: gl.constexpr, num_warps: gl.constexpr):
+                        KV_WM: gl.constexpr, DQ_WM: gl.constexpr, RED_V2: gl.constexpr, DQ_SPLIT: gl.constexpr,
+                        num_warps: gl.constexpr):
         dtype: gl.constexpr = q_desc.dtype
         KV_WN: gl.constexpr = num_warps // KV_WM
         DQ_WN: gl.constexpr = num_warps // DQ_WM
@@ -351,12 +319,12 @@ if HAS_GLUON:
             dq_rows = m0 + dq_rows0
             dq_off = gl.expand_dims(dq_rows * (H * HEAD_DIM), 1) + gl.expand_dims(dq_cols, 0)
             dq_mask = gl.expand_dims(dq_rows < seqlen_q, 1)
-            _dq_add(dq_base + dq_off, dq, dq_mask, RED_V2, RED_QUAD)
+            _dq_add(dq_base + dq_off, dq, dq_mask, RED_V2)
             for piece in gl.static_range(1, DQ_SPLIT):  # the next columns, while dK runs
                 tok_dq = warpgroup_mma(ds_smem.permute((1, 0)), k.slice(piece * DQ_N, DQ_N, dim=1), dq_zero,
                                        use_acc=False, is_async=True)
                 dq = warpgroup_mma_wait(0, deps=(tok_dq, ))
-                _dq_add(dq_base + piece * DQ_N + dq_off, dq, dq_mask, RED_V2, RED_QUAD)
+                _dq_add(dq_base + piece * DQ_N + dq_off, dq, dq_mask, RED_V2)
             dk = warpgroup_mma_wait(0, deps=(tok_dk, ))
 
         # epilogue: dK (times the scale) and dV through the dead K/V tiles, TMA-stored (clipped past Sk)
@@ -414,25 +382,18 @@ def attention_fa3_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
     dq32 = torch.zeros((B, Sq, H, D), device=q.device, dtype=torch.float32)
     q_lay, kv_lay = tile_layout(cfg.block_m, D, q.dtype), tile_layout(cfg.block_n, D, q.dtype)
 
-    def desc(t, S, heads, rows, lay):
-        return TensorDescriptor(t, [B, S, heads * D], [S * heads * D, heads * D, 1], [1, rows, D], lay)
+    def desc(t, S, heads, rows, lay, cols=D):
+        return TensorDescriptor(t, [B, S, heads * D], [S * heads * D, heads * D, 1], [1, rows, cols], lay)
 
+    dq_n = D // cfg.dq_split  # dq_tma: the float32 dQ buffer's TMA boxes, one dQ piece wide
     grid = (triton.cdiv(Sk, cfg.block_n), B * Hkv)
     _kernel(cfg)[grid](desc(q, Sq, H, cfg.block_m, q_lay), desc(k, Sk, Hkv, cfg.block_n, kv_lay),
                           desc(v, Sk, Hkv, cfg.block_n, kv_lay), desc(do, Sq, H, cfg.block_m, q_lay),
                           desc(dk, Sk, Hkv, cfg.block_n, kv_lay), desc(dv, Sk, Hkv, cfg.block_n, kv_lay),
-                          lse, delta,
-                          _dq_desc(dq32, cfg) if cfg.dq_tma else dq32, lse.stride(0), lse.stride(1), H, Sq, Sk, float(scale),
-                          float(scale) * LOG2E, **_constexprs(D, H // Hkv, bool(causal), cfg))
+                          lse, delta, desc(dq32, Sq, H, cfg.block_m, tile_layout(cfg.block_m, dq_n, torch.float32),
+                                           dq_n) if cfg.dq_tma else dq32, lse.stride(0), lse.stride(1), H, Sq, Sk,
+                          float(scale), float(scale) * LOG2E, **_constexprs(D, H // Hkv, bool(causal), cfg))
     return (dq32 * scale).to(q.dtype), dk, dv
-
-
-def _dq_desc(dq32: torch.Tensor, cfg: FA3BwdConfig):
-    """The float32 (B, Sq, H * D) dQ buffer as a TMA descriptor with (1, block_m, D // dq_split) boxes."""
-    B, Sq, H, D = dq32.shape
-    n = D // cfg.dq_split
-    return TensorDescriptor(dq32, [B, Sq, H * D], [Sq * H * D, H * D, 1], [1, cfg.block_m, n],
-                            tile_layout(cfg.block_m, n, torch.float32))
 
 
 def _kernel(cfg: FA3BwdConfig):
@@ -452,7 +413,6 @@ def _constexprs(head_dim: int, group: int, causal: bool, cfg: FA3BwdConfig) -> d
                   "PRODUCER_REGS": cfg.producer_regs, "WRITER_REGS": cfg.writer_regs})
     else:
         c["RED_V2"] = cfg.red_v2
-        c["RED_QUAD"] = cfg.red_quad
         c["DQ_SPLIT"] = cfg.dq_split
     c["num_warps"] = NUM_WARPS
     return c

@@ -290,12 +290,12 @@ if HAS_GLUON:
         do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
         ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
-        # float32 dQ tiles, rows padded by 16 bytes: the accumulator fragment's stores (8 rows x 8 floats a
-        # warp-instruction) and the writer's row loads are both free of bank conflicts, and the writer may
-        # slice any number of rows (a 128-byte swizzle would not let it split an 8-row phase)
-        if DQ_TMA:  # the TMA's own (1, BLOCK_M, D) box layout, 128-byte swizzled, unpadded
+        if DQ_TMA:  # the TMA's own (1, BLOCK_M, D // DQ_SPLIT) box layout, 128-byte swizzled, unpadded
             dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES] + DQ.block_type.shape, DQ.layout)
         else:
+            # float32 dQ tiles, rows padded by 16 bytes: the accumulator fragment's stores (8 rows x 8 floats a
+            # warp-instruction) and the writer's row loads are both free of bank conflicts, and the writer may
+            # slice any number of rows (a 128-byte swizzle would not let it split an 8-row phase)
             dq_layout: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[HEAD_DIM, 4]], [BLOCK_M, HEAD_DIM],
                                                                               [1, 0])
             dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BLOCK_M, HEAD_DIM], dq_layout)
