@@ -24,6 +24,8 @@
 #                                                                  # TMA dQ ones included), ws/tma sweep, ncu of tma
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh attn22    # ~6 min: backward API/rule GPU tests, the grid
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd22b    # ~4 min: D 256 ws backward (dQ pieces): tests, sweep
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh l2        # ~9 min: the forwards' head-grouped tile order:
+#                                                                  # GPU tests, FA3 and FP8 sweeps, grouped vs flat
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -54,6 +56,15 @@ seed_attention_configs() {  # the tuned FA2 configs of results/attention-h200.js
 }
 
 case "${1:-}" in
+  l2)  # session 23: the FA3 / FP8 forwards' head-grouped tile order (l2_groups) against the flat one (pp_flat)
+    step fa3_tests 170 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \
+      -k "head_grouped or persistent_many or (matches_reference and not variants) or (tuning_configs and flat)"
+    step fp8_tests 90 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 tests/kernels/test_attention_fa3_fp8_gpu.py \
+      -k "head_grouped or kernel_matches or flat"
+    step sweep 190 "$PY" benchmarks/attention_fa3_sweep.py --variants pp,pp_flat,pp_persist,pp3_m192,pp3_m192_flat \
+      --seqlens 1024,2048,4096,8192,16384 --budget 180 --compile-budget 70 --out "$OUT/attention-fa3-sweep-l2-h200.json"
+    step fp8_sweep 110 "$PY" benchmarks/attention_fa3_fp8_sweep.py --variants pp,pp_flat,pp_n64_s3 \
+      --seqlens 1024,2048,4096,16384 --budget 100 --compile-budget 45 --out "$OUT/attention-fa3-fp8-sweep-l2-h200.json" ;;
   attn22b)  # session 22, last: D 256's new default (ws, four dQ pieces) through ops.attention: tests, the d256 grid
     step bwd_api_tests 100 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_attention_fa3_bwd_gpu.py \
       -k "auto or (dlse and 256)"

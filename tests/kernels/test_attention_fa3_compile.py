@@ -94,10 +94,32 @@ def test_compiles_to_wgmma_and_tma_without_spills(compiled, head_dim, causal):
     _check_machine_code(ptx, meta, head_dim, cfg)
 
 
-# SASS instructions of the dense defaults (cuobjdump of compile_sm90's cubin, triton 3.6.0's ptxas), recorded
-# before the varlen kernel was added: the dense kernel shares its partitions, and must not change.
-DENSE_SASS_INSTRUCTIONS = {"d64_full": 5480, "d64_causal": 6288, "d128_full": 4272, "d128_causal": 4800,
-                           "d256_full": 4480, "d256_causal": 4768}
+# SASS instructions of the dense defaults (cuobjdump of compile_sm90's cubin, triton 3.6.0's ptxas): the dense
+# kernel shares its partitions with varlen, so a varlen change must not move them. Recorded before the varlen
+# kernel was added, then +120-152 with the head-grouped tile order (2026-12-03: _tile_info's divisions by HG * n_m
+# and the group's head count, once a tile in each of the three partitions, outside the key loop).
+DENSE_SASS_INSTRUCTIONS = {"d64_full": 5624, "d64_causal": 6440, "d128_full": 4392, "d128_causal": 4920,
+                           "d256_full": 4592, "d256_causal": 4864}
+
+
+@pytest.mark.parametrize("bh,n_m,n_sms", [(256, 8, 132), (60, 8, 132), (16, 128, 132), (1, 3, 132), (7, 200, 132),
+                                          (64, 12, 132), (5, 5, 1)])
+def test_head_grouped_tile_order(bh, n_m, n_sms):
+    # The tile order the kernels use (_tile_info; tile_order is its Python twin): every (head, query block)
+    # exactly once; groups of hg heads whose tiles fill the SMs about once; within a group the heaviest query
+    # blocks (last, the most keys under a causal mask) of all its heads first; hg = bh is the old global order.
+    hg = fa3.head_group(bh, n_m, n_sms)
+    assert 1 <= hg <= bh and (hg == bh or hg * n_m >= n_sms) and (hg == 1 or (hg - 1) * n_m < n_sms)
+    order = fa3.tile_order(bh, n_m, hg)
+    assert sorted(order) == [(h, m) for h in range(bh) for m in range(n_m)]
+    for g0 in range(0, bh, hg):
+        tiles = order[g0 * n_m:(g0 + min(hg, bh - g0)) * n_m]
+        assert {h for h, _ in tiles} == set(range(g0, min(bh, g0 + hg))), "a group is a run of whole heads"
+        assert [m for _, m in tiles] == sorted((m for _, m in tiles), reverse=True), "heaviest first in a group"
+    flat = fa3.tile_order(bh, n_m, fa3.head_group(bh, n_m, n_sms, grouped=False))
+    assert flat == [(t % bh, n_m - 1 - t // bh) for t in range(bh * n_m)]
+    with pytest.raises(ValueError, match="n_m"):
+        fa3.head_group(bh, 0, n_sms)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -14,6 +14,8 @@ all-zero V blocks, fp16/fp32 outputs.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -132,6 +134,17 @@ def test_persistent_many_tiles_a_program(causal):
     # phases run on across tiles (and the output tile is reused once its TMA store has read it).
     cfg = fp8.TUNING_CONFIGS[128]["pp_persist"]
     _check(2, 2048, 2048, 16, 4, 128, causal, config=cfg, triton=False)
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["grid", "persistent"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_head_grouped_order_same_bits(causal, persistent):
+    # The head-grouped tile order (l2_groups, the default) moves tiles between SMs, not their arithmetic: out
+    # and lse bitwise those of the flat order. 3 x 20 heads x 8 query tiles: 17 heads a group, the last short.
+    cfg = replace(fp8.default_config(128, 128, causal), persistent=persistent)
+    out, lse, x = _check(3, 1000, 1000, 20, 4, 128, causal, config=cfg, triton=False)
+    out_f, lse_f = fp8.attention_fa3_fp8_fwd(*_args(x), causal=causal, config=replace(cfg, l2_groups=False))
+    assert torch.equal(out, out_f) and torch.equal(lse, lse_f)
 
 
 @pytest.mark.parametrize("blocks", [(64, 128), (256, 128), (128, 256), (64, 256)], ids=lambda b: f"qm{b[0]}_kn{b[1]}")

@@ -131,6 +131,31 @@ def test_persistent_many_tiles(head_dim, stages, consumers):
     _check(4, 1500, 700, 16, 4, head_dim, torch.bfloat16, True, config=cfg)
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["grid", "persistent"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", fa3.HEAD_DIMS)
+def test_head_grouped_order_same_bits(head_dim, causal, persistent):
+    # The head-grouped tile order (l2_groups, the default) changes only which SM runs a tile and when: every
+    # tile's arithmetic is the same, so out and lse are bitwise those of the flat order. 3 x 20 heads x 8 query
+    # tiles (D 64: 6 of 192 rows) on 132 SMs: several groups, the last one short (60 heads, 17 or 22 a group).
+    if not _hopper():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    cfg = replace(fa3.DEFAULT_CONFIGS[head_dim], persistent=persistent)
+    n_m = -(-1000 // cfg.block_m)
+    assert 60 % fa3.head_group(60, n_m, torch.cuda.get_device_properties(0).multi_processor_count) != 0
+    out, lse = _check(3, 1000, 1000, 20, 4, head_dim, torch.bfloat16, causal, config=cfg)
+    out_f, lse_f = fa3.attention_fa3_fwd(*_inputs(3, 1000, 1000, 20, 4, head_dim), causal=causal,
+                                         config=replace(cfg, l2_groups=False))
+    assert torch.equal(out, out_f) and torch.equal(lse, lse_f)
+
+
+def _inputs(B, Sq, Sk, H, Hkv, D, dtype=torch.bfloat16):
+    """_check's inputs (the same seed and draws)."""
+    torch.manual_seed(0)
+    return (torch.randn(B, Sq, H, D, dtype=dtype, device=CUDA), torch.randn(B, Sk, Hkv, D, dtype=dtype, device=CUDA),
+            torch.randn(B, Sk, Hkv, D, dtype=dtype, device=CUDA))
+
+
 def test_no_keys():
     if not _hopper():
         pytest.skip("needs an sm_90 GPU and Gluon")
@@ -281,8 +306,8 @@ def test_varlen_writes_only_its_rows(head_dim, variant):
 
 
 @pytest.mark.parametrize("name,head_dim", [(n, d) for d, cfgs in fa3.TUNING_CONFIGS.items() for n in cfgs
-                                            if fa3.TUNING_CONFIGS[d][n].is_pingpong])
-def test_varlen_tuning_configs(name, head_dim):
+                                            if fa3.TUNING_CONFIGS[d][n].is_pingpong and fa3.TUNING_CONFIGS[d][n].l2_groups])
+def test_varlen_tuning_configs(name, head_dim):  # (l2_groups: the dense tile order; varlen has its own)
     # Every ping-pong config the sweep times (2 or 3 consumers, 64/128-row slices, 64..256-key blocks, ring
     # depths, serial pipeline, persistent): ragged, GQA, causal with Sq < Sk and Sq > Sk in one batch.
     cfg = fa3.TUNING_CONFIGS[head_dim][name]

@@ -108,6 +108,10 @@ class FA3Config:
     producer_regs: int = 24  # setmaxnreg budget of the TMA warp
     consumer_regs: int = 0  # setmaxnreg of the worker consumer partitions (ping-pong); 0: 240 / 160 for 2 / 3
     persistent: bool = False  # ping-pong only: one program an SM looping over the tiles, heaviest first
+    # Ping-pong's tile order: (batch, head)s in groups of about one wave of tiles (head_group), heaviest first within
+    # a group, so a head's K/V comes from HBM once and from L2 for its other query tiles. False: one group, heaviest
+    # first over all heads (every concurrent tile another head's K/V when batch x heads >= SMs: HBM-bound at 1k-2k).
+    l2_groups: bool = True
 
     @property
     def is_pingpong(self) -> bool:
@@ -141,8 +145,10 @@ TUNING_CONFIGS = {
         "pp_serial": replace(_PP[64], overlap=False),
         "pp_persist": replace(_PP[64], persistent=True),
         "pp_s4": replace(_PP[64], stages=4),
+        "pp_flat": replace(_PP[64], l2_groups=False),
         "pp3_m192": FA3Config(block_m=192, block_n=128, stages=3, consumers=3),
         "pp3_m192_s2": FA3Config(block_m=192, block_n=128, stages=2, consumers=3),
+        "pp3_m192_flat": FA3Config(block_m=192, block_n=128, stages=3, consumers=3, l2_groups=False),
         "pp_m256_n64": FA3Config(block_m=256, block_n=64, stages=4),
         "pp_n256_serial": FA3Config(block_m=128, block_n=256, stages=2, overlap=False),
     },
@@ -154,12 +160,14 @@ TUNING_CONFIGS = {
         "pp_s3": replace(_PP[128], stages=3),
         "pp_s3_persist": replace(_PP[128], stages=3, persistent=True),
         "pp_n64_s4": FA3Config(block_m=128, block_n=64, stages=4),
+        "pp_flat": replace(_PP[128], l2_groups=False),
     },
     256: {
         "pp": _PP[256],
         "coop": replace(_PP[256], pingpong=False),
         "pp_serial": replace(_PP[256], overlap=False),
         "pp_persist": replace(_PP[256], persistent=True),
+        "pp_flat": replace(_PP[256], l2_groups=False),
     },
 }
 # Picked from the H200 sweep (benchmarks/results/attention-fa3-sweep-h200.json, 2026-11-29): D 64 three
@@ -343,12 +351,18 @@ if HAS_GLUON:
     # ---- ping-pong path: one 4-warp partition per consumer warpgroup, optionally persistent -----------------
 
     @gluon.jit
-    def _tile_info(tile, n_m, BH, H, GROUP, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    def _tile_info(tile, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    CAUSAL: gl.constexpr):
-        """Tile t -> (b, h, K/V head, first query row, key blocks to visit). Tiles run heaviest first: the
-        last query tiles (the most keys under a causal mask) of every (batch, head), then the next ones."""
-        bh = tile % BH
-        m0 = (n_m - 1 - tile // BH) * BLOCK_M
+        """Tile t -> (b, h, K/V head, first query row, key blocks to visit). The (batch, head)s are taken HG
+        at a time (head_group: about one wave of tiles a group, so the group's K/V is read from HBM once and
+        from L2 by its other query tiles); within a group heaviest first: the last query tiles (the most keys
+        under a causal mask) of its heads, then the next ones. HG = BH: one group, heaviest first globally."""
+        tg = HG * n_m  # tiles of a full group
+        g = tile // tg
+        r = tile - g * tg
+        hg = gl.minimum(HG, BH - g * HG)  # heads of this group (the last one may have fewer)
+        bh = g * HG + r % hg
+        m0 = (n_m - 1 - r // hg) * BLOCK_M
         h = bh % H
         if CAUSAL:  # keys [0, hi) are visible to some row of the tile
             hi = gl.maximum(gl.minimum(seqlen_k, m0 + BLOCK_M + seqlen_k - seqlen_q), 0)
@@ -464,7 +478,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _producer_pp(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
-                     v_empty, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                     v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                      CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, CU_Q, CU_K, n_seq, VARLEN: gl.constexpr):
         """TMA warp of the ping-pong path. Per tile: K of its first block (prefetched while the consumers
@@ -485,7 +499,7 @@ if HAS_GLUON:
                     it += n_blocks
                     t_i += 1
             else:
-                b, h, hk, m0, n_blocks = _tile_info(tile, n_m, BH, H, GROUP, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N,
+                b, h, hk, m0, n_blocks = _tile_info(tile, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N,
                                                     CAUSAL)
                 _producer_pp_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                   k_empty, v_ready, v_empty, it, t_i, b, 0, seqlen_q, m0, 0, h, hk, n_blocks,
@@ -508,7 +522,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _consumer_pp_tile(q_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, my_turn,
-                          next_turn, o_desc, LSE, stride_lb, stride_lh, tile, it, t_i, n_m, BH, H, GROUP,
+                          next_turn, o_desc, LSE, stride_lb, stride_lh, tile, it, t_i, n_m, BH, HG, H, GROUP,
                           seqlen_q, seqlen_k, qk_scale, C: gl.constexpr, FIRST: gl.constexpr,
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, SUB_M: gl.constexpr,
                           BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
@@ -534,7 +548,7 @@ if HAS_GLUON:
                                        HEAD_DIM, SUB_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, q_start, O, H, True)
         else:
             off = seqlen_k - seqlen_q
-            b, h, hk, m0, n_blocks = _tile_info(tile, n_m, BH, H, GROUP, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N,
+            b, h, hk, m0, n_blocks = _tile_info(tile, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N,
                                                 CAUSAL)
             it = _consumer_pp_work(q_tile, q, zero_s, cols0, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                                    v_ready, v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, it, t_i,
@@ -660,7 +674,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _consumer_pp(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn, o_desc,
-                     LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                     LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                      qk_scale, C: gl.constexpr, CONSUMERS: gl.constexpr, HEAD_DIM: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                      OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr, CU_Q, CU_K, n_seq, O,
@@ -681,18 +695,18 @@ if HAS_GLUON:
             for tile in range(tile0, n_tiles, tile_step):
                 it = _consumer_pp_tile(q_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
                                        v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, tile, it,
-                                       t_i, n_m, BH, H, GROUP, seqlen_q, seqlen_k, qk_scale, C, FIRST,
+                                       t_i, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, qk_scale, C, FIRST,
                                        HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, CU_Q, CU_K,
                                        n_seq, O, VARLEN)
                 t_i += 1
         else:  # one tile a program: no loop, so the counters are constants (fewer live registers)
             _consumer_pp_tile(q_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, my_turn,
-                              next_turn, o_desc, LSE, stride_lb, stride_lh, tile0, 0, 0, n_m, BH, H, GROUP,
+                              next_turn, o_desc, LSE, stride_lb, stride_lh, tile0, 0, 0, n_m, BH, HG, H, GROUP,
                               seqlen_q, seqlen_k, qk_scale, C, FIRST, HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES,
                               CAUSAL, OVERLAP, CU_Q, CU_K, n_seq, O, VARLEN)
 
     @gluon.jit
-    def _pp_run(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
+    def _pp_run(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                 GROUP, seqlen_q, seqlen_k, qk_scale, CU_Q, CU_K, n_seq, O, HEAD_DIM: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                 OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
@@ -724,15 +738,15 @@ if HAS_GLUON:
         if CONSUMERS == 2:
             gl.warp_specialize([
                 (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                                turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
+                                turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                                 GROUP, seqlen_q, seqlen_k, qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
                                 STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN)),
                 (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                                turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
+                                turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                                 GROUP, seqlen_q, seqlen_k, qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
                                 STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN)),
                 (_producer_pp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                                k_empty, v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q,
+                                k_empty, v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q,
                                 seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, CU_Q, CU_K,
                                 n_seq, VARLEN)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -740,19 +754,19 @@ if HAS_GLUON:
             gl.static_assert(CONSUMERS == 3, "ping-pong takes 2 or 3 consumer warpgroups")
             gl.warp_specialize([
                 (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                                turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
+                                turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                                 GROUP, seqlen_q, seqlen_k, qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
                                 STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN)),
                 (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                                turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
+                                turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                                 GROUP, seqlen_q, seqlen_k, qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
                                 STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN)),
                 (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                                turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
+                                turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                                 GROUP, seqlen_q, seqlen_k, qk_scale, 2, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
                                 STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN)),
                 (_producer_pp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                                k_empty, v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q,
+                                k_empty, v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q,
                                 seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, CU_Q, CU_K,
                                 n_seq, VARLEN)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
@@ -760,8 +774,8 @@ if HAS_GLUON:
     # No value specialisation of the integer arguments (Triton would otherwise compile one kernel per
     # divisibility-by-16 / == 1 class of each): one binary per (config, head dim, causal), the same one that
     # compile_sm90 builds ahead of time and the compile test checks.
-    @gluon.jit(do_not_specialize=["stride_lb", "stride_lh", "H", "GROUP", "BH", "seqlen_q", "seqlen_k"])
-    def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, H, GROUP, BH, seqlen_q,
+    @gluon.jit(do_not_specialize=["stride_lb", "stride_lh", "H", "GROUP", "BH", "HG", "seqlen_q", "seqlen_k"])
+    def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, H, GROUP, BH, HG, seqlen_q,
                         seqlen_k, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
                         CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
@@ -776,7 +790,7 @@ if HAS_GLUON:
                 tile_step = gl.num_programs(0)
             else:
                 tile_step = n_tiles  # one tile a program
-            _pp_run(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, H,
+            _pp_run(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                     GROUP, seqlen_q, seqlen_k, qk_scale, None, None, None, None, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                     CAUSAL, OVERLAP, CONSUMERS, PERSISTENT, PRODUCER_REGS, CONSUMER_REGS, False)
         else:
@@ -841,7 +855,7 @@ if HAS_GLUON:
             tile_step = gl.num_programs(0)
         else:
             tile_step = n_tiles  # one tile a program
-        _pp_run(q_desc, k_desc, v_desc, o_desc, LSE, 0, stride_lh, tile0, tile_step, n_tiles, 0, 0, H, GROUP, 0, 0,
+        _pp_run(q_desc, k_desc, v_desc, o_desc, LSE, 0, stride_lh, tile0, tile_step, n_tiles, 0, 0, 0, H, GROUP, 0, 0,
                 qk_scale, CU_Q, CU_K, n_seq, O, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, CONSUMERS,
                 PERSISTENT, PRODUCER_REGS, CONSUMER_REGS, True)
 
@@ -937,8 +951,30 @@ def varlen_find(i: int, cu_seqlens_q, block_m: int, chunk: int = 128) -> tuple[i
 
 
 @functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)  # on every launch
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def head_group(bh: int, n_m: int, n_sms: int, grouped: bool = True) -> int:
+    """(batch, head)s a group of the ping-pong tile order (_tile_info): enough that a group's bh x n_m tiles
+    fill the SMs once (ceil(n_sms / n_m), at most bh), so the tiles running at once share few heads' K/V
+    and each head's K/V is read from HBM about once. grouped=False: bh (one group: heaviest tile first over
+    all heads, the order before 2026-12-03)."""
+    if bh < 1 or n_m < 1 or n_sms < 1:
+        raise ValueError(f"head_group: bh, n_m, n_sms must be >= 1, got {bh}, {n_m}, {n_sms}")
+    return max(1, min(bh, -(-n_sms // n_m))) if grouped else bh
+
+
+def tile_order(bh: int, n_m: int, hg: int) -> list[tuple[int, int]]:
+    """The kernel's tile -> ((batch, head) index, query block) map for tiles 0 .. bh * n_m - 1, in Python
+    (_tile_info does the same on the GPU; tests check it is a permutation, heaviest first within a group)."""
+    out = []
+    for t in range(bh * n_m):
+        g, r = divmod(t, hg * n_m)
+        n = min(hg, bh - g * hg)
+        out.append((g * hg + r % n, n_m - 1 - r // n))
+    return out
 
 
 def _num_sms(device: torch.device) -> int:
@@ -1048,14 +1084,15 @@ def _launch(q, k, v, out, lse, causal, softmax_scale, config):
     k_desc = TensorDescriptor(k, [B, Sk, Hkv * D], [Sk * Hkv * D, Hkv * D, 1], [1, cfg.block_n, D], kv_lay)
     v_desc = TensorDescriptor(v, [B, Sk, Hkv * D], [Sk * Hkv * D, Hkv * D, 1], [1, cfg.block_n, D], kv_lay)
     n_m = triton.cdiv(Sq, cfg.block_m)
+    n_sms = _num_sms(q.device)
     if not cfg.is_pingpong:
         grid = (n_m, B * H)
     elif cfg.persistent:
-        grid = (min(n_m * B * H, _num_sms(q.device)), )
+        grid = (min(n_m * B * H, n_sms), )
     else:
         grid = (n_m * B * H, )
-    args = (q_desc, k_desc, v_desc, o_desc, lse, lse.stride(0), lse.stride(1), H, H // Hkv, B * H, Sq, Sk,
-            float(scale) * LOG2E)
+    args = (q_desc, k_desc, v_desc, o_desc, lse, lse.stride(0), lse.stride(1), H, H // Hkv, B * H,
+            head_group(B * H, n_m, n_sms, cfg.l2_groups), Sq, Sk, float(scale) * LOG2E)
     return grid, args, _constexprs(D, bool(causal), cfg)
 
 
@@ -1118,7 +1155,7 @@ def compile_sm90(head_dim: int, causal: bool, *, dtype: torch.dtype = torch.bflo
         return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
     signature = {"q_desc": desc(cfg.q_rows), "k_desc": desc(cfg.block_n), "v_desc": desc(cfg.block_n),
                  "o_desc": desc(cfg.q_rows), "LSE": "*fp32", "stride_lb": "i32", "stride_lh": "i32", "H": "i32",
-                 "GROUP": "i32", "BH": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "qk_scale": "fp32"}
+                 "GROUP": "i32", "BH": "i32", "HG": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "qk_scale": "fp32"}
     constexprs = _constexprs(head_dim, bool(causal), cfg)
     signature.update({name: "constexpr" for name in constexprs})
     src = GluonASTSource(fn=_fa3_fwd_kernel, signature=signature, constexprs=constexprs)

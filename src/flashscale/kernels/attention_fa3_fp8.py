@@ -62,6 +62,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from flashscale.kernels.attention_fa3 import head_group
 from flashscale.kernels.attention_tune import capability
 
 try:  # Gluon is experimental: absent from older Tritons, and its API moves between releases
@@ -133,6 +134,7 @@ class FA3Fp8Config:
     producer_regs: int = 24  # setmaxnreg of the TMA warp
     consumer_regs: int = 0  # setmaxnreg of the worker consumers; 0: 240 / 160 for 2 / 3 consumers
     persistent: bool = False  # one program an SM looping over the tiles, heaviest first
+    l2_groups: bool = True  # tiles grouped by (batch, head), about a wave a group (attention_fa3.FA3Config.l2_groups)
     # Software exp2 (FlashAttention-4's trick) for part of P: of every 8 groups of 8 keys of the S tile, this many
     # (spread: group g when (g * exp2_fma) % 8 < exp2_fma) compute P = 2^x as a degree-3 polynomial on the FMA
     # pipe (_exp2_fma) instead of MUFU.EX2, whose 16 ops/clk/SM limit the D 128 softmax. 0 (default): all MUFU.
@@ -200,6 +202,7 @@ TUNING_CONFIGS = {
         "pp_late_fma3": _C(block_m=128, block_n=128, stages=3, late_pv_wait=True, exp2_fma=3),
         # SASS audit: the row max as a tree (shorter S -> first exp2 latency; bitwise the default's output)
         "pp_tree": _C(block_m=128, block_n=128, stages=3, tree_max=True),
+        "pp_flat": _C(block_m=128, block_n=128, stages=3, l2_groups=False),  # the tile order before 2026-12-03
     },
     256: {
         "pp": _C(block_m=128, block_n=128, stages=2),  # causal: 44 B spilled (the diagonal block's mask)
@@ -209,6 +212,7 @@ TUNING_CONFIGS = {
         "pp_n64_s3_serial": _C(block_m=128, block_n=64, stages=3, overlap=False),
         # the one spill-free late_pv_wait tile at D 256 (S is 32 registers), 4 stages (229,912 B of shared memory)
         "pp_n64_s4_late": _C(block_m=128, block_n=64, stages=4, late_pv_wait=True),
+        "pp_flat": _C(block_m=128, block_n=128, stages=2, l2_groups=False),
     },
 }
 # Defaults, (head dim, causal) -> config, for the default quantization (128-row K/V blocks): spill-free (the compile
@@ -275,12 +279,16 @@ if HAS_GLUON:
         return a + b
 
     @gluon.jit
-    def _tile_info(tile, n_m, BH, H, GROUP, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    def _tile_info(tile, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    CAUSAL: gl.constexpr):
-        """Tile t -> (b, h, K/V head, first query row, key blocks to visit), heaviest (last) query tiles of
-        every (batch, head) first (attention_fa3._tile_info)."""
-        bh = tile % BH
-        m0 = (n_m - 1 - tile // BH) * BLOCK_M
+        """Tile t -> (b, h, K/V head, first query row, key blocks to visit): (batch, head)s in groups of HG,
+        heaviest (last) query tiles first within a group (attention_fa3._tile_info, attention_fa3.head_group)."""
+        tg = HG * n_m  # tiles of a full group
+        g = tile // tg
+        r = tile - g * tg
+        hg = gl.minimum(HG, BH - g * HG)  # heads of this group (the last one may have fewer)
+        bh = g * HG + r % hg
+        m0 = (n_m - 1 - r // hg) * BLOCK_M
         h = bh % H
         if CAUSAL:  # keys [0, hi) are visible to some row of the tile
             hi = gl.maximum(gl.minimum(seqlen_k, m0 + BLOCK_M + seqlen_k - seqlen_q), 0)
@@ -290,7 +298,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
-                  v_empty, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                  v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr):
         """TMA warp (attention_fa3._producer_pp with V^T tiles): per tile, the first K (prefetched during the
@@ -300,7 +308,7 @@ if HAS_GLUON:
         it = 0
         t_i = 0
         for tile in range(tile0, n_tiles, tile_step):
-            b, h, hk, m0, n_blocks = _tile_info(tile, n_m, BH, H, GROUP, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N,
+            b, h, hk, m0, n_blocks = _tile_info(tile, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N,
                                                 CAUSAL)
             k_col = hk * HEAD_DIM
             v_row = (b * HKV + hk) * HEAD_DIM  # V^T rows of this (batch, K/V head) in the (B * Hkv * D, Sk) view
@@ -477,7 +485,7 @@ if HAS_GLUON:
     @gluon.jit
     def _consumer_tile(q_tile, o_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                        my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b,
-                       skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile, it, t_i, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                       skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile, it, t_i, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                        qk_scale, C: gl.constexpr, FIRST: gl.constexpr, HEAD_DIM: gl.constexpr,
                        BLOCK_M: gl.constexpr, SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                        QBLOCK_M: gl.constexpr, QBLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
@@ -500,7 +508,7 @@ if HAS_GLUON:
         cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         off = seqlen_k - seqlen_q
 
-        b, h, hk, m0, n_blocks = _tile_info(tile, n_m, BH, H, GROUP, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+        b, h, hk, m0, n_blocks = _tile_info(tile, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
         r0 = m0 + C * SUB_M
         if CAUSAL:  # blocks [0, n_full) are visible to every row of this slice: no mask there
             n_full = gl.maximum(gl.minimum(seqlen_k, r0 + off + 1), 0) // BLOCK_N
@@ -630,7 +638,7 @@ if HAS_GLUON:
     @gluon.jit
     def _consumer(q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
                   o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n, VD, svd_b,
-                  svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k, qk_scale,
+                  svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, qk_scale,
                   C: gl.constexpr, CONSUMERS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, QBLOCK_M: gl.constexpr, QBLOCK_N: gl.constexpr,
                   CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
@@ -649,7 +657,7 @@ if HAS_GLUON:
             for tile in range(tile0, n_tiles, tile_step):
                 it = _consumer_tile(q_tile, o_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
                                     v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h,
-                                    sqd_n, KD, skd_b, skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile, it, t_i, n_m, BH,
+                                    sqd_n, KD, skd_b, skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile, it, t_i, n_m, BH, HG,
                                     H, GROUP, seqlen_q, seqlen_k, qk_scale, C, FIRST, HEAD_DIM, BLOCK_M, SUB_M,
                                     BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
                                     EXP2_FMA, LATE_PV_WAIT, TREE_MAX)
@@ -658,15 +666,15 @@ if HAS_GLUON:
         else:  # one tile a program: constant counters (fewer live registers)
             _consumer_tile(q_tile, o_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                            my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b,
-                           skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile0, 0, 0, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                           skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile0, 0, 0, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                            qk_scale, C, FIRST, HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
                            OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX)
 
     # One binary per (config, head dim, causal, quantization blocks, out dtype): no integer specialisation.
     @gluon.jit(do_not_specialize=["stride_lb", "stride_lh", "sqd_b", "sqd_h", "sqd_n", "skd_b", "skd_h", "skd_n",
-                                  "svd_b", "svd_h", "svd_n", "H", "GROUP", "BH", "seqlen_q", "seqlen_k"])
+                                  "svd_b", "svd_h", "svd_n", "H", "GROUP", "BH", "HG", "seqlen_q", "seqlen_k"])
     def _fa3_fp8_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD,
-                            skd_b, skd_h, skd_n, VD, svd_b, svd_h, svd_n, H, GROUP, BH, seqlen_q, seqlen_k, qk_scale,
+                            skd_b, skd_h, skd_n, VD, svd_b, svd_h, svd_n, H, GROUP, BH, HG, seqlen_q, seqlen_k, qk_scale,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             STAGES: gl.constexpr, QBLOCK_M: gl.constexpr, QBLOCK_N: gl.constexpr,
                             CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
@@ -705,16 +713,16 @@ if HAS_GLUON:
             gl.warp_specialize([
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
-                             VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                             VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
                              OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
-                             VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                             VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
                              OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
-                             v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                             v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
         else:
@@ -722,21 +730,21 @@ if HAS_GLUON:
             gl.warp_specialize([
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
-                             VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                             VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
                              OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
-                             VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                             VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
                              OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
-                             VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                             VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 2, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
                              OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
-                             v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, H, GROUP, seqlen_q, seqlen_k,
+                             v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
@@ -800,6 +808,7 @@ def supported(q8, k8, v8, q_descale=None, k_descale=None, v_descale=None, **kw) 
 
 
 @functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)  # on every launch
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
@@ -863,13 +872,11 @@ def _launch(q8, k8, v8, qd, kd, vd, out, lse, causal, softmax_scale, block_m, bl
     v_desc = TensorDescriptor(v8, [B * Hkv * D, Sk], [v8.stride(2), 1], [D, cfg.block_n],
                               _layout([D, cfg.block_n], E4M3))
     n_m = triton.cdiv(Sq, cfg.block_m)
-    if cfg.persistent:
-        idx = q8.device.index if q8.device.index is not None else torch.cuda.current_device()
-        grid = (min(n_m * B * H, _sm_count(idx)), )
-    else:
-        grid = (n_m * B * H, )
+    n_sms = _sm_count(q8.device.index if q8.device.index is not None else torch.cuda.current_device())
+    grid = (min(n_m * B * H, n_sms), ) if cfg.persistent else (n_m * B * H, )
     args = (q_desc, k_desc, v_desc, o_desc, lse, lse.stride(0), lse.stride(1), qd, *qd.stride(), kd, *kd.stride(),
-            vd, *vd.stride(), H, H // Hkv, B * H, Sq, Sk, float(scale) * LOG2E)
+            vd, *vd.stride(), H, H // Hkv, B * H, head_group(B * H, n_m, n_sms, cfg.l2_groups), Sq, Sk,
+            float(scale) * LOG2E)
     return grid, args, _constexprs(D, bool(causal), cfg, block_m, block_n)
 
 
@@ -906,7 +913,7 @@ def compile_sm90(head_dim: int, causal: bool, *, config: FA3Fp8Config | None = N
                  "QD": "*fp32", "sqd_b": "i32", "sqd_h": "i32", "sqd_n": "i32",
                  "KD": "*fp32", "skd_b": "i32", "skd_h": "i32", "skd_n": "i32",
                  "VD": "*fp32", "svd_b": "i32", "svd_h": "i32", "svd_n": "i32",
-                 "H": "i32", "GROUP": "i32", "BH": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "qk_scale": "fp32"}
+                 "H": "i32", "GROUP": "i32", "BH": "i32", "HG": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "qk_scale": "fp32"}
     constexprs = _constexprs(head_dim, bool(causal), cfg, block_m, qbn)
     signature.update({name: "constexpr" for name in constexprs})
     src = GluonASTSource(fn=_fa3_fp8_fwd_kernel, signature=signature, constexprs=constexprs)
