@@ -26,6 +26,8 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd22b    # ~4 min: D 256 ws backward (dQ pieces): tests, sweep
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh l2        # ~9 min: the forwards' head-grouped tile order:
 #                                                                  # GPU tests, FA3 and FP8 sweeps, grouped vs flat
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh l2b       # ~6 min: persistent programs in snake order:
+#                                                                  # GPU tests, the sweeps of every persistent variant
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -56,6 +58,17 @@ seed_attention_configs() {  # the tuned FA2 configs of results/attention-h200.js
 }
 
 case "${1:-}" in
+  l2b)  # session 23, second: the persistent grid's snake order (every persistent variant), then the sweeps again
+    step fa3_tests 170 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \
+      -k "persist or head_grouped or varlen_matches"
+    step fp8_tests 90 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_fp8_gpu.py \
+      -k "persist or head_grouped"
+    step sweep 150 "$PY" benchmarks/attention_fa3_sweep.py \
+      --variants pp,pp_persist,pp_s3_persist,pp3_m192,pp3_m192_persist --seqlens 1024,2048,4096,8192,16384 \
+      --budget 140 --compile-budget 60 --out "$OUT/attention-fa3-sweep-snake-h200.json"
+    step fp8_sweep 100 "$PY" benchmarks/attention_fa3_fp8_sweep.py --variants pp,pp_persist,pp_n64_s3 \
+      --hdims 128,256 --seqlens 1024,2048,4096,16384 --budget 90 --compile-budget 40 \
+      --out "$OUT/attention-fa3-fp8-sweep-snake-h200.json" ;;
   l2)  # session 23: the FA3 / FP8 forwards' head-grouped tile order (l2_groups) against the flat one (pp_flat)
     step fa3_tests 170 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \
       -k "head_grouped or persistent_many or (matches_reference and not variants) or (tuning_configs and flat)"

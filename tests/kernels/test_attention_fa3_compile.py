@@ -122,6 +122,25 @@ def test_head_grouped_tile_order(bh, n_m, n_sms):
         fa3.head_group(bh, 0, n_sms)
 
 
+@pytest.mark.parametrize("n_tiles,programs", [(1000, 132), (132, 132), (50, 132), (7, 7), (264, 132), (133, 132)])
+def test_persistent_snake_schedule(n_tiles, programs):
+    # The persistent programs' tile lists (program_tiles mirrors the kernels' _program_tiles / _snake_tile
+    # formulas, checked here against that closed form): every tile once, counts per program within one, and
+    # under a causal mask (tile t's cost falling with its rank in a group of `programs` tiles) no program
+    # carries the heaviest tile of every round as round-robin would.
+    sched = fa3.program_tiles(n_tiles, programs)
+    assert sorted(t for ts in sched for t in ts) == list(range(n_tiles))
+    rounds, rem = divmod(n_tiles, programs)
+    for p, ts in enumerate(sched):
+        slot = p if rounds % 2 == 0 else programs - 1 - p
+        assert len(ts) == rounds + (slot < rem)
+        assert ts == [k * programs + p + (k % 2) * (programs - 1 - 2 * p) for k in range(len(ts))]
+    if rounds >= 2:
+        cost = [sum(programs - t % programs for t in ts) for ts in sched]
+        robin = [sum(programs - t % programs for t in range(p, n_tiles, programs)) for p in range(programs)]
+        assert max(cost) - min(cost) <= programs + 1 < max(robin) - min(robin)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", fa3.HEAD_DIMS)
 def test_dense_sass_unchanged(compiled, head_dim, causal):

@@ -149,6 +149,8 @@ TUNING_CONFIGS = {
         "pp3_m192": FA3Config(block_m=192, block_n=128, stages=3, consumers=3),
         "pp3_m192_s2": FA3Config(block_m=192, block_n=128, stages=2, consumers=3),
         "pp3_m192_flat": FA3Config(block_m=192, block_n=128, stages=3, consumers=3, l2_groups=False),
+        # 4 B spilled (full), 344 B (causal): the 160-register consumers have no room for the tile loop's counters
+        "pp3_m192_persist": FA3Config(block_m=192, block_n=128, stages=3, consumers=3, persistent=True),
         "pp_m256_n64": FA3Config(block_m=256, block_n=64, stages=4),
         "pp_n256_serial": FA3Config(block_m=128, block_n=256, stages=2, overlap=False),
     },
@@ -370,6 +372,24 @@ if HAS_GLUON:
             hi = seqlen_k
         return bh // H, h, h // GROUP, m0, (hi + BLOCK_N - 1) // BLOCK_N
 
+    @gluon.jit
+    def _program_tiles(p, n_tiles, P):
+        """Tiles of program p of P in the snake order of _snake_tile: R = n_tiles // P full rounds, and one of
+        the rem = n_tiles % P tiles of the last round when the round's slot of p (p, or P - 1 - p in an odd
+        round) is below rem. One-tile-a-program grids (P = n_tiles) give 1."""
+        rounds = n_tiles // P
+        rem = n_tiles - rounds * P
+        slot = p + (rounds % 2) * (P - 1 - 2 * p)
+        return rounds + (slot < rem).to(gl.int32)
+
+    @gluon.jit
+    def _snake_tile(k, p, P):
+        """Program p's k-th tile: round k of P tiles, taken left to right in even rounds and right to left in
+        odd ones, so the programs that drew a round's heaviest tiles draw the next round's lightest (the tile
+        list runs heaviest first within a head group: round-robin would hand program 0 the heaviest causal
+        tile of every round)."""
+        return k * P + p + (k % 2) * (P - 1 - 2 * p)
+
     # ---- varlen (packed q (Tq, H, D), k/v (Tk, Hkv, D), int32 cu_seqlens): the compact tile list -----------
     # Sequence b has nb_b = cdiv(len_q_b, BLOCK_M) query blocks; they take the compact block numbers
     # [S_b, S_b + nb_b), S_b = nb_0 + ... + nb_{b-1}, last block first (heaviest under causal, as the dense
@@ -480,7 +500,8 @@ if HAS_GLUON:
     def _producer_pp(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
                      v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                     CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, CU_Q, CU_K, n_seq, VARLEN: gl.constexpr):
+                     CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, CU_Q, CU_K, n_seq, VARLEN: gl.constexpr,
+                     PERSISTENT: gl.constexpr):
         """TMA warp of the ping-pong path. Per tile: K of its first block (prefetched while the consumers
         still run the previous tile's epilogue), then each consumer's Q slice once that consumer has released
         it (q_empty), then the K/V blocks. Counters run on across tiles: `it` counts K/V blocks, `t_i` tiles.
@@ -488,24 +509,43 @@ if HAS_GLUON:
         nothing and counts nothing; the consumers skip it alike."""
         it = 0
         t_i = 0
-        for tile in range(tile0, n_tiles, tile_step):
-            if VARLEN:
-                ok, b, h, hk, m0, n_blocks, q_start, len_q, k_start, len_k = _tile_info_varlen(
-                    tile, CU_Q, CU_K, n_seq, H, GROUP, BLOCK_M, BLOCK_N, CAUSAL, 1)
-                if ok:
-                    _producer_pp_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                                      k_empty, v_ready, v_empty, it, t_i, 0, q_start, len_q, m0, k_start, h, hk,
-                                      n_blocks, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)
-                    it += n_blocks
-                    t_i += 1
-            else:
-                b, h, hk, m0, n_blocks = _tile_info(tile, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N,
-                                                    CAUSAL)
+        if PERSISTENT:  # the snake order of _snake_tile
+            for kt in range(0, _program_tiles(tile0, n_tiles, tile_step)):
+                it, t_i = _producer_pp_next(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                            k_empty, v_ready, v_empty, _snake_tile(kt, tile0, tile_step), it, t_i,
+                                            n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                            STAGES, CONSUMERS, CAUSAL, CU_Q, CU_K, n_seq, VARLEN)
+        else:  # one tile a program (the plain loop: the 24-register warp spills with the snake's arithmetic)
+            for tile in range(tile0, n_tiles, tile_step):
+                it, t_i = _producer_pp_next(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                            k_empty, v_ready, v_empty, tile, it, t_i, n_m, BH, HG, H, GROUP, seqlen_q,
+                                            seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, CU_Q,
+                                            CU_K, n_seq, VARLEN)
+
+    @gluon.jit
+    def _producer_pp_next(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
+                          v_ready, v_empty, tile, it, t_i, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
+                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                          CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, CU_Q, CU_K, n_seq, VARLEN: gl.constexpr):
+        """The producer's loads of one tile; returns the counters (K/V blocks, tiles) after it."""
+        if VARLEN:
+            ok, b, h, hk, m0, n_blocks, q_start, len_q, k_start, len_k = _tile_info_varlen(
+                tile, CU_Q, CU_K, n_seq, H, GROUP, BLOCK_M, BLOCK_N, CAUSAL, 1)
+            if ok:
                 _producer_pp_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                                  k_empty, v_ready, v_empty, it, t_i, b, 0, seqlen_q, m0, 0, h, hk, n_blocks,
-                                  HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)
+                                  k_empty, v_ready, v_empty, it, t_i, 0, q_start, len_q, m0, k_start, h, hk,
+                                  n_blocks, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)
                 it += n_blocks
                 t_i += 1
+        else:
+            b, h, hk, m0, n_blocks = _tile_info(tile, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N,
+                                                CAUSAL)
+            _producer_pp_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                              k_empty, v_ready, v_empty, it, t_i, b, 0, seqlen_q, m0, 0, h, hk, n_blocks,
+                              HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)
+            it += n_blocks
+            t_i += 1
+        return it, t_i
 
     @gluon.jit
     def _store_rows_masked(q, O, q_start, r0, len_q, H, h, HEAD_DIM: gl.constexpr, SUB_M: gl.constexpr):
@@ -692,7 +732,8 @@ if HAS_GLUON:
         if PERSISTENT:
             it = 0  # K/V blocks consumed so far (and, with OVERLAP, turns taken)
             t_i = 0  # tiles done
-            for tile in range(tile0, n_tiles, tile_step):
+            for kt in range(0, _program_tiles(tile0, n_tiles, tile_step)):
+                tile = _snake_tile(kt, tile0, tile_step)
                 it = _consumer_pp_tile(q_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
                                        v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, tile, it,
                                        t_i, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, qk_scale, C, FIRST,
@@ -748,7 +789,7 @@ if HAS_GLUON:
                 (_producer_pp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                 k_empty, v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q,
                                 seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, CU_Q, CU_K,
-                                n_seq, VARLEN)),
+                                n_seq, VARLEN, PERSISTENT)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
         else:
             gl.static_assert(CONSUMERS == 3, "ping-pong takes 2 or 3 consumer warpgroups")
@@ -768,7 +809,7 @@ if HAS_GLUON:
                 (_producer_pp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                 k_empty, v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q,
                                 seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, CU_Q, CU_K,
-                                n_seq, VARLEN)),
+                                n_seq, VARLEN, PERSISTENT)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
     # No value specialisation of the integer arguments (Triton would otherwise compile one kernel per
@@ -964,6 +1005,16 @@ def head_group(bh: int, n_m: int, n_sms: int, grouped: bool = True) -> int:
     if bh < 1 or n_m < 1 or n_sms < 1:
         raise ValueError(f"head_group: bh, n_m, n_sms must be >= 1, got {bh}, {n_m}, {n_sms}")
     return max(1, min(bh, -(-n_sms // n_m))) if grouped else bh
+
+
+def program_tiles(n_tiles: int, programs: int) -> list[list[int]]:
+    """The tiles each persistent program runs, in order (_program_tiles / _snake_tile in Python): rounds of
+    `programs` tiles, left to right in even rounds and right to left in odd ones."""
+    out = [[] for _ in range(programs)]
+    for t in range(n_tiles):
+        k, j = divmod(t, programs)
+        out[j if k % 2 == 0 else programs - 1 - j].append(t)
+    return out
 
 
 def tile_order(bh: int, n_m: int, hg: int) -> list[tuple[int, int]]:

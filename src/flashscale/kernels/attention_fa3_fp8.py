@@ -269,6 +269,7 @@ def config_error(head_dim: int, cfg: FA3Fp8Config, *, quant_block_n: int | None 
 
 
 if HAS_GLUON:
+    from flashscale.kernels.attention_fa3 import _program_tiles, _snake_tile  # the persistent snake order
 
     @gluon.jit
     def _max_combine(a, b):
@@ -300,42 +301,60 @@ if HAS_GLUON:
     def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
                   v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr):
+                  CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
         """TMA warp (attention_fa3._producer_pp with V^T tiles): per tile, the first K (prefetched during the
         previous tile's epilogue), each consumer's Q slice once released, then the K/V tiles of the ring."""
-        SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
-        HKV = H // GROUP
         it = 0
         t_i = 0
-        for tile in range(tile0, n_tiles, tile_step):
-            b, h, hk, m0, n_blocks = _tile_info(tile, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N,
-                                                CAUSAL)
-            k_col = hk * HEAD_DIM
-            v_row = (b * HKV + hk) * HEAD_DIM  # V^T rows of this (batch, K/V head) in the (B * Hkv * D, Sk) view
-            if n_blocks > 0:
-                s = it % STAGES
-                mbarrier.wait(k_empty.index(s), ((it // STAGES) & 1) ^ 1)  # a fresh slot passes at once
+        if PERSISTENT:  # the snake order of attention_fa3._snake_tile
+            for kt in range(0, _program_tiles(tile0, n_tiles, tile_step)):
+                it, t_i = _producer_next(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                         k_empty, v_ready, v_empty, _snake_tile(kt, tile0, tile_step), it, t_i, n_m,
+                                         BH, HG, H, GROUP, seqlen_q, seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                                         CONSUMERS, CAUSAL)
+        else:  # one tile a program (the plain loop: the 24-register warp spills with the snake's arithmetic)
+            for tile in range(tile0, n_tiles, tile_step):
+                it, t_i = _producer_next(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                         k_empty, v_ready, v_empty, tile, it, t_i, n_m, BH, HG, H, GROUP, seqlen_q,
+                                         seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL)
+
+    @gluon.jit
+    def _producer_next(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+                       v_empty, tile, it, t_i, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, HEAD_DIM: gl.constexpr,
+                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
+                       CAUSAL: gl.constexpr):
+        """The producer's loads of one tile; returns the counters (K/V blocks, tiles) after it."""
+        SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
+        HKV = H // GROUP
+        b, h, hk, m0, n_blocks = _tile_info(tile, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N,
+                                            CAUSAL)
+        k_col = hk * HEAD_DIM
+        v_row = (b * HKV + hk) * HEAD_DIM  # V^T rows of this (batch, K/V head) in the (B * Hkv * D, Sk) view
+        if n_blocks > 0:
+            s = it % STAGES
+            mbarrier.wait(k_empty.index(s), ((it // STAGES) & 1) ^ 1)  # a fresh slot passes at once
+            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [b, 0, k_col], k_ready.index(s), k_smem.index(s))
+        for c in gl.static_range(CONSUMERS):
+            mbarrier.wait(q_empty.index(c), (t_i & 1) ^ 1)
+            mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
+            # a slice wholly past Sq loads rows from Sq - 1 (never stored): no box starts outside the tensor
+            q_row = gl.minimum(m0 + c * SUB_M, seqlen_q - 1)
+            tma.async_copy_global_to_shared(q_desc, [b, q_row, h * HEAD_DIM], q_ready.index(c), q_smem.index(c))
+        for j in range(n_blocks):
+            s = (it + j) % STAGES
+            free = (((it + j) // STAGES) & 1) ^ 1
+            if j > 0:
+                mbarrier.wait(k_empty.index(s), free)
                 mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(k_desc, [b, 0, k_col], k_ready.index(s), k_smem.index(s))
-            for c in gl.static_range(CONSUMERS):
-                mbarrier.wait(q_empty.index(c), (t_i & 1) ^ 1)
-                mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
-                # a slice wholly past Sq loads rows from Sq - 1 (never stored): no box starts outside the tensor
-                q_row = gl.minimum(m0 + c * SUB_M, seqlen_q - 1)
-                tma.async_copy_global_to_shared(q_desc, [b, q_row, h * HEAD_DIM], q_ready.index(c), q_smem.index(c))
-            for j in range(n_blocks):
-                s = (it + j) % STAGES
-                free = (((it + j) // STAGES) & 1) ^ 1
-                if j > 0:
-                    mbarrier.wait(k_empty.index(s), free)
-                    mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-                    tma.async_copy_global_to_shared(k_desc, [b, j * BLOCK_N, k_col], k_ready.index(s),
-                                                    k_smem.index(s))
-                mbarrier.wait(v_empty.index(s), free)
-                mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(v_desc, [v_row, j * BLOCK_N], v_ready.index(s), v_smem.index(s))
-            it += n_blocks
-            t_i += 1
+                tma.async_copy_global_to_shared(k_desc, [b, j * BLOCK_N, k_col], k_ready.index(s),
+                                                k_smem.index(s))
+            mbarrier.wait(v_empty.index(s), free)
+            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [v_row, j * BLOCK_N], v_ready.index(s), v_smem.index(s))
+        it += n_blocks
+        t_i += 1
+        return it, t_i
 
     # FP8 A-operand fix-up (FA3 section 3.3, its permute_Aregs_fp8), per 64 bits = the 8 e4m3 of two adjacent
     # registers R0, R1 of the accumulator layout (registers 4m..4m+3: rows r / r + 8 of the key pair (k, k+1);
@@ -654,7 +673,8 @@ if HAS_GLUON:
         if PERSISTENT:
             it = 0
             t_i = 0
-            for tile in range(tile0, n_tiles, tile_step):
+            for kt in range(0, _program_tiles(tile0, n_tiles, tile_step)):
+                tile = _snake_tile(kt, tile0, tile_step)
                 it = _consumer_tile(q_tile, o_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
                                     v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h,
                                     sqd_n, KD, skd_b, skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile, it, t_i, n_m, BH, HG,
@@ -723,7 +743,7 @@ if HAS_GLUON:
                              OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
-                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL)),
+                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, PERSISTENT)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
         else:
             gl.static_assert(CONSUMERS == 3, "2 or 3 consumer warpgroups")
@@ -745,7 +765,7 @@ if HAS_GLUON:
                              OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
-                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL)),
+                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, PERSISTENT)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
