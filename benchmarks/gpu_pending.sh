@@ -28,6 +28,8 @@
 #                                                                  # GPU tests, FA3 and FP8 sweeps, grouped vs flat
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh l2b       # ~6 min: persistent programs in snake order:
 #                                                                  # GPU tests, the sweeps of every persistent variant
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh attn23    # ~9 min: FA3 + API + backward-rule GPU tests, the
+#                                                                  # attention grid, the FP8 grid (new forward defaults)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -58,6 +60,14 @@ seed_attention_configs() {  # the tuned FA2 configs of results/attention-h200.js
 }
 
 case "${1:-}" in
+  attn23)  # session 23, third: the forwards' new defaults (head-grouped order, SEQLEN_CONFIGS, D 64 auto from 1k)
+    # through ops.attention: the FA3 GPU tests, the backward rule tests left from session 22, the grid, FP8's grid
+    step fa3_tests 130 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \
+      tests/kernels/test_attention_fa3_bwd_gpu.py -k "not bwd_gpu or auto or dlse"
+    step api 60 "$PY" -m pytest -q -p no:cacheprovider -n 4 tests/kernels/test_attention_api.py
+    seed_attention_configs
+    step attention 240 "$PY" benchmarks/attention.py --deterministic --out "$OUT"
+    step fp8 150 "$PY" benchmarks/attention_fp8.py --out "$OUT" ;;
   l2b)  # session 23, second: the persistent grid's snake order (every persistent variant), then the sweeps again
     step fa3_tests 170 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \
       -k "persist or head_grouped or varlen_matches"

@@ -145,7 +145,7 @@ def test_fa3_refuses_head_dims_and_fp32_and_takes_varlen():
 
 def test_fa3_auto_rule(monkeypatch):
     """impl="auto" takes the fa3 forward on a GPU where it measured faster (head_dim 128 and 256 from 1024 query
-    rows, 64 from 2048); FLASHSCALE_FA3=1 everywhere it applies, =0 never; other values are an error."""
+    rows, 64 too since the head-grouped order); FLASHSCALE_FA3=1 everywhere it applies, =0 never; other values are an error."""
     from types import SimpleNamespace
 
     from flashscale.ops.attention import _auto_wants_fa3
@@ -154,7 +154,7 @@ def test_fa3_auto_rule(monkeypatch):
     monkeypatch.delenv("FLASHSCALE_FA3", raising=False)
     assert [_auto_wants_fa3(gpu(128), s) for s in (1, 1023, 1024, 16384)] == [False, False, True, True]
     assert [_auto_wants_fa3(gpu(256), s) for s in (512, 1023, 1024, 2048)] == [False, False, True, True]
-    assert [_auto_wants_fa3(gpu(64), s) for s in (1024, 2048)] == [False, True]
+    assert [_auto_wants_fa3(gpu(64), s) for s in (512, 1023, 1024, 2048)] == [False, False, True, True]
     assert not _auto_wants_fa3(gpu(96), 16384)  # not a head dim of the fast path
     assert not _auto_wants_fa3(SimpleNamespace(is_cuda=False, shape=(1, 1, 1, 128)), 4096)
     monkeypatch.setenv("FLASHSCALE_FA3", "1")

@@ -122,6 +122,20 @@ def test_head_grouped_tile_order(bh, n_m, n_sms):
         fa3.head_group(bh, 0, n_sms)
 
 
+def test_seqlen_configs():
+    # Every (head dim, causal) has a rule ending in "any length", every name is a config the sweep times and the
+    # GPU tests run, and the bounds rise along a rule.
+    for d in fa3.HEAD_DIMS:
+        for causal in (False, True):
+            rule = fa3.SEQLEN_CONFIGS[(d, causal)]
+            assert rule[-1][0] is None and all(b is not None for b, _ in rule[:-1])
+            assert [b for b, _ in rule[:-1]] == sorted(b for b, _ in rule[:-1])
+            for bound, name in rule:
+                assert fa3.config_error(d, fa3.TUNING_CONFIGS[d][name]) is None
+                assert fa3.default_config(d, causal, bound or 1 << 20) is fa3.TUNING_CONFIGS[d][name]
+    assert fa3.default_config(64, False, 4096).persistent and not fa3.default_config(64, False, 4097).persistent
+
+
 @pytest.mark.parametrize("n_tiles,programs", [(1000, 132), (132, 132), (50, 132), (7, 7), (264, 132), (133, 132)])
 def test_persistent_snake_schedule(n_tiles, programs):
     # The persistent programs' tile lists (program_tiles mirrors the kernels' _program_tiles / _snake_tile

@@ -176,6 +176,25 @@ TUNING_CONFIGS = {
 # ping-pong consumers of 64 rows (466 TFLOP/s at 16k against 402 with two), D 128/256 two (581 / 634 at 16k;
 # 3 stages and the persistent grid within 2% either way, so the simpler config).
 DEFAULT_CONFIGS = {64: TUNING_CONFIGS[64]["pp3_m192"], 128: TUNING_CONFIGS[128]["pp"], 256: TUNING_CONFIGS[256]["pp"]}
+# The dense launches' configs by (head dim, causal): (largest seqlen_q, TUNING_CONFIGS name), the first that holds
+# (None: any). From the two H200 sweeps of the head-grouped order (attention-fa3-sweep-l2-h200.json and
+# -snake-h200.json, 2026-12-03, 1k-16k): the persistent grid (the next tile's loads under this one's epilogue) is
+# 2-10 % ahead at D 128 full and at D 64 up to 4k, and behind under a causal mask from 8k (d128 16k: 407-500
+# against 576-582, whatever the program order) and at D 256; D 64 from 8k keeps three consumers on one tile a
+# program. pp3_m192_persist spills 4 B (full) / 344 B (causal) of counters; DEFAULT_CONFIGS (varlen, the AOT
+# compile tests) stay spill-free.
+SEQLEN_CONFIGS = {(64, False): ((4096, "pp3_m192_persist"), (None, "pp3_m192")),
+                  (64, True): ((4096, "pp_persist"), (None, "pp3_m192")),
+                  (128, False): ((None, "pp_persist"), ), (128, True): ((None, "pp"), ),
+                  (256, False): ((None, "pp"), ), (256, True): ((None, "pp"), )}
+
+
+def default_config(head_dim: int, causal: bool, seqlen_q: int) -> FA3Config:
+    """The config a dense call without config= runs (SEQLEN_CONFIGS)."""
+    for bound, name in SEQLEN_CONFIGS[(head_dim, bool(causal))]:
+        if bound is None or seqlen_q <= bound:
+            return TUNING_CONFIGS[head_dim][name]
+    raise AssertionError("SEQLEN_CONFIGS: every row ends with a None bound")
 
 SMEM_LIMIT = 232_448  # H100/H200: 227 KB the most one block may take
 
@@ -1123,7 +1142,7 @@ def _launch(q, k, v, out, lse, causal, softmax_scale, config):
     B, Sq, H, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     scale = softmax_scale if softmax_scale is not None else D ** -0.5
-    cfg = config or DEFAULT_CONFIGS[D]
+    cfg = config or default_config(D, causal, Sq)
     bad = config_error(D, cfg)
     if bad is not None:
         raise ValueError(f"attention_fa3_fwd: {cfg}: {bad}")

@@ -30,10 +30,12 @@ _IMPLS = ("auto", "triton", "fa3", "reference")
 # 289; the grid then measured 438 full). At 512 fa3's kernels are faster still at 128 and 256 (227-389 against
 # 175-326) but run for 0.13-0.19 ms, under the ~0.15-0.25 ms of host time a call: eager calls there are
 # host-bound and the grid measured fa3 at 0.5-0.9x FA2 (attention-h200.json runs of session 19), so 512 stays
-# FA2's. At 64 FA2 stays ahead below 2048 (causal 1k: 209 against 240).
+# FA2's. At 64 FA2 stayed ahead below 2048 (causal 1k: 209 against 240) until the head-grouped tile order and the
+# persistent configs of attention_fa3.SEQLEN_CONFIGS (2026-12-03 sweeps: 1k full 371, causal 259 against FA2's 324 /
+# 240 in the grid): 64 from 1024 as well.
 # FLASHSCALE_FA3=1 takes it wherever it applies, =0 never.
 FA3_ENV = "FLASHSCALE_FA3"
-FA3_AUTO_MIN_SEQLEN_Q = {64: 2048, 128: 1024, 256: 1024}
+FA3_AUTO_MIN_SEQLEN_Q = {64: 1024, 128: 1024, 256: 1024}
 # The packed varlen layout goes to the fa3 forward under "auto" since its GPU tests (tests/kernels/
 # test_attention_fa3_gpu.py -k varlen: 43 passed on an H200, 2026-12-02), by its own rule: (head_dim, causal) ->
 # from which max_seqlen_q. benchmarks/attention_varlen.py on the H200 (attention-varlen-h200.json, 2026-12-02;
