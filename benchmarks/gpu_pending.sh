@@ -30,6 +30,8 @@
 #                                                                  # GPU tests, the sweeps of every persistent variant
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh attn23    # ~9 min: FA3 + API + backward-rule GPU tests, the
 #                                                                  # attention grid, the FP8 grid (new forward defaults)
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh d64c      # ~5 min: backward GPU tests + short sweeps (one-pass
+#                                                                  # dQ cast), D 64 forward configs for short sequences
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -60,6 +62,14 @@ seed_attention_configs() {  # the tuned FA2 configs of results/attention-h200.js
 }
 
 case "${1:-}" in
+  d64c)  # session 23, fourth: the backward's one-pass dQ cast (tests, d128/d64 short sweeps), D 64's short-sequence configs
+    step bwd_tests 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_bwd_gpu.py \
+      tests/kernels/test_attention_fa3_gpu.py -k "bwd_gpu or (tuning_configs and (s4 or n64) and not varlen)"
+    step bwd_sweep 90 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 128,64 --variants ws_tma,ws_s3_tma \
+      --seqlens 1024,2048,4096 --no-sdpa --budget 80 --out "$OUT/attention-fa3-bwd-sweep-cast-h200.json"
+    step sweep 120 "$PY" benchmarks/attention_fa3_sweep.py --hdims 64 --seqlens 1024,2048,4096,8192 --budget 110 \
+      --variants pp_persist,pp3_m192,pp3_m192_persist,pp_persist_s4,pp_n64_s6_persist,pp_m256_n64,pp_m256_n64_persist \
+      --compile-budget 50 --out "$OUT/attention-fa3-sweep-d64-h200.json" ;;
   attn23)  # session 23, third: the forwards' new defaults (head-grouped order, SEQLEN_CONFIGS, D 64 auto from 1k)
     # through ops.attention: the FA3 GPU tests, the backward rule tests left from session 22, the grid, FP8's grid
     step fa3_tests 130 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \

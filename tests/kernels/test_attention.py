@@ -224,6 +224,20 @@ def test_reference_backward_is_autograd(kw):
         assert (a - b).abs().max() <= 64 * torch.finfo(torch.float64).eps * b.abs().max()
 
 
+@pytest.mark.parametrize("n", [0, 1, 4095, 4096, 9000])
+def test_scale_cast_matches_torchs_two_ops(n):
+    """The Hopper backward's dQ epilogue (kernels.attention_bwd.scale_cast): (x * scale).to(dtype) in one kernel,
+    bitwise torch's two ops (float32 product, round to nearest even), ragged last block, empty input."""
+    from flashscale.kernels.attention_bwd import scale_cast
+
+    x = randn(n, dtype=torch.float32) * 300  # products past fp16's normal range round as torch rounds them
+    got = scale_cast(x, 128 ** -0.5, torch.float16)
+    assert got.dtype == torch.float16 and got.shape == x.shape
+    assert torch.equal(got, (x * 128 ** -0.5).to(torch.float16))
+    with pytest.raises(ValueError, match="contiguous"):
+        scale_cast(torch.zeros(4, 4).t(), 1.0, torch.float16)
+
+
 @pytest.mark.parametrize("with_dlse", [False, True])
 def test_bwd_delta_is_rowsum_of_do_times_o(with_dlse):
     """The backward's pre-pass (kernels.attention_bwd.bwd_delta, FA2's and the Hopper backward's): rowsum(dO * O)

@@ -151,6 +151,11 @@ TUNING_CONFIGS = {
         "pp3_m192_flat": FA3Config(block_m=192, block_n=128, stages=3, consumers=3, l2_groups=False),
         # 4 B spilled (full), 344 B (causal): the 160-register consumers have no room for the tile loop's counters
         "pp3_m192_persist": FA3Config(block_m=192, block_n=128, stages=3, consumers=3, persistent=True),
+        # short causal sequences (2026-12-03): a deeper ring, 64-key blocks (half the diagonal block's masked work,
+        # twice the turns), 128-row slices; all persistent, spill-free
+        "pp_persist_s4": FA3Config(block_m=128, block_n=128, stages=4, persistent=True),
+        "pp_n64_s6_persist": FA3Config(block_m=128, block_n=64, stages=6, persistent=True),
+        "pp_m256_n64_persist": FA3Config(block_m=256, block_n=64, stages=4, persistent=True),
         "pp_m256_n64": FA3Config(block_m=256, block_n=64, stages=4),
         "pp_n256_serial": FA3Config(block_m=128, block_n=256, stages=2, overlap=False),
     },

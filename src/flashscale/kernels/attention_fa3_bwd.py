@@ -53,7 +53,7 @@ try:
 except ImportError:  # pragma: no cover - depends on the installed triton
     HAS_GLUON = False
 
-from flashscale.kernels.attention_bwd import bwd_delta
+from flashscale.kernels.attention_bwd import bwd_delta, scale_cast
 from flashscale.kernels.attention_fa3 import HEAD_DIMS, LOG2E, SMEM_LIMIT, tile_layout, unsupported  # noqa: F401
 
 NUM_WARPS = 8
@@ -393,7 +393,7 @@ def attention_fa3_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
                           lse, delta, desc(dq32, Sq, H, cfg.block_m, tile_layout(cfg.block_m, dq_n, torch.float32),
                                            dq_n) if cfg.dq_tma else dq32, lse.stride(0), lse.stride(1), H, Sq, Sk,
                           float(scale), float(scale) * LOG2E, **_constexprs(D, H // Hkv, bool(causal), cfg))
-    return (dq32 * scale).to(q.dtype), dk, dv
+    return scale_cast(dq32, scale, q.dtype), dk, dv
 
 
 def _kernel(cfg: FA3BwdConfig):
