@@ -32,6 +32,7 @@
 #                                                                  # attention grid, the FP8 grid (new forward defaults)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh d64c      # ~5 min: backward GPU tests + short sweeps (one-pass
 #                                                                  # dQ cast), D 64 forward configs for short sequences
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh attn23b   # ~3 min: FA3 default-path GPU tests, the grid
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -62,6 +63,11 @@ seed_attention_configs() {  # the tuned FA2 configs of results/attention-h200.js
 }
 
 case "${1:-}" in
+  attn23b)  # session 23, last: the grid after the one-pass dQ cast and D 64 causal's three consumers from 2k
+    step fa3_tests 90 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \
+      -k "matches_reference and not variants"
+    seed_attention_configs
+    step attention 240 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
   d64c)  # session 23, fourth: the backward's one-pass dQ cast (tests, d128/d64 short sweeps), D 64's short-sequence configs
     step bwd_tests 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_bwd_gpu.py \
       tests/kernels/test_attention_fa3_gpu.py -k "bwd_gpu or (tuning_configs and (s4 or n64) and not varlen)"
