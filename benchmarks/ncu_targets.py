@@ -9,7 +9,8 @@ name). Targets (bf16; the shapes of the benchmark grids' long cells):
   bwd_d128     attention_fa3_bwd, default config (warp-specialized), B 1, S 8192, H 16, D 128, non-causal
   bwd_d128_c   the same, causal
   bwd_d128_tma the same as bwd_d128 with the TMA reduce-add dQ writer (TUNING_CONFIGS[128]["n128_m64_ws_tma"])
-  bwd_d256     attention_fa3_bwd, default config (single partition), B 1, S 8192, H 8, D 256, non-causal
+  bwd_d256     attention_fa3_bwd, default config (warp-specialized, dQ in four pieces), B 1, S 8192, H 8,
+               D 256, non-causal
   fwd_d128     attention_fa3_fwd, default config, B 1, S 16384, H 16, D 128, non-causal
   fp8_d128     attention_fa3_fp8_fwd, default config, inputs quantized beforehand, B 1, S 16384, H 16, D 128
   dec_8192     w4a16_linear at M 1, K = N = 8192, group 128 (the decode kernel the tuner picks)
