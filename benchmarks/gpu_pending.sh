@@ -66,6 +66,7 @@ seed_attention_configs() {  # the tuned FA2 configs of results/attention-h200.js
 
 case "${1:-}" in
   rot23)  # session 23, after the grid: the backward's rotated query loop (q_rotate), tests, sweep; ncu of D 256
+    # (run 2026-12-03: no gain, q_rotate removed since; the _rot variants select nothing now)
     step bwd_tests 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_bwd_gpu.py \
       -k "rot or every_config"
     step bwd_sweep 100 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 256,128 --variants ws_tma_q4,ws_tma \

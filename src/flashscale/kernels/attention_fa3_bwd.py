@@ -37,7 +37,7 @@ that takes dQ from shared memory and adds it into the float32 buffer: by one TMA
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -83,9 +83,6 @@ class FA3BwdConfig:
     # (and at 232 ptxas serializes the causal loop's wgmmas for want of registers). Both fit 24 without spills.
     producer_regs: int = 24
     writer_regs: int = 24
-    # ws: key block j walks its query blocks from block j mod n on (wrapping), so the programs of one head running
-    # at once read different Q/dO blocks and reduce into different dQ tiles instead of all the same one
-    q_rotate: bool = False
 
     def warps(self, rows: int) -> tuple[int, int]:
         """(warps along M, along N) of an accumulator with `rows` rows on 8 warps: wgmma puts 4 warps
@@ -120,14 +117,12 @@ TUNING_CONFIGS = {
           "n128_m64_ws_tma": DEFAULT_CONFIGS[128],
           "n128_m64_ws_s3_tma": FA3BwdConfig(block_n=128, block_m=64, stages=3, dq_stages=1, **DQ_TMA_WS),
           "n128_m64_ws_s3_tma_q2": FA3BwdConfig(block_n=128, block_m=64, stages=3, dq_stages=2, dq_split=2,
-                                                **DQ_TMA_WS),
-          "n128_m64_ws_tma_rot": replace(DEFAULT_CONFIGS[128], q_rotate=True)},
+                                                **DQ_TMA_WS)},
     256: {"n64_m64": PLAIN_CONFIGS[256], "n64_m64_atom": FA3BwdConfig(block_n=64, block_m=64, red_v2=False),
           "n64_m64_split": FA3BwdConfig(block_n=64, block_m=64, dq_split=2),  # no spills (the others: ~100 B)
           # warp-specialized at D 256: fits only with one 64-column float32 dQ piece in shared memory (16 KB),
           # four pieces a step through the TMA writer
-          "n64_m64_ws_tma_q4": DEFAULT_CONFIGS[256],
-          "n64_m64_ws_tma_q4_rot": replace(DEFAULT_CONFIGS[256], q_rotate=True)},
+          "n64_m64_ws_tma_q4": DEFAULT_CONFIGS[256]},
 }
 
 
@@ -152,8 +147,6 @@ def config_error(head_dim: int, cfg: FA3BwdConfig) -> str | None:
             return f"{name} {v}: 64 or 128"
     if cfg.dq_split not in (1, 2, 4) or head_dim // cfg.dq_split < 64:
         return f"dq_split {cfg.dq_split}: 1, 2 or 4, with at least 64 columns a piece (head_dim {head_dim})"
-    if cfg.q_rotate and not cfg.ws:
-        return "q_rotate: the warp-specialized kernel's option (ws=True)"
     if cfg.ws:
         if not 2 <= cfg.stages <= 4 or cfg.dq_stages not in (1, 2) or cfg.dq_warps not in (1, 2):
             return f"ws: stages {cfg.stages} in 2..4, dq_stages {cfg.dq_stages} 1 or 2, dq_warps {cfg.dq_warps} 1 or 2"
@@ -416,7 +409,7 @@ def _constexprs(head_dim: int, group: int, causal: bool, cfg: FA3BwdConfig) -> d
          "KV_WM": cfg.warps(cfg.block_n)[0], "DQ_WM": cfg.warps(cfg.block_m)[0]}
     if cfg.ws:
         c.update({"STAGES": cfg.stages, "DQ_STAGES": cfg.dq_stages, "DQ_WARPS": cfg.dq_warps, "DQ_TMA": cfg.dq_tma,
-                  "DQ_SPLIT": cfg.dq_split, "Q_ROTATE": cfg.q_rotate,
+                  "DQ_SPLIT": cfg.dq_split,
                   "PRODUCER_REGS": cfg.producer_regs, "WRITER_REGS": cfg.writer_regs})
     else:
         c["RED_V2"] = cfg.red_v2

@@ -75,20 +75,9 @@ if HAS_GLUON:
             "=r,=r,=r,=r,l,l,l,l,f,f,f,f,r,r,r,r", [addr, vals, m], dtype=gl.int32, is_pure=False, pack=4)
 
     @gluon.jit
-    def _q_block(step, m_lo, n_mb, rot, ROTATE: gl.constexpr):
-        """The query block of `step` (n_mb blocks of a head from m_lo; with ROTATE taken from m_lo + rot on,
-        wrapping, so the programs of one head do not all read and reduce into the same block at once)."""
-        if ROTATE:
-            mm = step % n_mb + rot
-            return m_lo + mm - n_mb * (mm >= n_mb).to(gl.int32)
-        else:
-            return m_lo + step % n_mb
-
-    @gluon.jit
     def _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
-                  ready, empty, LSE, DELTA, stride_lb, stride_lh, b, hk, n0, seqlen_q, m_lo, n_mb, n_steps, rot,
-                  GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                  ROTATE: gl.constexpr):
+                  ready, empty, LSE, DELTA, stride_lb, stride_lh, b, hk, n0, seqlen_q, m_lo, n_mb, n_steps,
+                  GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [b, n0, hk * HEAD_DIM], kv_bar, k_smem)
         tma.async_copy_global_to_shared(v_desc, [b, n0, hk * HEAD_DIM], kv_bar, v_smem)
@@ -98,7 +87,7 @@ if HAS_GLUON:
             slot = step % STAGES
             mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
             h = hk * GROUP + step // n_mb
-            m0 = _q_block(step, m_lo, n_mb, rot, ROTATE) * BLOCK_M
+            m0 = (m_lo + step % n_mb) * BLOCK_M
             bar = ready.index(slot)
             mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [b, m0, h * HEAD_DIM], bar, q_smem.index(slot))
@@ -129,7 +118,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, ready, empty,
-                  dq_full, dq_empty, dk_desc, dv_desc, b, hk, n0, m_lo, m_full, n_mb, n_steps, off, rot, sm_scale,
+                  dq_full, dq_empty, dk_desc, dv_desc, b, hk, n0, m_lo, m_full, n_mb, n_steps, off, sm_scale,
                   qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   CAUSAL: gl.constexpr, KV_WM: gl.constexpr, DQ_WM: gl.constexpr, STAGES: gl.constexpr,
                   DQ_STAGES: gl.constexpr, DQ_TMA: gl.constexpr, DQ_SPLIT: gl.constexpr, num_warps: gl.constexpr):
@@ -159,7 +148,7 @@ if HAS_GLUON:
         POW2: gl.constexpr = STAGES & (STAGES - 1) == 0
         slot_c = 0
         phase_c = 0
-        mb = m_lo + rot  # (rot 0 unless ROTATE) the producer's _q_block, as a counter
+        mb = m_lo
         for step in range(n_steps):
             if POW2:
                 slot = step % STAGES
@@ -225,9 +214,8 @@ if HAS_GLUON:
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _dq_writer(dq_smem, dq_full, dq_empty, DQ, b, hk, H, seqlen_q, m_lo, n_mb, n_steps, rot, GROUP: gl.constexpr,
-                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, DQ_STAGES: gl.constexpr, WARPS: gl.constexpr,
-                   ROTATE: gl.constexpr):
+    def _dq_writer(dq_smem, dq_full, dq_empty, DQ, b, hk, H, seqlen_q, m_lo, n_mb, n_steps, GROUP: gl.constexpr,
+                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, DQ_STAGES: gl.constexpr, WARPS: gl.constexpr):
         TPR: gl.constexpr = HEAD_DIM // 4  # threads along a row, 4 floats each (one red.v4)
         RPW: gl.constexpr = 32 // TPR  # rows a warp covers at once
         CHUNK: gl.constexpr = RPW * WARPS * 2  # rows a chunk: 8 floats (two red.v4) a thread
@@ -243,7 +231,7 @@ if HAS_GLUON:
             else:
                 dslot = step % DQ_STAGES
             h = hk * GROUP + step // n_mb
-            m0 = _q_block(step, m_lo, n_mb, rot, ROTATE) * BLOCK_M
+            m0 = (m_lo + step % n_mb) * BLOCK_M
             base = DQ + ((b.to(gl.int64) * seqlen_q + m0) * H + h) * HEAD_DIM
             mbarrier.wait(dq_full.index(dslot), (step // DQ_STAGES) & 1)
             tile = dq_smem.index(dslot)
@@ -256,15 +244,15 @@ if HAS_GLUON:
             mbarrier.arrive(dq_empty.index(dslot), count=1)
 
     @gluon.jit
-    def _dq_tma_writer(dq_smem, dq_full, dq_empty, dq_desc, b, hk, m_lo, n_mb, n_steps, rot, GROUP: gl.constexpr,
+    def _dq_tma_writer(dq_smem, dq_full, dq_empty, dq_desc, b, hk, m_lo, n_mb, n_steps, GROUP: gl.constexpr,
                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, DQ_STAGES: gl.constexpr,
-                       DQ_SPLIT: gl.constexpr, ROTATE: gl.constexpr):
+                       DQ_SPLIT: gl.constexpr):
         """One warp: each step's float32 dQ tile (in DQ_SPLIT column pieces) into the dQ buffer by TMA reduce-add
         (rows past Sq are outside the descriptor's bounds and skipped); a slot is freed once the TMA read it."""
         DQ_N: gl.constexpr = HEAD_DIM // DQ_SPLIT
         for step in range(n_steps):
             h = hk * GROUP + step // n_mb
-            m0 = _q_block(step, m_lo, n_mb, rot, ROTATE) * BLOCK_M
+            m0 = (m_lo + step % n_mb) * BLOCK_M
             for piece in gl.static_range(DQ_SPLIT):
                 i = step * DQ_SPLIT + piece
                 dslot = i % DQ_STAGES
@@ -274,15 +262,15 @@ if HAS_GLUON:
                 mbarrier.arrive(dq_empty.index(dslot), count=1)
 
     @gluon.jit
-    def _dq_any_writer(dq_smem, dq_full, dq_empty, DQ, b, hk, H, seqlen_q, m_lo, n_mb, n_steps, rot, GROUP: gl.constexpr,
+    def _dq_any_writer(dq_smem, dq_full, dq_empty, DQ, b, hk, H, seqlen_q, m_lo, n_mb, n_steps, GROUP: gl.constexpr,
                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, DQ_STAGES: gl.constexpr, WARPS: gl.constexpr,
-                       DQ_TMA: gl.constexpr, DQ_SPLIT: gl.constexpr, ROTATE: gl.constexpr):
+                       DQ_TMA: gl.constexpr, DQ_SPLIT: gl.constexpr):
         if DQ_TMA:  # DQ is a float32 (B, Sq, H * D) descriptor with (1, BLOCK_M, D // DQ_SPLIT) boxes
-            _dq_tma_writer(dq_smem, dq_full, dq_empty, DQ, b, hk, m_lo, n_mb, n_steps, rot, GROUP, HEAD_DIM, BLOCK_M,
-                           DQ_STAGES, DQ_SPLIT, ROTATE)
+            _dq_tma_writer(dq_smem, dq_full, dq_empty, DQ, b, hk, m_lo, n_mb, n_steps, GROUP, HEAD_DIM, BLOCK_M,
+                           DQ_STAGES, DQ_SPLIT)
         else:  # DQ points at the float32 (B, Sq, H, D) buffer
-            _dq_writer(dq_smem, dq_full, dq_empty, DQ, b, hk, H, seqlen_q, m_lo, n_mb, n_steps, rot, GROUP, HEAD_DIM,
-                       BLOCK_M, DQ_STAGES, WARPS, ROTATE)
+            _dq_writer(dq_smem, dq_full, dq_empty, DQ, b, hk, H, seqlen_q, m_lo, n_mb, n_steps, GROUP, HEAD_DIM,
+                       BLOCK_M, DQ_STAGES, WARPS)
 
     @gluon.jit(do_not_specialize=["stride_lb", "stride_lh", "H", "seqlen_q", "seqlen_k"])
     def _fa3_bwd_ws_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA, DQ, stride_lb, stride_lh,
@@ -290,15 +278,11 @@ if HAS_GLUON:
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, KV_WM: gl.constexpr,
                            DQ_WM: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
                            DQ_WARPS: gl.constexpr, DQ_TMA: gl.constexpr, DQ_SPLIT: gl.constexpr,
-                           Q_ROTATE: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                           PRODUCER_REGS: gl.constexpr,
                            WRITER_REGS: gl.constexpr, num_warps: gl.constexpr):
         dtype: gl.constexpr = q_desc.dtype
         b, hk, n0, off, m_lo, m_full, n_mb, n_steps = _kv_block(H, seqlen_q, seqlen_k, GROUP, BLOCK_M, BLOCK_N,
                                                                 CAUSAL)
-        if Q_ROTATE:  # key block j starts its query loop at block j mod n_mb (0 when the block has no query)
-            rot = gl.program_id(0) % gl.maximum(n_mb, 1)
-        else:
-            rot = 0
 
         k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
@@ -334,11 +318,11 @@ if HAS_GLUON:
         gl.warp_specialize([
             (_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, ready,
                          empty, dq_full, dq_empty, dk_desc, dv_desc, b, hk, n0, m_lo, m_full, n_mb, n_steps, off,
-                         rot, sm_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, KV_WM, DQ_WM, STAGES, DQ_STAGES,
+                         sm_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, KV_WM, DQ_WM, STAGES, DQ_STAGES,
                          DQ_TMA, DQ_SPLIT, num_warps)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                          kv_bar, ready, empty, LSE, DELTA, stride_lb, stride_lh, b, hk, n0, seqlen_q, m_lo, n_mb,
-                         n_steps, rot, GROUP, HEAD_DIM, BLOCK_M, STAGES, Q_ROTATE)),
-            (_dq_any_writer, (dq_smem, dq_full, dq_empty, DQ, b, hk, H, seqlen_q, m_lo, n_mb, n_steps, rot, GROUP,
-                              HEAD_DIM, BLOCK_M, DQ_STAGES, DQ_WARPS, DQ_TMA, DQ_SPLIT, Q_ROTATE)),
+                         n_steps, GROUP, HEAD_DIM, BLOCK_M, STAGES)),
+            (_dq_any_writer, (dq_smem, dq_full, dq_empty, DQ, b, hk, H, seqlen_q, m_lo, n_mb, n_steps, GROUP,
+                              HEAD_DIM, BLOCK_M, DQ_STAGES, DQ_WARPS, DQ_TMA, DQ_SPLIT)),
         ], [1, DQ_WARPS], [PRODUCER_REGS, WRITER_REGS])
