@@ -148,6 +148,8 @@ def test_config_errors_are_clear():
     assert bwd.config_error(256, bwd.FA3BwdConfig(block_n=64, block_m=64, ws=True, dq_tma=True, dq_warps=1,
                                                   dq_split=2, dq_stages=1)) is not None  # 32 KB dQ piece: no room
     assert "dq_split" in bwd.config_error(128, bwd.FA3BwdConfig(dq_split=4))  # 32-column pieces
+    assert "dq_split 8" in bwd.config_error(128, bwd.FA3BwdConfig(ws=True, dq_tma=True, dq_warps=1, dq_split=8))
+    assert "dq_split" in bwd.config_error(256, bwd.FA3BwdConfig(dq_split=8))  # 32-column pieces need the TMA writer
     assert "dq_tma" in bwd.config_error(128, bwd.FA3BwdConfig(ws=True, dq_split=2))
     assert bwd.config_error(128, bwd.FA3BwdConfig(ws=True, red_v2=False)) is not None
     assert "dq_warps" in bwd.config_error(128, bwd.FA3BwdConfig(ws=True, dq_tma=True, dq_warps=2))

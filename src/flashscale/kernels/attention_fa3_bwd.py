@@ -122,7 +122,14 @@ TUNING_CONFIGS = {
           "n64_m64_split": FA3BwdConfig(block_n=64, block_m=64, dq_split=2),  # no spills (the others: ~100 B)
           # warp-specialized at D 256: fits only with one 64-column float32 dQ piece in shared memory (16 KB),
           # four pieces a step through the TMA writer
-          "n64_m64_ws_tma_q4": DEFAULT_CONFIGS[256]},
+          "n64_m64_ws_tma_q4": DEFAULT_CONFIGS[256],
+          # ncu (2026-12-03, docs/attention_fa3.md session 23): with one 16 KB dQ slot the MMA warps wait for the
+          # writer's TMA to read each of the four pieces before storing the next (~18 % of their stall samples on
+          # those waits, tensor pipe 33 %). Eight 32-column pieces through two 8 KB slots (the same 226 KB of shared
+          # memory): a piece is stored while the previous one is reduced. Compiles spill-free; NOT yet run on a GPU
+          # (the 32-column slices of K are half a 128-byte swizzle row: the GPU tests must pass before any timing)
+          "n64_m64_ws_tma_q8_d2": FA3BwdConfig(block_n=64, block_m=64, stages=2, dq_stages=2, dq_split=8,
+                                               **DQ_TMA_WS)},
 }
 
 
@@ -145,8 +152,12 @@ def config_error(head_dim: int, cfg: FA3BwdConfig) -> str | None:
     for name, v in (("block_n", cfg.block_n), ("block_m", cfg.block_m)):
         if v not in (64, 128):
             return f"{name} {v}: 64 or 128"
-    if cfg.dq_split not in (1, 2, 4) or head_dim // cfg.dq_split < 64:
-        return f"dq_split {cfg.dq_split}: 1, 2 or 4, with at least 64 columns a piece (head_dim {head_dim})"
+    if cfg.dq_split == 8 and cfg.ws and cfg.dq_tma:  # 32 float32 columns = one 128-byte swizzle row a TMA box
+        if head_dim // 8 < 32:
+            return f"dq_split 8: at least 32 columns a piece (head_dim {head_dim})"
+    elif cfg.dq_split not in (1, 2, 4) or head_dim // cfg.dq_split < 64:
+        return (f"dq_split {cfg.dq_split}: 1, 2 or 4, with at least 64 columns a piece (head_dim {head_dim}); 8 "
+                "(32 columns) with ws and dq_tma")
     if cfg.ws:
         if not 2 <= cfg.stages <= 4 or cfg.dq_stages not in (1, 2) or cfg.dq_warps not in (1, 2):
             return f"ws: stages {cfg.stages} in 2..4, dq_stages {cfg.dq_stages} 1 or 2, dq_warps {cfg.dq_warps} 1 or 2"
