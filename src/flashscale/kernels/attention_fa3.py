@@ -378,18 +378,24 @@ if HAS_GLUON:
     # ---- ping-pong path: one 4-warp partition per consumer warpgroup, optionally persistent -----------------
 
     @gluon.jit
+    def _grouped_tile(tile, n_m, BH, HG):
+        """Tile t -> ((batch, head) index, query block) in head groups of HG, heaviest first within a group
+        (tile_order is this in Python)."""
+        tg = HG * n_m  # tiles of a full group
+        g = tile // tg
+        r = tile - g * tg
+        hg = gl.minimum(HG, BH - g * HG)  # heads of this group (the last one may have fewer)
+        return g * HG + r % hg, n_m - 1 - r // hg
+
+    @gluon.jit
     def _tile_info(tile, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    CAUSAL: gl.constexpr):
         """Tile t -> (b, h, K/V head, first query row, key blocks to visit). The (batch, head)s are taken HG
         at a time (head_group: about one wave of tiles a group, so the group's K/V is read from HBM once and
         from L2 by its other query tiles); within a group heaviest first: the last query tiles (the most keys
         under a causal mask) of its heads, then the next ones. HG = BH: one group, heaviest first globally."""
-        tg = HG * n_m  # tiles of a full group
-        g = tile // tg
-        r = tile - g * tg
-        hg = gl.minimum(HG, BH - g * HG)  # heads of this group (the last one may have fewer)
-        bh = g * HG + r % hg
-        m0 = (n_m - 1 - r // hg) * BLOCK_M
+        bh, m_blk = _grouped_tile(tile, n_m, BH, HG)
+        m0 = m_blk * BLOCK_M
         h = bh % H
         if CAUSAL:  # keys [0, hi) are visible to some row of the tile
             hi = gl.maximum(gl.minimum(seqlen_k, m0 + BLOCK_M + seqlen_k - seqlen_q), 0)

@@ -269,7 +269,8 @@ def config_error(head_dim: int, cfg: FA3Fp8Config, *, quant_block_n: int | None 
 
 
 if HAS_GLUON:
-    from flashscale.kernels.attention_fa3 import _program_tiles, _snake_tile  # the persistent snake order
+    # the tile order (head groups; the persistent programs' snake) is the bf16 forward's
+    from flashscale.kernels.attention_fa3 import _grouped_tile, _program_tiles, _snake_tile
 
     @gluon.jit
     def _max_combine(a, b):
@@ -284,12 +285,8 @@ if HAS_GLUON:
                    CAUSAL: gl.constexpr):
         """Tile t -> (b, h, K/V head, first query row, key blocks to visit): (batch, head)s in groups of HG,
         heaviest (last) query tiles first within a group (attention_fa3._tile_info, attention_fa3.head_group)."""
-        tg = HG * n_m  # tiles of a full group
-        g = tile // tg
-        r = tile - g * tg
-        hg = gl.minimum(HG, BH - g * HG)  # heads of this group (the last one may have fewer)
-        bh = g * HG + r % hg
-        m0 = (n_m - 1 - r // hg) * BLOCK_M
+        bh, m_blk = _grouped_tile(tile, n_m, BH, HG)
+        m0 = m_blk * BLOCK_M
         h = bh % H
         if CAUSAL:  # keys [0, hi) are visible to some row of the tile
             hi = gl.maximum(gl.minimum(seqlen_k, m0 + BLOCK_M + seqlen_k - seqlen_q), 0)
