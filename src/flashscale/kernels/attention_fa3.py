@@ -6,7 +6,8 @@ key j iff j <= i + Sk - Sq); rows that see no key give out = 0, lse = -inf. Varl
 layout, ping-pong path only): q (Tq, H, D), k/v (Tk, Hkv, D), int32 cu_seqlens_q/k (B + 1,), out like q,
 lse (H, Tq); every sequence with its own Sq, Sk (causal bottom-right in each), see "Varlen" below.
 
-One program = one (BLOCK_M, D) query tile of one (batch, head) (or, persistent, a strided list of tiles).
+One program = one (BLOCK_M, D) query tile of one (batch, head) (or, persistent, a list of tiles in snake order).
+Ping-pong tiles run in head groups of about one wave (head_group), heaviest first within a group.
 Two consumer layouts (FA3Config.pingpong):
   * ping-pong (default): CONSUMERS (2 or 3) separate 4-warp partitions, consumer c owning rows
     [c * SUB_M, (c + 1) * SUB_M) of the tile (SUB_M = BLOCK_M / CONSUMERS, its own Q box and output box),
