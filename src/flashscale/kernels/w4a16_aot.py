@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -70,7 +70,7 @@ def main_loop(sass_text: str) -> collections.Counter:
     if not loops:
         return collections.Counter()
     body = max(loops, key=lambda b: b[-1][0] - b[0][0])
-    lo, hi = body[0][0], body[-1][0]
+    hi = body[-1][0]
     fwd = [(a, branch_target(t)) for a, t in body if (branch_target(t) or 0) > a]
     skips = [(a, t) for a, t in fwd if t <= hi and t - a > 64 * 16]
     return collections.Counter(sass_opcode(t) for a, t in body if not any(s < a < e for s, e in skips))

@@ -46,8 +46,7 @@ import triton
 import triton.language as tl
 
 from flashscale.kernels.w4a16 import _device_info, _interpreting, stream_k_grid, x_words
-from flashscale.kernels.w4a16_common import (D_UNIT_F16, OFF_BF16, OFF_F16, last_split, mma_column, reset_ticket,
-                                             split_k_slices, split_k_workspace, x_sums)
+from flashscale.kernels.w4a16_common import last_split, reset_ticket, split_k_slices, split_k_workspace
 from flashscale.kernels.w4a16_gemv import _dec_item, _dec_layout, _dec_store, _dec_tile, _dec_w, _dec_x, _next_item
 from flashscale.kernels.w4a16_pack import PackedW4
 

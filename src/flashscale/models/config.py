@@ -6,7 +6,7 @@ The field names are HF's, so `config.json` maps one to one (`to_hf_dict` / `from
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
