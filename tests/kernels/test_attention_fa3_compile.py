@@ -44,6 +44,7 @@ json.dump(res, open(f"{out}/compiled.json", "w"))
 EXTRA = {
     "coop_d128_causal": (128, True, dict(pingpong=False)),
     "pp3_d64_full": (64, False, dict(block_m=192, block_n=128, stages=3, consumers=3)),
+    "dyn_d64_causal": (64, True, dict(block_m=128, block_n=128, stages=3, persistent=True, dynamic=True)),
 }
 
 
@@ -212,6 +213,17 @@ def test_alternative_configs_compile_without_spills(compiled, name):
     head_dim, _, kw = EXTRA[name]
     ptx, meta = compiled(name)
     _check_machine_code(ptx, meta, head_dim, fa3.FA3Config(**kw))
+
+
+def test_dynamic_scheduler_takes_tiles_from_one_atomic(compiled):
+    # The dynamic persistent grid: the producer's one atomic add on the tile counter a tile (one lane, the result
+    # broadcast), the next tile passed to the consumers through shared memory behind mbarriers.
+    ptx, _ = compiled("dyn_d64_causal")
+    atoms = re.findall(r"@%p\d+ atom\.global\.gpu\.acq_rel\.add\.u32", ptx)
+    assert len(atoms) == 1, atoms
+    assert "atom.global" not in compiled("d64_causal")[0], "a static grid touches no counter"
+    assert "persistent=True" in fa3.config_error(128, fa3.FA3Config(dynamic=True))
+    assert "no varlen" in fa3.config_error(128, fa3.FA3Config(persistent=True, dynamic=True), varlen=True)
 
 
 def test_config_errors():

@@ -118,20 +118,21 @@ def test_tuning_configs(name, head_dim):
     _check(1, 1000, 1000, 4, 1, head_dim, torch.bfloat16, False, config=cfg)
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["snake", "dynamic"])
 @pytest.mark.parametrize("head_dim,stages,consumers", [(128, 2, 2), (128, 3, 2), (64, 3, 3), (256, 2, 2)])
-def test_persistent_many_tiles(head_dim, stages, consumers):
+def test_persistent_many_tiles(head_dim, stages, consumers, dynamic):
     # 4 x 16 heads x 8..12 query tiles: several tiles a program on 132 SMs, so the ring, Q and turn barrier
     # phases run on across tiles (including stage counts that do not divide the blocks of a tile).
     block_m = 64 * consumers
     cfg = replace(fa3.DEFAULT_CONFIGS[head_dim], block_m=block_m, consumers=consumers, stages=stages,
-                  persistent=True)
+                  persistent=True, dynamic=dynamic)
     _check(4, 1500, 1500, 16, 4, head_dim, torch.bfloat16, True, config=cfg)
     _check(4, 1500, 1500, 16, 4, head_dim, torch.bfloat16, False, config=cfg)
     # Sq > Sk under causal: tiles with no visible key block (no ring use, no turns) between tiles with some
     _check(4, 1500, 700, 16, 4, head_dim, torch.bfloat16, True, config=cfg)
 
 
-@pytest.mark.parametrize("persistent", [False, True], ids=["grid", "persistent"])
+@pytest.mark.parametrize("persistent", [False, True, "dynamic"], ids=["grid", "persistent", "dynamic"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", fa3.HEAD_DIMS)
 def test_head_grouped_order_same_bits(head_dim, causal, persistent):
@@ -140,13 +141,17 @@ def test_head_grouped_order_same_bits(head_dim, causal, persistent):
     # tiles (D 64: 6 of 192 rows) on 132 SMs: several groups, the last one short (60 heads, 17 or 22 a group).
     if not _hopper():
         pytest.skip("needs an sm_90 GPU and Gluon")
-    cfg = replace(fa3.DEFAULT_CONFIGS[head_dim], persistent=persistent)
+    cfg = replace(fa3.DEFAULT_CONFIGS[head_dim], persistent=bool(persistent), dynamic=persistent == "dynamic")
     n_m = -(-1000 // cfg.block_m)
     assert 60 % fa3.head_group(60, n_m, torch.cuda.get_device_properties(0).multi_processor_count) != 0
     out, lse = _check(3, 1000, 1000, 20, 4, head_dim, torch.bfloat16, causal, config=cfg)
     out_f, lse_f = fa3.attention_fa3_fwd(*_inputs(3, 1000, 1000, 20, 4, head_dim), causal=causal,
                                          config=replace(cfg, l2_groups=False))
     assert torch.equal(out, out_f) and torch.equal(lse, lse_f)
+    if persistent == "dynamic":  # and those of one tile a program: a schedule, not arithmetic
+        out_g, lse_g = fa3.attention_fa3_fwd(*_inputs(3, 1000, 1000, 20, 4, head_dim), causal=causal,
+                                             config=replace(cfg, persistent=False, dynamic=False))
+        assert torch.equal(out, out_g) and torch.equal(lse, lse_g)
 
 
 def _inputs(B, Sq, Sk, H, Hkv, D, dtype=torch.bfloat16):
@@ -306,8 +311,9 @@ def test_varlen_writes_only_its_rows(head_dim, variant):
 
 
 @pytest.mark.parametrize("name,head_dim", [(n, d) for d, cfgs in fa3.TUNING_CONFIGS.items() for n in cfgs
-                                            if fa3.TUNING_CONFIGS[d][n].is_pingpong and fa3.TUNING_CONFIGS[d][n].l2_groups])
-def test_varlen_tuning_configs(name, head_dim):  # (l2_groups: the dense tile order; varlen has its own)
+                                            if fa3.TUNING_CONFIGS[d][n].is_pingpong and fa3.TUNING_CONFIGS[d][n].l2_groups
+                                            and not fa3.TUNING_CONFIGS[d][n].dynamic])
+def test_varlen_tuning_configs(name, head_dim):  # (l2_groups, dynamic: the dense grid's; varlen has its own)
     # Every ping-pong config the sweep times (2 or 3 consumers, 64/128-row slices, 64..256-key blocks, ring
     # depths, serial pipeline, persistent): ragged, GQA, causal with Sq < Sk and Sq > Sk in one batch.
     cfg = fa3.TUNING_CONFIGS[head_dim][name]

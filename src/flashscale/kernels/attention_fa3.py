@@ -113,6 +113,10 @@ class FA3Config:
     # a group, so a head's K/V comes from HBM once and from L2 for its other query tiles. False: one group, heaviest
     # first over all heads (every concurrent tile another head's K/V when batch x heads >= SMs: HBM-bound at 1k-2k).
     l2_groups: bool = True
+    # persistent: programs take their next tile from an atomic counter (FA3's dynamic scheduler; the producer
+    # passes it to the consumers through shared memory) instead of the static snake order, which a causal mask
+    # leaves unbalanced (benchmarks/persistent_balance.py). Dense only.
+    dynamic: bool = False
 
     @property
     def is_pingpong(self) -> bool:
@@ -157,6 +161,10 @@ TUNING_CONFIGS = {
         "pp_persist_s4": FA3Config(block_m=128, block_n=128, stages=4, persistent=True),
         "pp_n64_s6_persist": FA3Config(block_m=128, block_n=64, stages=6, persistent=True),
         "pp_m256_n64_persist": FA3Config(block_m=256, block_n=64, stages=4, persistent=True),
+        # the dynamic tile scheduler (an atomic counter; 2026-12-03, compile-checked, not yet run on a GPU)
+        "pp_persist_dyn": replace(_PP[64], persistent=True, dynamic=True),
+        "pp3_m192_persist_dyn": FA3Config(block_m=192, block_n=128, stages=3, consumers=3, persistent=True,
+                                          dynamic=True),
         "pp_m256_n64": FA3Config(block_m=256, block_n=64, stages=4),
         "pp_n256_serial": FA3Config(block_m=128, block_n=256, stages=2, overlap=False),
     },
@@ -169,6 +177,7 @@ TUNING_CONFIGS = {
         "pp_s3_persist": replace(_PP[128], stages=3, persistent=True),
         "pp_n64_s4": FA3Config(block_m=128, block_n=64, stages=4),
         "pp_flat": replace(_PP[128], l2_groups=False),
+        "pp_persist_dyn": replace(_PP[128], persistent=True, dynamic=True),  # (not yet run on a GPU)
     },
     256: {
         "pp": _PP[256],
@@ -176,6 +185,7 @@ TUNING_CONFIGS = {
         "pp_serial": replace(_PP[256], overlap=False),
         "pp_persist": replace(_PP[256], persistent=True),
         "pp_flat": replace(_PP[256], l2_groups=False),
+        "pp_persist_dyn": replace(_PP[256], persistent=True, dynamic=True),  # (not yet run on a GPU)
     },
 }
 # Picked from the H200 sweep (benchmarks/results/attention-fa3-sweep-h200.json, 2026-11-29): D 64 three
@@ -232,6 +242,8 @@ def config_error(head_dim: int, cfg: FA3Config, *, varlen: bool = False) -> str 
         return f"block_m {cfg.block_m}: a power of two, >= 64 rows a consumer warpgroup"
     if cfg.persistent and not cfg.is_pingpong:
         return "persistent needs the ping-pong path (pingpong=True, consumers >= 2)"
+    if cfg.dynamic and not (cfg.persistent and not varlen):
+        return "dynamic is a scheduler of the dense persistent grid (persistent=True, no varlen)"
     if varlen and not cfg.is_pingpong:
         return "varlen runs the ping-pong path (pingpong=True, consumers >= 2)"
     if smem_bytes(head_dim, cfg) > SMEM_LIMIT:
@@ -422,6 +434,24 @@ if HAS_GLUON:
         tile of every round)."""
         return k * P + p + (k % 2) * (P - 1 - 2 * p)
 
+    @gluon.jit
+    def _pass_next_tile(next_smem, next_ready, next_free, k, tile, lay: gl.constexpr):
+        """Dynamic scheduler, producer side: the tile after the program's k-th into slot k % 2 of next_smem,
+        once every consumer has read what slot held two tiles before (next_free, count = consumers)."""
+        slot = k % 2
+        mbarrier.wait(next_free.index(slot), ((k // 2) & 1) ^ 1)  # a fresh barrier passes at once
+        next_smem.index(slot).store(gl.full([1], tile, gl.int32, layout=lay))
+        mbarrier.arrive(next_ready.index(slot), count=1)  # (Triton puts the warp's barrier before it)
+
+    @gluon.jit
+    def _take_next_tile(next_smem, next_ready, next_free, k, lay: gl.constexpr):
+        """Dynamic scheduler, consumer side: the tile after the program's k-th, from the producer."""
+        slot = k % 2
+        mbarrier.wait(next_ready.index(slot), (k // 2) & 1)
+        tile = gl.max(next_smem.index(slot).load(lay), 0)
+        mbarrier.arrive(next_free.index(slot), count=1)
+        return tile
+
     # ---- varlen (packed q (Tq, H, D), k/v (Tk, Hkv, D), int32 cu_seqlens): the compact tile list -----------
     # Sequence b has nb_b = cdiv(len_q_b, BLOCK_M) query blocks; they take the compact block numbers
     # [S_b, S_b + nb_b), S_b = nb_0 + ... + nb_{b-1}, last block first (heaviest under causal, as the dense
@@ -533,7 +563,7 @@ if HAS_GLUON:
                      v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                      CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, CU_Q, CU_K, n_seq, VARLEN: gl.constexpr,
-                     PERSISTENT: gl.constexpr):
+                     PERSISTENT: gl.constexpr, COUNTER, next_smem, next_ready, next_free):
         """TMA warp of the ping-pong path. Per tile: K of its first block (prefetched while the consumers
         still run the previous tile's epilogue), then each consumer's Q slice once that consumer has released
         it (q_empty), then the K/V blocks. Counters run on across tiles: `it` counts K/V blocks, `t_i` tiles.
@@ -541,7 +571,19 @@ if HAS_GLUON:
         nothing and counts nothing; the consumers skip it alike."""
         it = 0
         t_i = 0
-        if PERSISTENT:  # the snake order of _snake_tile
+        if PERSISTENT == 2:  # dynamic: tile0, then tile_step + the counter's next value, until past the last tile
+            lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+            tile = tile0
+            kt = 0
+            while tile < n_tiles:
+                it, t_i = _producer_pp_next(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                                            k_empty, v_ready, v_empty, tile, it, t_i, n_m, BH, HG, H, GROUP, seqlen_q,
+                                            seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, CU_Q,
+                                            CU_K, n_seq, VARLEN)
+                tile = tile_step + gl.atomic_add(COUNTER, 1)
+                _pass_next_tile(next_smem, next_ready, next_free, kt, tile, lay)
+                kt += 1
+        elif PERSISTENT:  # the snake order of _snake_tile
             for kt in range(0, _program_tiles(tile0, n_tiles, tile_step)):
                 it, t_i = _producer_pp_next(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                             k_empty, v_ready, v_empty, _snake_tile(kt, tile0, tile_step), it, t_i,
@@ -750,7 +792,7 @@ if HAS_GLUON:
                      qk_scale, C: gl.constexpr, CONSUMERS: gl.constexpr, HEAD_DIM: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                      OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr, CU_Q, CU_K, n_seq, O,
-                     VARLEN: gl.constexpr):
+                     VARLEN: gl.constexpr, next_smem, next_ready, next_free):
         """Ping-pong consumer C: one warpgroup, rows [m0 + C * SUB_M, m0 + (C + 1) * SUB_M) of each tile
         against all its key blocks. K/V block `idx` (counted across tiles) sits in slot idx % STAGES and
         completes phase (idx // STAGES) & 1 of k/v_ready; consumer c's tensor-core turn number t (counted
@@ -761,7 +803,20 @@ if HAS_GLUON:
         my_turn = turn.index(C)
         next_turn = turn.index((C + 1) % CONSUMERS)
         q_tile = q_smem.index(C)
-        if PERSISTENT:
+        if PERSISTENT == 2:  # dynamic: the producer's tile sequence (_pass_next_tile)
+            lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+            it = 0
+            t_i = 0
+            tile = tile0
+            while tile < n_tiles:
+                it = _consumer_pp_tile(q_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+                                       v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, tile, it,
+                                       t_i, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, qk_scale, C, FIRST,
+                                       HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, CU_Q, CU_K,
+                                       n_seq, O, VARLEN)
+                tile = _take_next_tile(next_smem, next_ready, next_free, t_i, lay)
+                t_i += 1
+        elif PERSISTENT:
             it = 0  # K/V blocks consumed so far (and, with OVERLAP, turns taken)
             t_i = 0  # tiles done
             for kt in range(0, _program_tiles(tile0, n_tiles, tile_step)):
@@ -780,7 +835,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _pp_run(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
-                GROUP, seqlen_q, seqlen_k, qk_scale, CU_Q, CU_K, n_seq, O, HEAD_DIM: gl.constexpr,
+                GROUP, seqlen_q, seqlen_k, qk_scale, CU_Q, CU_K, n_seq, O, COUNTER, HEAD_DIM: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                 OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                 CONSUMER_REGS: gl.constexpr, VARLEN: gl.constexpr):
@@ -806,6 +861,17 @@ if HAS_GLUON:
             mbarrier.init(k_empty.index(i), count=CONSUMERS)  # every consumer reads every K/V block
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(v_empty.index(i), count=CONSUMERS)
+        if PERSISTENT == 2:  # the dynamic scheduler's next-tile slots: the producer writes, every consumer reads
+            next_smem = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+            next_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            next_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(2):
+                mbarrier.init(next_ready.index(i), count=1)
+                mbarrier.init(next_free.index(i), count=CONSUMERS)
+        else:
+            next_smem: gl.constexpr = None
+            next_ready: gl.constexpr = None
+            next_free: gl.constexpr = None
         # consumer 0 is the default partition (num_warps = 4), the others 4-warp workers; Triton packs the
         # producer warp with padding warps into the last warpgroup, which gives registers back
         if CONSUMERS == 2:
@@ -813,15 +879,17 @@ if HAS_GLUON:
                 (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                                 turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                                 GROUP, seqlen_q, seqlen_k, qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN)),
+                                STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
+                                next_ready, next_free)),
                 (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                                 turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                                 GROUP, seqlen_q, seqlen_k, qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN)),
+                                STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
+                                next_ready, next_free)),
                 (_producer_pp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                 k_empty, v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q,
                                 seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, CU_Q, CU_K,
-                                n_seq, VARLEN, PERSISTENT)),
+                                n_seq, VARLEN, PERSISTENT, COUNTER, next_smem, next_ready, next_free)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
         else:
             gl.static_assert(CONSUMERS == 3, "ping-pong takes 2 or 3 consumer warpgroups")
@@ -829,26 +897,29 @@ if HAS_GLUON:
                 (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                                 turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                                 GROUP, seqlen_q, seqlen_k, qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN)),
+                                STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
+                                next_ready, next_free)),
                 (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                                 turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                                 GROUP, seqlen_q, seqlen_k, qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN)),
+                                STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
+                                next_ready, next_free)),
                 (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                                 turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                                 GROUP, seqlen_q, seqlen_k, qk_scale, 2, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN)),
+                                STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
+                                next_ready, next_free)),
                 (_producer_pp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                 k_empty, v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q,
                                 seqlen_k, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, CU_Q, CU_K,
-                                n_seq, VARLEN, PERSISTENT)),
+                                n_seq, VARLEN, PERSISTENT, COUNTER, next_smem, next_ready, next_free)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
     # No value specialisation of the integer arguments (Triton would otherwise compile one kernel per
     # divisibility-by-16 / == 1 class of each): one binary per (config, head dim, causal), the same one that
     # compile_sm90 builds ahead of time and the compile test checks.
     @gluon.jit(do_not_specialize=["stride_lb", "stride_lh", "H", "GROUP", "BH", "HG", "seqlen_q", "seqlen_k"])
-    def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, H, GROUP, BH, HG, seqlen_q,
+    def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, COUNTER, stride_lb, stride_lh, H, GROUP, BH, HG, seqlen_q,
                         seqlen_k, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
                         CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
@@ -864,7 +935,8 @@ if HAS_GLUON:
             else:
                 tile_step = n_tiles  # one tile a program
             _pp_run(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
-                    GROUP, seqlen_q, seqlen_k, qk_scale, None, None, None, None, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                    GROUP, seqlen_q, seqlen_k, qk_scale, None, None, None, None, COUNTER, HEAD_DIM, BLOCK_M, BLOCK_N,
+                    STAGES,
                     CAUSAL, OVERLAP, CONSUMERS, PERSISTENT, PRODUCER_REGS, CONSUMER_REGS, False)
         else:
             # Heaviest query tiles first: under a causal mask the last tiles see the most keys.
@@ -928,8 +1000,9 @@ if HAS_GLUON:
             tile_step = gl.num_programs(0)
         else:
             tile_step = n_tiles  # one tile a program
+        # (COUNTER: the dense grid's dynamic scheduler, never read here; any int32 pointer)
         _pp_run(q_desc, k_desc, v_desc, o_desc, LSE, 0, stride_lh, tile0, tile_step, n_tiles, 0, 0, 0, H, GROUP, 0, 0,
-                qk_scale, CU_Q, CU_K, n_seq, O, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, CONSUMERS,
+                qk_scale, CU_Q, CU_K, n_seq, O, CU_Q, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, CONSUMERS,
                 PERSISTENT, PRODUCER_REGS, CONSUMER_REGS, True)
 
 
@@ -1060,6 +1133,11 @@ def tile_order(bh: int, n_m: int, hg: int) -> list[tuple[int, int]]:
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _dummy_i32(device: torch.device) -> torch.Tensor:
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
 def _num_sms(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
@@ -1174,7 +1252,9 @@ def _launch(q, k, v, out, lse, causal, softmax_scale, config):
         grid = (min(n_m * B * H, n_sms), )
     else:
         grid = (n_m * B * H, )
-    args = (q_desc, k_desc, v_desc, o_desc, lse, lse.stride(0), lse.stride(1), H, H // Hkv, B * H,
+    # the dynamic scheduler's tile counter (zeroed a launch); otherwise any int32 pointer (never read)
+    counter = torch.zeros(1, dtype=torch.int32, device=q.device) if cfg.dynamic else _dummy_i32(q.device)
+    args = (q_desc, k_desc, v_desc, o_desc, lse, counter, lse.stride(0), lse.stride(1), H, H // Hkv, B * H,
             head_group(B * H, n_m, n_sms, cfg.l2_groups), Sq, Sk, float(scale) * LOG2E)
     return grid, args, _constexprs(D, bool(causal), cfg)
 
@@ -1237,7 +1317,8 @@ def compile_sm90(head_dim: int, causal: bool, *, dtype: torch.dtype = torch.bflo
         src = GluonASTSource(fn=_fa3_fwd_varlen_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
         return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
     signature = {"q_desc": desc(cfg.q_rows), "k_desc": desc(cfg.block_n), "v_desc": desc(cfg.block_n),
-                 "o_desc": desc(cfg.q_rows), "LSE": "*fp32", "stride_lb": "i32", "stride_lh": "i32", "H": "i32",
+                 "o_desc": desc(cfg.q_rows), "LSE": "*fp32", "COUNTER": "*i32", "stride_lb": "i32", "stride_lh": "i32",
+                 "H": "i32",
                  "GROUP": "i32", "BH": "i32", "HG": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "qk_scale": "fp32"}
     constexprs = _constexprs(head_dim, bool(causal), cfg)
     signature.update({name: "constexpr" for name in constexprs})
@@ -1248,5 +1329,5 @@ def compile_sm90(head_dim: int, causal: bool, *, dtype: torch.dtype = torch.bflo
 def _constexprs(head_dim: int, causal: bool, cfg: FA3Config) -> dict:
     return {"HEAD_DIM": head_dim, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
             "CAUSAL": causal, "OVERLAP": cfg.overlap, "PINGPONG": cfg.is_pingpong, "CONSUMERS": cfg.consumers,
-            "PERSISTENT": cfg.persistent, "PRODUCER_REGS": cfg.producer_regs, "CONSUMER_REGS": cfg.worker_consumer_regs,
+            "PERSISTENT": 2 if cfg.dynamic else int(cfg.persistent), "PRODUCER_REGS": cfg.producer_regs, "CONSUMER_REGS": cfg.worker_consumer_regs,
             "num_warps": cfg.num_warps}
