@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU steps of sessions 18-23 (2026-12-02/03), kept runnable. Session 23 ran `l2`, `l2b`, `attn23` (which covered
 # session 22's unrun `attn22b`: the backward's dLSE / auto GPU tests and the grid's d256 rows), `d64c`, `attn23b`,
-# `rot23` and `ncu_device.sh bwd_d256`. Unrun: `next24` (= `d256q8` + the forward's dynamic tile scheduler: written
-# after the session's device time was spent)
+# `rot23` and `ncu_device.sh bwd_d256`. Unrun: `next24` (D 256's eight-piece backward and the forward's dynamic tile
+# scheduler: written after the session's device time was spent)
 # and `timing` (session 21: the tuner's GPU tests on _time's last form, then _time against do_bench_cudagraph). One `run` per step, back to
 # back; each step's commands have their own timeouts so one hang costs only its share. Outputs go to $OUT (at most
 # 8 files come back).
@@ -37,8 +37,6 @@
 #                                                                  # also ncu of the D 256 backward default)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh next24    # ~6 min: GPU tests, then sweeps, of D 256's
 #                                                                  # eight-piece backward and the dynamic scheduler
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh d256q8    # ~5 min: D 256 backward, eight dQ pieces in two
-#                                                                  # slots: GPU tests, then the sweep (not run yet)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -69,7 +67,7 @@ seed_attention_configs() {  # the tuned FA2 configs of results/attention-h200.js
 }
 
 case "${1:-}" in
-  next24)  # next (written in session 23, not run): d256q8's backward and the forward's dynamic tile scheduler, tests
+  next24)  # next (written in session 23, not run): D 256's eight-piece backward and the forward's dynamic scheduler, tests
     # first (neither has run on a GPU), then one sweep each
     step bwd_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_bwd_gpu.py \
       -k "every_config or q8"
@@ -80,13 +78,6 @@ case "${1:-}" in
     step sweep 150 "$PY" benchmarks/attention_fa3_sweep.py --seqlens 1024,2048,4096,8192,16384 --budget 140 \
       --variants pp,pp_persist,pp_persist_dyn,pp3_m192,pp3_m192_persist,pp3_m192_persist_dyn \
       --compile-budget 60 --out "$OUT/attention-fa3-sweep-dyn-h200.json" ;;
-  d256q8)  # next (written in session 23, not run): D 256's backward with eight 32-column dQ pieces through two
-    # slots (n64_m64_ws_tma_q8_d2, from the ncu profile): correctness first (32-column slices of the swizzled K
-    # tile), then the sweep against the default; the grid's d256 rows if it wins
-    step bwd_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_bwd_gpu.py \
-      -k "every_config or q8"
-    step bwd_sweep 150 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 256 --variants ws_tma_q4,q8_d2 \
-      --seqlens 1024,2048,4096,8192,16384 --no-sdpa --budget 140 --out "$OUT/attention-fa3-bwd-sweep-q8-h200.json" ;;
   rot23)  # session 23, after the grid: the backward's rotated query loop (q_rotate), tests, sweep; ncu of D 256
     # (run 2026-12-03: no gain, q_rotate removed since; the _rot variants select nothing now)
     step bwd_tests 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_bwd_gpu.py \

@@ -29,13 +29,17 @@ def _hopper():
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9 and fa3.HAS_GLUON
 
 
+def _inputs(B, Sq, Sk, H, Hkv, D, dtype=torch.bfloat16):
+    """q, k, v of _check (seed 0): tests that rerun a case with another config draw them again."""
+    torch.manual_seed(0)
+    return (torch.randn(B, Sq, H, D, dtype=dtype, device=CUDA), torch.randn(B, Sk, Hkv, D, dtype=dtype, device=CUDA),
+            torch.randn(B, Sk, Hkv, D, dtype=dtype, device=CUDA))
+
+
 def _check(B, Sq, Sk, H, Hkv, D, dtype, causal, *, scale=None, config=None):
     if not _hopper():
         pytest.skip("needs an sm_90 GPU and Gluon")
-    torch.manual_seed(0)
-    q = torch.randn(B, Sq, H, D, dtype=dtype, device=CUDA)
-    k = torch.randn(B, Sk, Hkv, D, dtype=dtype, device=CUDA)
-    v = torch.randn(B, Sk, Hkv, D, dtype=dtype, device=CUDA)
+    q, k, v = _inputs(B, Sq, Sk, H, Hkv, D, dtype)
     assert fa3.supported(q, k, v)
     out, lse = fa3.attention_fa3_fwd(q, k, v, causal=causal, softmax_scale=scale, config=config)
     torch.cuda.synchronize()
@@ -152,13 +156,6 @@ def test_head_grouped_order_same_bits(head_dim, causal, persistent):
         out_g, lse_g = fa3.attention_fa3_fwd(*_inputs(3, 1000, 1000, 20, 4, head_dim), causal=causal,
                                              config=replace(cfg, persistent=False, dynamic=False))
         assert torch.equal(out, out_g) and torch.equal(lse, lse_g)
-
-
-def _inputs(B, Sq, Sk, H, Hkv, D, dtype=torch.bfloat16):
-    """_check's inputs (the same seed and draws)."""
-    torch.manual_seed(0)
-    return (torch.randn(B, Sq, H, D, dtype=dtype, device=CUDA), torch.randn(B, Sk, Hkv, D, dtype=dtype, device=CUDA),
-            torch.randn(B, Sk, Hkv, D, dtype=dtype, device=CUDA))
 
 
 def test_no_keys():

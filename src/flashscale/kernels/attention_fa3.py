@@ -77,7 +77,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from flashscale.kernels.attention_tune import capability
+from flashscale.kernels.attention_tune import capability, dummy_i32
 
 try:  # Gluon is experimental: absent from older Tritons, and its API moves between releases
     import triton
@@ -839,8 +839,9 @@ if HAS_GLUON:
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                 OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                 CONSUMER_REGS: gl.constexpr, VARLEN: gl.constexpr):
-        """The ping-pong program (dense and varlen): shared memory, barriers, the partitions. Programs take the
-        tiles tile0, tile0 + tile_step, ... < n_tiles."""
+        """The ping-pong program (dense and varlen): shared memory, barriers, the partitions. A program runs tile0
+        alone (tile_step = n_tiles), or persistent the snake order of _snake_tile, or (PERSISTENT == 2, dynamic)
+        tile0 then tiles from the counter."""
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -926,7 +927,7 @@ if HAS_GLUON:
                         CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         dtype: gl.constexpr = q_desc.dtype
         if PINGPONG:
-            # 1-D grid of tiles (heaviest first, see _tile_info); persistent: one program an SM strides over them
+            # 1-D grid of tiles (head groups, heaviest first: _tile_info); persistent: one program an SM (_pp_run)
             n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
             n_tiles = n_m * BH
             tile0 = gl.program_id(0)
@@ -1096,7 +1097,6 @@ def varlen_find(i: int, cu_seqlens_q, block_m: int, chunk: int = 128) -> tuple[i
     return n_seq, 0, 0, 0
 
 
-@functools.lru_cache(maxsize=None)
 @functools.lru_cache(maxsize=None)  # on every launch
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -1131,11 +1131,6 @@ def tile_order(bh: int, n_m: int, hg: int) -> list[tuple[int, int]]:
         n = min(hg, bh - g * hg)
         out.append((g * hg + r % n, n_m - 1 - r // n))
     return out
-
-
-@functools.lru_cache(maxsize=None)
-def _dummy_i32(device: torch.device) -> torch.Tensor:
-    return torch.zeros(1, dtype=torch.int32, device=device)
 
 
 def _num_sms(device: torch.device) -> int:
@@ -1253,7 +1248,7 @@ def _launch(q, k, v, out, lse, causal, softmax_scale, config):
     else:
         grid = (n_m * B * H, )
     # the dynamic scheduler's tile counter (zeroed a launch); otherwise any int32 pointer (never read)
-    counter = torch.zeros(1, dtype=torch.int32, device=q.device) if cfg.dynamic else _dummy_i32(q.device)
+    counter = torch.zeros(1, dtype=torch.int32, device=q.device) if cfg.dynamic else dummy_i32(q.device)
     args = (q_desc, k_desc, v_desc, o_desc, lse, counter, lse.stride(0), lse.stride(1), H, H // Hkv, B * H,
             head_group(B * H, n_m, n_sms, cfg.l2_groups), Sq, Sk, float(scale) * LOG2E)
     return grid, args, _constexprs(D, bool(causal), cfg)

@@ -56,13 +56,12 @@ Shapes: B batch, S sequence, H query heads, Hkv K/V heads, G = H // Hkv, D head 
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, replace
 
 import torch
 
-from flashscale.kernels.attention_fa3 import head_group
+from flashscale.kernels.attention_fa3 import _num_sms, head_group
 from flashscale.kernels.attention_tune import capability
 
 try:  # Gluon is experimental: absent from older Tritons, and its API moves between releases
@@ -824,12 +823,6 @@ def supported(q8, k8, v8, q_descale=None, k_descale=None, v_descale=None, **kw) 
     return unsupported(q8, k8, v8, q_descale, k_descale, v_descale, **kw) is None
 
 
-@functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)  # on every launch
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def attention_fa3_fp8_fwd(q8, k8, v8, q_descale, k_descale, v_descale, *, causal: bool = False,
                           softmax_scale: float | None = None, block_m: int = 128, block_n: int = 128,
                           out_dtype: torch.dtype = torch.bfloat16, config: FA3Fp8Config | None = None):
@@ -889,7 +882,7 @@ def _launch(q8, k8, v8, qd, kd, vd, out, lse, causal, softmax_scale, block_m, bl
     v_desc = TensorDescriptor(v8, [B * Hkv * D, Sk], [v8.stride(2), 1], [D, cfg.block_n],
                               _layout([D, cfg.block_n], E4M3))
     n_m = triton.cdiv(Sq, cfg.block_m)
-    n_sms = _sm_count(q8.device.index if q8.device.index is not None else torch.cuda.current_device())
+    n_sms = _num_sms(q8.device)
     grid = (min(n_m * B * H, n_sms), ) if cfg.persistent else (n_m * B * H, )
     args = (q_desc, k_desc, v_desc, o_desc, lse, lse.stride(0), lse.stride(1), qd, *qd.stride(), kd, *kd.stride(),
             vd, *vd.stride(), H, H // Hkv, B * H, head_group(B * H, n_m, n_sms, cfg.l2_groups), Sq, Sk,

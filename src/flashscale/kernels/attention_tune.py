@@ -133,6 +133,7 @@ def capability(device: torch.device) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)  # on every launch; never written
 def dummy_i32(device: torch.device) -> torch.Tensor:
     """An empty int32 tensor standing in for absent pointer arguments (cu_seqlens of a dense call)."""
     return torch.empty(0, dtype=torch.int32, device=device)
