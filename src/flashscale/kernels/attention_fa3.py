@@ -161,7 +161,7 @@ TUNING_CONFIGS = {
         "pp_persist_s4": FA3Config(block_m=128, block_n=128, stages=4, persistent=True),
         "pp_n64_s6_persist": FA3Config(block_m=128, block_n=64, stages=6, persistent=True),
         "pp_m256_n64_persist": FA3Config(block_m=256, block_n=64, stages=4, persistent=True),
-        # the dynamic tile scheduler (an atomic counter; 2026-12-03, compile-checked, not yet run on a GPU)
+        # the dynamic tile scheduler (an atomic counter; attention-fa3-sweep-dyn-h200.json)
         "pp_persist_dyn": replace(_PP[64], persistent=True, dynamic=True),
         "pp3_m192_persist_dyn": FA3Config(block_m=192, block_n=128, stages=3, consumers=3, persistent=True,
                                           dynamic=True),
@@ -177,7 +177,7 @@ TUNING_CONFIGS = {
         "pp_s3_persist": replace(_PP[128], stages=3, persistent=True),
         "pp_n64_s4": FA3Config(block_m=128, block_n=64, stages=4),
         "pp_flat": replace(_PP[128], l2_groups=False),
-        "pp_persist_dyn": replace(_PP[128], persistent=True, dynamic=True),  # (not yet run on a GPU)
+        "pp_persist_dyn": replace(_PP[128], persistent=True, dynamic=True),
     },
     256: {
         "pp": _PP[256],
@@ -185,7 +185,7 @@ TUNING_CONFIGS = {
         "pp_serial": replace(_PP[256], overlap=False),
         "pp_persist": replace(_PP[256], persistent=True),
         "pp_flat": replace(_PP[256], l2_groups=False),
-        "pp_persist_dyn": replace(_PP[256], persistent=True, dynamic=True),  # (not yet run on a GPU)
+        "pp_persist_dyn": replace(_PP[256], persistent=True, dynamic=True),
     },
 }
 # Picked from the H200 sweep (benchmarks/results/attention-fa3-sweep-h200.json, 2026-11-29): D 64 three
@@ -200,9 +200,13 @@ DEFAULT_CONFIGS = {64: TUNING_CONFIGS[64]["pp3_m192"], 128: TUNING_CONFIGS[128][
 # program. D 64 causal (and -d64-h200.json): two consumers at 1k (262 against 222), three from 2k (4k: 375-377 in
 # two runs, pp_persist 354-376). pp3_m192_persist spills 4 B (full) / 344 B (causal) of counters; DEFAULT_CONFIGS
 # (varlen, the AOT compile tests) stay spill-free.
-SEQLEN_CONFIGS = {(64, False): ((4096, "pp3_m192_persist"), (None, "pp3_m192")),
+# The dynamic scheduler (attention-fa3-sweep-dyn-h200.json, session 24): programs take tiles from an atomic counter,
+# so a causal grid's uneven tiles balance themselves: d128 causal pp_persist_dyn 1k 375 (pp 340), 2k 463 (436), 4k
+# 535 (518), 16k 589 (587; static persistent 412); d64 full pp3_m192_persist_dyn within 1 % of the best row at every
+# length (8k 485 against pp3_m192's 480), one config for all of them.
+SEQLEN_CONFIGS = {(64, False): ((None, "pp3_m192_persist_dyn"), ),
                   (64, True): ((1024, "pp_persist"), (4096, "pp3_m192_persist"), (None, "pp3_m192")),
-                  (128, False): ((None, "pp_persist"), ), (128, True): ((None, "pp"), ),
+                  (128, False): ((None, "pp_persist"), ), (128, True): ((None, "pp_persist_dyn"), ),
                   (256, False): ((None, "pp"), ), (256, True): ((None, "pp"), )}
 
 
