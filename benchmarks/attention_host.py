@@ -71,6 +71,7 @@ def profile_host(calls: int = 300, top: int = 25) -> None:
     cases = {
         "fwd auto": lambda: attention(q.detach(), k.detach(), v.detach(), causal=True),
         "fwd triton": lambda: attention(q.detach(), k.detach(), v.detach(), causal=True, impl="triton"),
+        "fwd auto, inputs requiring grad (as benchmarks/attention.py times it)": lambda: attention(q, k, v, causal=True),
         "fwd+bwd auto": lambda: torch.autograd.backward(attention(q, k, v, causal=True), do),
     }
     for name, fn in cases.items():

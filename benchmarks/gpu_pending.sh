@@ -37,6 +37,8 @@
 #                                                                  # also ncu of the D 256 backward default)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh next24    # ~6 min: GPU tests, then sweeps, of D 256's
 #                                                                  # eight-piece backward and the dynamic scheduler
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s24       # ~8 min: default-path + API GPU tests, host
+#                                                                  # profile, the attention grid (dynamic defaults)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -67,6 +69,14 @@ seed_attention_configs() {  # the tuned FA2 configs of results/attention-h200.js
 }
 
 case "${1:-}" in
+  s24)  # session 24, second: the dynamic scheduler's defaults (d128 causal, d64 full) through ops.attention: the
+    # default-path GPU tests and the API file, where the forward's host time goes (cProfile), the grid
+    step fa3_tests 100 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \
+      -k "matches_reference and not variants"
+    step api 70 "$PY" -m pytest -q -p no:cacheprovider -n 4 tests/kernels/test_attention_api.py
+    step host_profile 60 "$PY" benchmarks/attention_host.py --profile
+    seed_attention_configs
+    step attention 260 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
   next24)  # next (written in session 23, not run): D 256's eight-piece backward and the forward's dynamic scheduler, tests
     # first (neither has run on a GPU), then one sweep each
     step bwd_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_bwd_gpu.py \
