@@ -4,6 +4,9 @@ The FlashAttention papers' setting: bf16, head dim 64 / 128 / 256, causal and no
 with batch * seqlen = 16384 and heads * head_dim = 2048. FLOPs (FlashAttention's count): forward
 4 * B * S^2 * H * D, halved when causal; backward 2.5x the forward. Times are triton.testing.do_bench
 medians (CUDA events, warm-up first) on random inputs of 64 MiB a tensor, larger than the 60 MB L2.
+Cells up to --short-max (2048) rows are timed in --rounds (3) rounds, the rounds of a group after one another
+(every implementation once a round), and report the median round (`ms`; all rounds in `ms_rounds`): the short
+cells moved 20-30 % between runs of the same code with one sample each (docs/attention_fa3.md, session 24).
 
 Before timing, each (head dim, causal) group is checked at seqlen 1024: ours and SDPA-flash against a
 float64 reference; ours must be within 2x SDPA-flash's error (+ one bf16 rounding).
@@ -26,6 +29,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from statistics import median
 
 import torch
 
@@ -247,8 +251,12 @@ def main(argv=None) -> int:
     ap.add_argument("--no-anchors", action="store_true", help="skip SDPA flash/cuDNN")
     ap.add_argument("--jobs", type=int, default=0, help="compile kernels in N processes first")
     ap.add_argument("--precompile-only", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the short cells (median reported)")
+    ap.add_argument("--short-max", type=int, default=2048, help="longest seqlen timed in every round")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds takes an int >= 1; got {args.rounds}")
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -273,29 +281,43 @@ def main(argv=None) -> int:
         except Exception as e:  # report, keep measuring the rest
             errors.append(f"check d{hdim} causal={causal}: {type(e).__name__}: {e}")
         spin()  # the group's compiles left the GPU idle: its shortest (first) cells would time a clock ramp
-        for seqlen in seqlens:
-            batch, heads = TOKENS // seqlen, HIDDEN // hdim
-            for impl in impls:
-                try:
-                    t_f, t_b, paths = time_cell(impl, batch, seqlen, heads, hdim, causal, rep=rep, warmup=warmup)
-                except Exception as e:
-                    errors.append(f"{impl} d{hdim} causal={causal} S{seqlen}: {type(e).__name__}: {str(e)[:200]}")
+        times, paths_of, failed = {}, {}, set()  # (impl, seqlen, mode) -> [ms a round]; (impl, seqlen) -> paths
+        for rnd in range(args.rounds):
+            for seqlen in seqlens:
+                if rnd and seqlen > args.short_max:
                     continue
-                for mode, ms in (("fwd", t_f), ("bwd", t_b)):
-                    if ms is None:
+                batch, heads = TOKENS // seqlen, HIDDEN // hdim
+                for impl in impls:
+                    if (impl, seqlen) in failed:
                         continue
-                    rows.append(dict(impl=impl, **{"pass": mode}, hdim=hdim, causal=causal, seqlen=seqlen,
-                                     batch=batch, heads=heads, ms=ms,
-                                     tflops=flops(batch, seqlen, heads, hdim, causal, mode) / ms * 1e-9,
-                                     **({"path": paths[f"{mode}_path"]} if paths[f"{mode}_path"] else {})))
-            print(f"d{hdim} causal={causal}: done ({time.time() - t0:.0f}s)", flush=True)
+                    try:
+                        t_f, t_b, paths = time_cell(impl, batch, seqlen, heads, hdim, causal, rep=rep, warmup=warmup)
+                    except Exception as e:
+                        failed.add((impl, seqlen))
+                        errors.append(f"{impl} d{hdim} causal={causal} S{seqlen}: {type(e).__name__}: {str(e)[:200]}")
+                        continue
+                    paths_of[impl, seqlen] = paths
+                    for mode, ms in (("fwd", t_f), ("bwd", t_b)):
+                        if ms is not None:
+                            times.setdefault((impl, seqlen, mode), []).append(ms)
+        for (impl, seqlen, mode), ms_rounds in times.items():
+            batch, heads = TOKENS // seqlen, HIDDEN // hdim
+            ms = median(ms_rounds)
+            path = paths_of[impl, seqlen][f"{mode}_path"]
+            rows.append(dict(impl=impl, **{"pass": mode}, hdim=hdim, causal=causal, seqlen=seqlen, batch=batch,
+                             heads=heads, ms=ms, tflops=flops(batch, seqlen, heads, hdim, causal, mode) / ms * 1e-9,
+                             **({"ms_rounds": ms_rounds} if len(ms_rounds) > 1 else {}),
+                             **({"path": path} if path else {})))
+        print(f"d{hdim} causal={causal}: done ({time.time() - t0:.0f}s)", flush=True)
     slug = re.sub(r"^nvidia-", "", re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-"))  # "NVIDIA H200" -> h200
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     result = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   setting=dict(dtype="bfloat16", tokens=TOKENS, hidden=HIDDEN, tuned=args.tune,
-                               flops="fwd 4*B*S^2*H*D (/2 causal); bwd 2.5x fwd", timing="do_bench median"),
+                               flops="fwd 4*B*S^2*H*D (/2 causal); bwd 2.5x fwd",
+                               timing="do_bench median; the median of `rounds` rounds up to short_max rows",
+                               rounds=args.rounds, short_max=args.short_max),
                   rows=rows, checks=checks, errors=errors,
                   configs=attention_tune.chosen_configs())
     path = out_dir / f"attention-{slug}.json"

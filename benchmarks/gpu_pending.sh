@@ -39,6 +39,9 @@
 #                                                                  # eight-piece backward and the dynamic scheduler
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s24       # ~8 min: default-path + API GPU tests, host
 #                                                                  # profile, the attention grid (dynamic defaults)
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh gputests  # ~8 min: every gpu-marked test (+ the API file)
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid24    # ~8 min: the grid (short cells in 3 rounds),
+#                                                                  # the W4A16 tuner's timing at K 4096 x N 14336
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -69,6 +72,18 @@ seed_attention_configs() {  # the tuned FA2 configs of results/attention-h200.js
 }
 
 case "${1:-}" in
+  gputests)  # every test marked gpu, attention files first (session 24: the closing notes' GPU evidence on main)
+    step gpu_attention 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_gpu.py \
+      tests/kernels/test_attention_fa3_gpu.py tests/kernels/test_attention_fa3_bwd_gpu.py \
+      tests/kernels/test_attention_fa3_fp8_gpu.py tests/kernels/test_attention_fp8_gpu.py
+    step api 70 "$PY" -m pytest -q -p no:cacheprovider -n 4 tests/kernels/test_attention_api.py
+    step gpu_rest 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 tests/kernels/test_w4a16.py \
+      tests/kernels/test_w4a16_wgmma_gpu.py tests/test_qlinear.py tests/test_infer_decode.py tests/test_gptq_gpu.py \
+      tests/parallel/test_parallel_gpu.py tests/kernels/test_pdl.py ;;
+  grid24)  # session 24: the grid with its short cells in three rounds (median), then the W4A16 tuner's timing
+    seed_attention_configs
+    step attention 260 "$PY" benchmarks/attention.py --deterministic --out "$OUT"
+    step timing 240 "$PY" benchmarks/w4a16_tune_timing.py --cells 4096x14336x1024 ;;
   s24)  # session 24, second: the dynamic scheduler's defaults (d128 causal, d64 full) through ops.attention: the
     # default-path GPU tests and the API file, where the forward's host time goes (cProfile), the grid
     step fa3_tests 100 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \
