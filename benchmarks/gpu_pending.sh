@@ -42,6 +42,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh gputests  # ~8 min: every gpu-marked test (+ the API file)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid24    # ~8 min: the grid (short cells in 3 rounds),
 #                                                                  # the W4A16 tuner's timing at K 4096 x N 14336
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh host24    # ~8 min: launch-cache GPU tests, host time, grid
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -72,6 +73,15 @@ seed_attention_configs() {  # the tuned FA2 configs of results/attention-h200.js
 }
 
 case "${1:-}" in
+  host24)  # session 24, last: the FA3 forward's launch cache (kernels.launch) and unchecked descriptors: its GPU tests
+    # and the API file, the host time against the same profile before it, the grid
+    step fa3_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \
+      tests/kernels/test_launch.py tests/kernels/test_attention_fa3_bwd_gpu.py -k "not every_config"
+    step api 70 "$PY" -m pytest -q -p no:cacheprovider -n 4 tests/kernels/test_attention_api.py tests/kernels/test_launch.py
+    step host_profile 60 "$PY" benchmarks/attention_host.py --profile
+    step host 90 "$PY" benchmarks/attention_host.py --rounds 2 --out "$OUT"
+    seed_attention_configs
+    step attention 220 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
   gputests)  # every test marked gpu, attention files first (session 24: the closing notes' GPU evidence on main)
     step gpu_attention 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_gpu.py \
       tests/kernels/test_attention_fa3_gpu.py tests/kernels/test_attention_fa3_bwd_gpu.py \

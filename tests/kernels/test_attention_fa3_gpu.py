@@ -384,3 +384,13 @@ def test_ops_attention_auto_takes_varlen_to_fa3(monkeypatch):
     q, k, v, cu_q, cu_k = _packed([100, 200], [100, 200], 4, 2, 128, torch.bfloat16)
     attention(q, k, v, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=200, max_seqlen_k=200)
     assert not calls, "auto sent a 200-row varlen call to fa3 (FA2 is faster there)"
+
+
+def test_launch_cache_keeps_specializations_apart():
+    # kernels.launch reuses a compiled kernel per specialization of the integer arguments: seqlens divisible by
+    # 16, not, and 1 (Triton turns an int 1 into a constant) in turns, each against the reference, twice
+    from flashscale.kernels import launch as L
+    for Sq in (1024, 1000, 1, 1024, 1000, 1):
+        _check(2, Sq, Sq if Sq > 1 else 300, 4, 2, 128, torch.bfloat16, True)
+    keys = [k for k in L._CACHE if k[0] is fa3._fa3_fwd_kernel]
+    assert len({k[2] for k in keys}) >= 3

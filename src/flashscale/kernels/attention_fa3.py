@@ -78,6 +78,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from flashscale.kernels.attention_tune import capability, dummy_i32
+from flashscale.kernels.launch import launch, tensor_desc
 
 try:  # Gluon is experimental: absent from older Tritons, and its API moves between releases
     import triton
@@ -1181,6 +1182,18 @@ def attention_fa3_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
         why = f"out must be a contiguous, 16-byte aligned tensor like q {tuple(q.shape)} {q.dtype}"
     if why is not None:
         raise ValueError(f"attention_fa3_fwd: {why}")
+    return fwd_unchecked(q, k, v, causal=causal, softmax_scale=softmax_scale, config=config, cu_seqlens_q=cu_seqlens_q,
+                         cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, out=out)
+
+
+def fwd_unchecked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                  softmax_scale: float | None = None, config: FA3Config | None = None,
+                  cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
+                  max_seqlen_q: int | None = None, out: torch.Tensor | None = None):
+    """attention_fa3_fwd without its input checks, for a caller that ran them on these tensors already
+    (ops.attention: fa3_unsupported, then contiguous copies, which are aligned; the cu_seqlens checks); a few
+    microseconds of host time a call (benchmarks/attention_host.py). Anything unchecked is undefined here."""
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if out is None:
         out = torch.empty_like(q)
     if varlen:
@@ -1193,7 +1206,8 @@ def attention_fa3_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
         grid, args, constexprs = _launch_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal,
                                                 softmax_scale, config)
         if grid[0] > 0:  # 0: every sequence is empty
-            _fa3_fwd_varlen_kernel[grid](*args, **constexprs)
+            launch(_fa3_fwd_varlen_kernel, grid, args, constexprs, (config or DEFAULT_CONFIGS[q.shape[2]], q.shape[2],
+                                                                    bool(causal), q.dtype))
         return out, lse
     B, Sq, H, D = q.shape
     lse = torch.empty((B, H, Sq), device=q.device, dtype=torch.float32)
@@ -1202,7 +1216,7 @@ def attention_fa3_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
     if k.shape[1] == 0:  # no keys: every row is empty (and a TMA box needs a non-empty tensor)
         return out.zero_(), lse.fill_(float("-inf"))
     grid, args, constexprs = _launch(q, k, v, out, lse, causal, softmax_scale, config)
-    _fa3_fwd_kernel[grid](*args, **constexprs)
+    launch(_fa3_fwd_kernel, grid, args, constexprs, (config or default_config(D, causal, Sq), D, bool(causal), q.dtype))
     return out, lse
 
 
@@ -1239,10 +1253,13 @@ def _launch(q, k, v, out, lse, causal, softmax_scale, config):
     q_lay, kv_lay = tile_layout(cfg.q_rows, D, q.dtype), tile_layout(cfg.block_n, D, q.dtype)
     # (B, S, heads * D) views: the box (1, rows, D) at [b, row, head * D] stays inside batch b, so TMA
     # zero-fills rows past this sequence's end and clips stores there.
-    q_desc = TensorDescriptor(q, [B, Sq, H * D], [Sq * H * D, H * D, 1], [1, cfg.q_rows, D], q_lay)
-    o_desc = TensorDescriptor(out, [B, Sq, H * D], [Sq * H * D, H * D, 1], [1, cfg.q_rows, D], q_lay)
-    k_desc = TensorDescriptor(k, [B, Sk, Hkv * D], [Sk * Hkv * D, Hkv * D, 1], [1, cfg.block_n, D], kv_lay)
-    v_desc = TensorDescriptor(v, [B, Sk, Hkv * D], [Sk * Hkv * D, Hkv * D, 1], [1, cfg.block_n, D], kv_lay)
+    # (unchecked construction: unsupported() checked q, k, v, config_error the boxes; out is like q)
+    q_desc = tensor_desc(TensorDescriptor, q, [B, Sq, H * D], [Sq * H * D, H * D, 1], [1, cfg.q_rows, D], q_lay)
+    o_desc = tensor_desc(TensorDescriptor, out, [B, Sq, H * D], [Sq * H * D, H * D, 1], [1, cfg.q_rows, D], q_lay)
+    k_desc = tensor_desc(TensorDescriptor, k, [B, Sk, Hkv * D], [Sk * Hkv * D, Hkv * D, 1], [1, cfg.block_n, D],
+                         kv_lay)
+    v_desc = tensor_desc(TensorDescriptor, v, [B, Sk, Hkv * D], [Sk * Hkv * D, Hkv * D, 1], [1, cfg.block_n, D],
+                         kv_lay)
     n_m = triton.cdiv(Sq, cfg.block_m)
     n_sms = _num_sms(q.device)
     if not cfg.is_pingpong:

@@ -56,12 +56,11 @@ def _ref_kwargs(cu_q, cu_k, alibi, seed, max_q, max_k, scale, wl, wr, softcap, d
 def fwd_impl(q, k, v, cu_q, cu_k, alibi, seed: int, max_q, max_k, scale, wl, wr, softcap, dropout_p, impl):
     """-> out (like q, contiguous), lse (B, H, Sq) or (H, Tq) float32."""
     if impl in ("fa3", "auto_fa3"):
-        from flashscale.kernels.attention_fa3 import attention_fa3_fwd
+        from flashscale.kernels.attention_fa3 import fwd_unchecked  # ops.attention checked (fa3_unsupported)
 
         PATHS["fwd", "fa3"] += 1
-        return attention_fa3_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal=wr == 0,
-                                 softmax_scale=scale, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
-                                 max_seqlen_k=max_k)
+        return fwd_unchecked(q.contiguous(), k.contiguous(), v.contiguous(), causal=wr == 0, softmax_scale=scale,
+                             cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q)
     if use_triton(q, impl):
         from flashscale.kernels.attention_fwd import attention_fwd  # kernels load on first use, not at import
 

@@ -1,0 +1,65 @@
+"""kernels.launch: the key of its compiled-kernel cache distinguishes every argument Triton's binder would
+specialize differently (else a call could run a kernel compiled for another specialization), the unchecked
+descriptor equals the checked one, and under the interpreter a launch is the plain kernel[grid] call."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from flashscale.kernels import launch as L
+
+INTS = [0, 1, 2, 15, 16, 17, 32, 48, 1000, 1024, -1, -16, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 16, 2**32, 2**40 + 3]
+
+
+def _native(a):
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+    return native_specialize_impl(BaseBackend, a, False, True, True)
+
+
+def test_spec_key_separates_what_triton_specializes():
+    for a, b in itertools.combinations(INTS, 2):
+        if _native(a) != _native(b):
+            assert L.spec_key([a]) != L.spec_key([b]), (a, b, _native(a), _native(b))
+    t = torch.zeros(64, dtype=torch.float32)
+    views = [t, t[1:], t[4:], t.to(torch.float16), t.to(torch.int32)]
+    for a, b in itertools.combinations(views, 2):
+        if _native(a) != _native(b):
+            assert L.spec_key([a]) != L.spec_key([b])
+    assert L.spec_key([t, 16, 2.5]) == L.spec_key([t.clone(), 32, 0.1])  # same specialization: one entry
+
+
+def test_spec_key_refuses_what_it_cannot_key():
+    with pytest.raises(TypeError, match="str"):
+        L.spec_key(["x"])
+
+
+def test_tensor_desc_equals_checked_construction():
+    gl_hopper = pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from flashscale.kernels.attention_fa3 import tile_layout
+    q = torch.zeros(2, 256, 4, 64, dtype=torch.bfloat16)
+    args = (q, [2, 256, 256], [256 * 256, 256, 1], [1, 128, 64], tile_layout(128, 64, q.dtype))
+    fast = L.tensor_desc(gl_hopper.TensorDescriptor, *args)
+    assert type(fast) is gl_hopper.TensorDescriptor and fast == gl_hopper.TensorDescriptor(*args)
+    assert _native(fast) == _native(gl_hopper.TensorDescriptor(*args))
+
+
+@triton.jit
+def _axpy(X, Y, a, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(Y + offs, a * tl.load(X + offs, mask=m) + tl.load(Y + offs, mask=m), mask=m)
+
+
+def test_launch_runs_the_kernel():
+    # On the CPU (interpreter) this is the kernel[grid] path; on a GPU the second and third calls take the cache
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    for n in (100, 100, 64, 1):
+        x, y = torch.arange(n, dtype=torch.float32, device=dev), torch.ones(n, dtype=torch.float32, device=dev)
+        L.launch(_axpy, (triton.cdiv(n, 32), ), (x, y, 2.0, n), {"BLOCK": 32}, "axpy")
+        assert torch.equal(y.cpu(), 2 * torch.arange(n, dtype=torch.float32) + 1)
