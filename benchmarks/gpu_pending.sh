@@ -82,6 +82,12 @@ case "${1:-}" in
     step host 90 "$PY" benchmarks/attention_host.py --rounds 2 --out "$OUT"
     seed_attention_configs
     step attention 220 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
+  host24b)  # session 24, after host24: the launch cache engaged (Triton 3.6's launch hooks are empty chains, not None:
+    # host24 ran the plain path); its GPU tests, the API file, the host time
+    step fa3_tests 75 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \
+      tests/kernels/test_launch.py
+    step api 40 "$PY" -m pytest -q -p no:cacheprovider -n 4 tests/kernels/test_attention_api.py
+    step host 40 "$PY" benchmarks/attention_host.py --rounds 2 --out "$OUT" ;;
   gputests)  # every test marked gpu, attention files first (session 24: the closing notes' GPU evidence on main)
     step gpu_attention 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_gpu.py \
       tests/kernels/test_attention_fa3_gpu.py tests/kernels/test_attention_fa3_bwd_gpu.py \

@@ -367,13 +367,13 @@ def test_ops_attention_auto_takes_varlen_to_fa3(monkeypatch):
     from flashscale.ops import attention
 
     calls = []
-    real = fa3.attention_fa3_fwd
+    real = fa3.fwd_unchecked  # what ops.attention calls (it checked the inputs itself)
 
     def spy(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(fa3, "attention_fa3_fwd", spy)
+    monkeypatch.setattr(fa3, "fwd_unchecked", spy)
     monkeypatch.delenv("FLASHSCALE_FA3", raising=False)
     q, k, v, cu_q, cu_k = _packed([300, 4000], [300, 4000], 4, 2, 128, torch.bfloat16)
     kw = dict(causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=4000, max_seqlen_k=4000)

@@ -63,3 +63,11 @@ def test_launch_runs_the_kernel():
         x, y = torch.arange(n, dtype=torch.float32, device=dev), torch.ones(n, dtype=torch.float32, device=dev)
         L.launch(_axpy, (triton.cdiv(n, 32), ), (x, y, 2.0, n), {"BLOCK": 32}, "axpy")
         assert torch.equal(y.cpu(), 2 * torch.arange(n, dtype=torch.float32) + 1)
+
+
+def test_watched_hooks():
+    from triton import knobs
+    assert not L._watched(None) and not L._watched(knobs.runtime.launch_enter_hook)  # Triton's default: empty
+    chain = type(knobs.runtime.launch_enter_hook)()
+    chain.add(print)
+    assert L._watched(chain) and L._watched(print)

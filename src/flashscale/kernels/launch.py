@@ -13,7 +13,8 @@ fixes the constexprs and the descriptors' block shapes and layouts: the caller's
 for every argument what Triton's binder specializes it on (ints: equal to 1, divisible by 16, 32- or 64-bit;
 tensors: dtype and 16-byte alignment; descriptors: the base's dtype), a superset of native_specialize_impl's
 distinctions (tests/kernels/test_launch.py checks that), plus the device. Under the interpreter, with a launch
-hook set (profilers), or on the first call, it is exactly `kernel[grid](*args, **constexprs)`.
+hook set (profilers: Triton's hook chains not empty), or on the first call, it is exactly
+`kernel[grid](*args, **constexprs)`.
 """
 
 from __future__ import annotations
@@ -43,13 +44,19 @@ def spec_key(args) -> tuple:
     return tuple(_arg_key(a) for a in args)
 
 
+def _watched(hook) -> bool:
+    """Whether a launch hook would see anything: Triton 3.6's are HookChains, empty unless a profiler adds one
+    (an empty chain is what kernel[grid] calls, twice a launch, with metadata built for it)."""
+    return hook is not None and getattr(hook, "calls", True) != []
+
+
 def launch(kernel, grid, args: tuple, constexprs: dict, static_key) -> None:
     """kernel[grid](*args, **constexprs), with the binding done once per (static_key, spec_key(args), device)."""
     import triton
     from triton import knobs
 
-    if not isinstance(kernel, triton.runtime.JITFunction) or knobs.runtime.launch_enter_hook is not None \
-            or knobs.runtime.launch_exit_hook is not None:
+    if not isinstance(kernel, triton.runtime.JITFunction) or _watched(knobs.runtime.launch_enter_hook) \
+            or _watched(knobs.runtime.launch_exit_hook):
         kernel[grid](*args, **constexprs)  # the interpreter, or someone watching launches
         return
     driver = triton.runtime.driver.active
