@@ -42,7 +42,8 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh gputests  # ~8 min: every gpu-marked test (+ the API file)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid24    # ~8 min: the grid (short cells in 3 rounds),
 #                                                                  # the W4A16 tuner's timing at K 4096 x N 14336
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh host24    # ~8 min: launch-cache GPU tests, host time, grid
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh host24    # ~8 min: FA3 GPU tests, host time, grid (ran)
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh host24b   # ~5 min: the launch cache's first GPU run
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -82,12 +83,17 @@ case "${1:-}" in
     step host 90 "$PY" benchmarks/attention_host.py --rounds 2 --out "$OUT"
     seed_attention_configs
     step attention 220 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
-  host24b)  # session 24, after host24: the launch cache engaged (Triton 3.6's launch hooks are empty chains, not None:
-    # host24 ran the plain path); its GPU tests, the API file, the host time
-    step fa3_tests 75 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \
+  host24b)  # next (written in session 24, not run: its device time was spent): the launch cache on a GPU for the
+    # first time (host24 ran with it silently off: Triton 3.6's launch hooks are empty chains, not None). Its GPU
+    # tests (they turn it on), then with FLASHSCALE_LAUNCH_CACHE=1 everywhere the FA3 and API tests, then the host
+    # time with it off and on. If all pass and host time drops: make it the default (kernels/launch.py ENABLED).
+    step fa3_tests 90 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \
       tests/kernels/test_launch.py
-    step api 40 "$PY" -m pytest -q -p no:cacheprovider -n 4 tests/kernels/test_attention_api.py
-    step host 40 "$PY" benchmarks/attention_host.py --rounds 2 --out "$OUT" ;;
+    FLASHSCALE_LAUNCH_CACHE=1 step fa3_tests_on 90 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 \
+      tests/kernels/test_attention_fa3_gpu.py tests/kernels/test_attention_api.py
+    mkdir -p "$OUT/off" "$OUT/on"
+    FLASHSCALE_LAUNCH_CACHE=0 step host_off 40 "$PY" benchmarks/attention_host.py --rounds 2 --out "$OUT/off"
+    FLASHSCALE_LAUNCH_CACHE=1 step host_on 40 "$PY" benchmarks/attention_host.py --rounds 2 --out "$OUT/on" ;;
   gputests)  # every test marked gpu, attention files first (session 24: the closing notes' GPU evidence on main)
     step gpu_attention 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_gpu.py \
       tests/kernels/test_attention_fa3_gpu.py tests/kernels/test_attention_fa3_bwd_gpu.py \

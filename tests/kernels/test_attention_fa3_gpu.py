@@ -386,10 +386,11 @@ def test_ops_attention_auto_takes_varlen_to_fa3(monkeypatch):
     assert not calls, "auto sent a 200-row varlen call to fa3 (FA2 is faster there)"
 
 
-def test_launch_cache_keeps_specializations_apart():
+def test_launch_cache_keeps_specializations_apart(monkeypatch):
     # kernels.launch reuses a compiled kernel per specialization of the integer arguments: seqlens divisible by
     # 16, not, and 1 (Triton turns an int 1 into a constant) in turns, each against the reference, twice
     from flashscale.kernels import launch as L
+    monkeypatch.setattr(L, "ENABLED", True)
     for Sq in (1024, 1000, 1, 1024, 1000, 1):
         _check(2, Sq, Sq if Sq > 1 else 300, 4, 2, 128, torch.bfloat16, True)
     keys = [k for k in L._CACHE if k[0] is fa3._fa3_fwd_kernel]

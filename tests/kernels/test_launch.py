@@ -56,8 +56,9 @@ def _axpy(X, Y, a, n, BLOCK: tl.constexpr):
     tl.store(Y + offs, a * tl.load(X + offs, mask=m) + tl.load(Y + offs, mask=m), mask=m)
 
 
-def test_launch_runs_the_kernel():
+def test_launch_runs_the_kernel(monkeypatch):
     # On the CPU (interpreter) this is the kernel[grid] path; on a GPU the second and third calls take the cache
+    monkeypatch.setattr(L, "ENABLED", True)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     for n in (100, 100, 64, 1):
         x, y = torch.arange(n, dtype=torch.float32, device=dev), torch.ones(n, dtype=torch.float32, device=dev)
@@ -71,3 +72,11 @@ def test_watched_hooks():
     chain = type(knobs.runtime.launch_enter_hook)()
     chain.add(print)
     assert L._watched(chain) and L._watched(print)
+
+
+def test_env_switch_is_checked():
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import flashscale.kernels.launch"], capture_output=True, text=True,
+                       env={**__import__("os").environ, "FLASHSCALE_LAUNCH_CACHE": "yes"})
+    assert r.returncode != 0 and "FLASHSCALE_LAUNCH_CACHE='yes'" in r.stderr
