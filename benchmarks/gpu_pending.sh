@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
-# GPU steps of sessions 18-23 (2026-12-02/03), kept runnable. Session 23 ran `l2`, `l2b`, `attn23` (which covered
-# session 22's unrun `attn22b`: the backward's dLSE / auto GPU tests and the grid's d256 rows), `d64c`, `attn23b`,
-# `rot23` and `ncu_device.sh bwd_d256`. Unrun: `next24` (D 256's eight-piece backward and the forward's dynamic tile
-# scheduler: written after the session's device time was spent)
-# and `timing` (session 21: the tuner's GPU tests on _time's last form, then _time against do_bench_cudagraph). One `run` per step, back to
+# GPU steps of sessions 18-24 (2026-12-02/03), kept runnable. Session 24 ran `next24`, `s24`, `gputests`, `grid24`
+# (which ran session 21's `timing` cell) and `host24`. Unrun: `next25` (the launch cache's first GPU run and D 256's
+# SS backward; written after the session's device time was spent). One `run` per step, back to
 # back; each step's commands have their own timeouts so one hang costs only its share. Outputs go to $OUT (at most
 # 8 files come back).
 #
@@ -44,6 +42,8 @@
 #                                                                  # the W4A16 tuner's timing at K 4096 x N 14336
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh host24    # ~8 min: FA3 GPU tests, host time, grid (ran)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh host24b   # ~5 min: the launch cache's first GPU run
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh next25    # ~9 min: host24b + D 256's SS backward (tests,
+#                                                                  # sweep): the next session's first call
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -83,6 +83,18 @@ case "${1:-}" in
     step host 90 "$PY" benchmarks/attention_host.py --rounds 2 --out "$OUT"
     seed_attention_configs
     step attention 220 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
+  next25)  # next session's first call (written in session 24, not run): the launch cache's first GPU run (as host24b)
+    # and D 256's backward with P^T / dS^T read by wgmma from shared memory (n64_m64_ws_tma_q4_ss): tests, then sweeps
+    step fa3_tests 90 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \
+      tests/kernels/test_launch.py
+    step bwd_tests 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_bwd_gpu.py \
+      -k "every_config or ws_matches"
+    FLASHSCALE_LAUNCH_CACHE=1 step api_on 60 "$PY" -m pytest -q -p no:cacheprovider -n 4 tests/kernels/test_attention_api.py
+    mkdir -p "$OUT/off" "$OUT/on"
+    FLASHSCALE_LAUNCH_CACHE=0 step host_off 40 "$PY" benchmarks/attention_host.py --rounds 2 --out "$OUT/off"
+    FLASHSCALE_LAUNCH_CACHE=1 step host_on 40 "$PY" benchmarks/attention_host.py --rounds 2 --out "$OUT/on"
+    step bwd_sweep 120 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 256 --variants ws_tma_q4,q4_ss \
+      --seqlens 1024,4096,16384 --no-sdpa --budget 110 --out "$OUT/attention-fa3-bwd-sweep-ss-h200.json" ;;
   host24b)  # next (written in session 24, not run: its device time was spent): the launch cache on a GPU for the
     # first time (host24 ran with it silently off: Triton 3.6's launch hooks are empty chains, not None). Its GPU
     # tests (they turn it on), then with FLASHSCALE_LAUNCH_CACHE=1 everywhere the FA3 and API tests, then the host

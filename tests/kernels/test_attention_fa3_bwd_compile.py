@@ -154,3 +154,5 @@ def test_config_errors_are_clear():
     assert bwd.config_error(128, bwd.FA3BwdConfig(ws=True, red_v2=False)) is not None
     assert "dq_warps" in bwd.config_error(128, bwd.FA3BwdConfig(ws=True, dq_tma=True, dq_warps=2))
     assert "ws=True" in bwd.config_error(128, bwd.FA3BwdConfig(dq_tma=True))
+    assert "ws=True" in bwd.config_error(256, bwd.FA3BwdConfig(block_n=64, block_m=64, ss_dkv=True))
+    assert "block_n 64" in bwd.config_error(128, bwd.FA3BwdConfig(ws=True, ss_dkv=True))

@@ -83,6 +83,9 @@ class FA3BwdConfig:
     # (and at 232 ptxas serializes the causal loop's wgmmas for want of registers). Both fit 24 without spills.
     producer_regs: int = 24
     writer_regs: int = 24
+    # (ws) dV and dK take P^T / dS^T from shared memory (SS wgmma) instead of registers: at BLOCK_N 64 the two
+    # warpgroups sit side by side along the queries, so the register operand is a cross-warpgroup layout conversion
+    ss_dkv: bool = False
 
     def warps(self, rows: int) -> tuple[int, int]:
         """(warps along M, along N) of an accumulator with `rows` rows on 8 warps: wgmma puts 4 warps
@@ -129,7 +132,12 @@ TUNING_CONFIGS = {
           # memory): a piece is stored while the previous one is reduced. Compiles spill-free; NOT yet run on a GPU
           # (the 32-column slices of K are half a 128-byte swizzle row: the GPU tests must pass before any timing)
           "n64_m64_ws_tma_q8_d2": FA3BwdConfig(block_n=64, block_m=64, stages=2, dq_stages=2, dq_split=8,
-                                               **DQ_TMA_WS)},
+                                               **DQ_TMA_WS),
+          # dV and dK read P^T / dS^T from shared memory (session 24, compile-checked, NOT yet run on a GPU): the
+          # warpgroups split the 64 queries of S^T, so the register A operand was a conversion through shared
+          # memory with its barriers; SASS of the key loop: BAR 16 -> 10, LDS 16 -> 8 a step, 230,796 B of smem
+          "n64_m64_ws_tma_q4_ss": FA3BwdConfig(block_n=64, block_m=64, stages=2, dq_stages=1, dq_split=4,
+                                               ss_dkv=True, **DQ_TMA_WS)},
 }
 
 
@@ -139,10 +147,12 @@ def smem_bytes(head_dim: int, cfg: FA3BwdConfig, elem: int = 2) -> int:
     if cfg.ws:
         dq_row = head_dim // cfg.dq_split if cfg.dq_tma else head_dim + 4
         # + up to 1 KB of alignment a swizzled buffer (K, V, Q, dO, dS^T, dQ): Triton's allocation measured
-        # 0.3-4 KB above the sum (4 KB at D 256 with a 16 KB dQ piece), so the sum alone is no bound
+        # 0.3-4 KB above the sum (4 KB at D 256 with a 16 KB dQ piece), so the sum alone is no bound. With ss_dkv
+        # (P^T's tile added) the register operands' layout-conversion scratch is gone: 340 B above the sum at D 256
+        slack = 1536 if cfg.ss_dkv else 6 * 1024
         return (elem * (2 * cfg.block_n * head_dim + 2 * cfg.stages * cfg.block_m * head_dim
-                        + cfg.block_n * cfg.block_m) + 4 * cfg.dq_stages * cfg.block_m * dq_row
-                + 4 * 2 * cfg.stages * cfg.block_m + 8 * (1 + 2 * cfg.stages + 2 * cfg.dq_stages) + 6 * 1024)
+                        + (2 if cfg.ss_dkv else 1) * cfg.block_n * cfg.block_m) + 4 * cfg.dq_stages * cfg.block_m * dq_row
+                + 4 * 2 * cfg.stages * cfg.block_m + 8 * (1 + 2 * cfg.stages + 2 * cfg.dq_stages) + slack)
     return elem * (2 * cfg.block_n * head_dim + 4 * cfg.block_m * head_dim + cfg.block_n * cfg.block_m) + 8 * 3
 
 
@@ -165,10 +175,13 @@ def config_error(head_dim: int, cfg: FA3BwdConfig) -> str | None:
             return "ws: the dQ writer always uses red.global.add.v4.f32 (red_v2=False is the plain kernel's)"
         if cfg.dq_split != 1 and not cfg.dq_tma:
             return "ws: dq_split needs dq_tma (the red.v4 writer takes whole dQ tiles)"
+        if cfg.ss_dkv and cfg.block_n != 64:
+            return (f"ss_dkv: for block_n 64 (warpgroups side by side along the queries); at block_n {cfg.block_n} "
+                    "the register operand needs no exchange between warpgroups")
         if cfg.dq_tma and cfg.dq_warps != 1:
             return f"ws: dq_tma's writer is one warp (one bulk reduction a step): dq_warps {cfg.dq_warps} must be 1"
-    elif cfg.dq_tma:
-        return "dq_tma is the warp-specialized kernel's dQ path: it needs ws=True"
+    elif cfg.dq_tma or cfg.ss_dkv:
+        return f"{'dq_tma' if cfg.dq_tma else 'ss_dkv'} is the warp-specialized kernel's: it needs ws=True"
     if smem_bytes(head_dim, cfg) > SMEM_LIMIT:
         return f"{smem_bytes(head_dim, cfg)} B of shared memory > {SMEM_LIMIT}"
     return None
@@ -420,7 +433,7 @@ def _constexprs(head_dim: int, group: int, causal: bool, cfg: FA3BwdConfig) -> d
          "KV_WM": cfg.warps(cfg.block_n)[0], "DQ_WM": cfg.warps(cfg.block_m)[0]}
     if cfg.ws:
         c.update({"STAGES": cfg.stages, "DQ_STAGES": cfg.dq_stages, "DQ_WARPS": cfg.dq_warps, "DQ_TMA": cfg.dq_tma,
-                  "DQ_SPLIT": cfg.dq_split,
+                  "DQ_SPLIT": cfg.dq_split, "SS_DKV": cfg.ss_dkv,
                   "PRODUCER_REGS": cfg.producer_regs, "WRITER_REGS": cfg.writer_regs})
     else:
         c["RED_V2"] = cfg.red_v2

@@ -117,11 +117,12 @@ if HAS_GLUON:
         mbarrier.arrive(dq_full.index(dslot), count=1)
 
     @gluon.jit
-    def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, ready, empty,
-                  dq_full, dq_empty, dk_desc, dv_desc, b, hk, n0, m_lo, m_full, n_mb, n_steps, off, sm_scale,
+    def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, p_smem, dq_smem, lse_smem, delta_smem, kv_bar, ready,
+                  empty, dq_full, dq_empty, dk_desc, dv_desc, b, hk, n0, m_lo, m_full, n_mb, n_steps, off, sm_scale,
                   qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   CAUSAL: gl.constexpr, KV_WM: gl.constexpr, DQ_WM: gl.constexpr, STAGES: gl.constexpr,
-                  DQ_STAGES: gl.constexpr, DQ_TMA: gl.constexpr, DQ_SPLIT: gl.constexpr, num_warps: gl.constexpr):
+                  DQ_STAGES: gl.constexpr, DQ_TMA: gl.constexpr, DQ_SPLIT: gl.constexpr, SS_DKV: gl.constexpr,
+                  num_warps: gl.constexpr):
         dtype: gl.constexpr = k_smem.dtype
         KV_WN: gl.constexpr = num_warps // KV_WM
         DQ_WN: gl.constexpr = num_warps // DQ_WM
@@ -172,16 +173,31 @@ if HAS_GLUON:
                     vis = gl.expand_dims(keys, 1) <= gl.expand_dims(rows_q, 0) + off
                     pt = gl.where(vis, pt, 0.0)
             dpt = warpgroup_mma_wait(0, deps=(tok_dp, ))
-            tok_dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do, dv, is_async=True)
-            delta = delta_smem.index(slot).load(col_s)
-            dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
-            ds_smem.store(dst)
-            fence_async_shared()
-            gl.thread_barrier()  # every warp's rows of dS^T are in shared memory before the dQ wgmma reads them
+            if SS_DKV:
+                # P^T and dS^T as the A operands of dV and dK straight from shared memory (SS wgmma): with the
+                # warpgroups side by side along the queries (BLOCK_N = 64), the register A operand needs every
+                # query of the tile in each warpgroup, i.e. a layout conversion through shared memory anyway
+                delta = delta_smem.index(slot).load(col_s)
+                dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
+                p_smem.store(pt.to(dtype))
+                ds_smem.store(dst)
+                fence_async_shared()
+                gl.thread_barrier()  # every warp's rows of P^T and dS^T are in shared memory before the wgmmas
+                tok_dv = warpgroup_mma(p_smem, do, dv, is_async=True)
+            else:
+                tok_dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do, dv, is_async=True)
+                delta = delta_smem.index(slot).load(col_s)
+                dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
+                ds_smem.store(dst)
+                fence_async_shared()
+                gl.thread_barrier()  # every warp's rows of dS^T are in shared memory before the dQ wgmma reads them
             dq_zero = gl.zeros([BLOCK_M, DQ_N], gl.float32, layout=dq_layout)
             tok_dq = warpgroup_mma(ds_smem.permute((1, 0)), k.slice(0, DQ_N, dim=1), dq_zero, use_acc=False,
                                    is_async=True)
-            tok_dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q, dk, is_async=True)
+            if SS_DKV:
+                tok_dk = warpgroup_mma(ds_smem, q, dk, is_async=True)
+            else:
+                tok_dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q, dk, is_async=True)
             dv = warpgroup_mma_wait(2, deps=(tok_dv, ))
             dq = warpgroup_mma_wait(1, deps=(tok_dq, ))
             # dQ to the writer's slot (free once the writer is done with the piece DQ_STAGES before); dK still runs
@@ -278,7 +294,7 @@ if HAS_GLUON:
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, KV_WM: gl.constexpr,
                            DQ_WM: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
                            DQ_WARPS: gl.constexpr, DQ_TMA: gl.constexpr, DQ_SPLIT: gl.constexpr,
-                           PRODUCER_REGS: gl.constexpr,
+                           SS_DKV: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                            WRITER_REGS: gl.constexpr, num_warps: gl.constexpr):
         dtype: gl.constexpr = q_desc.dtype
         b, hk, n0, off, m_lo, m_full, n_mb, n_steps = _kv_block(H, seqlen_q, seqlen_k, GROUP, BLOCK_M, BLOCK_N,
@@ -290,6 +306,10 @@ if HAS_GLUON:
         do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
         ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+        if SS_DKV:  # P^T beside dS^T, both read by wgmma from here
+            p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+        else:
+            p_smem = ds_smem  # (unused)
         if DQ_TMA:  # the TMA's own (1, BLOCK_M, D // DQ_SPLIT) box layout, 128-byte swizzled, unpadded
             dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES] + DQ.block_type.shape, DQ.layout)
         else:
@@ -316,10 +336,10 @@ if HAS_GLUON:
             mbarrier.init(dq_empty.index(i), count=1)
 
         gl.warp_specialize([
-            (_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, ready,
-                         empty, dq_full, dq_empty, dk_desc, dv_desc, b, hk, n0, m_lo, m_full, n_mb, n_steps, off,
+            (_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, p_smem, dq_smem, lse_smem, delta_smem, kv_bar,
+                         ready, empty, dq_full, dq_empty, dk_desc, dv_desc, b, hk, n0, m_lo, m_full, n_mb, n_steps, off,
                          sm_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, KV_WM, DQ_WM, STAGES, DQ_STAGES,
-                         DQ_TMA, DQ_SPLIT, num_warps)),
+                         DQ_TMA, DQ_SPLIT, SS_DKV, num_warps)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                          kv_bar, ready, empty, LSE, DELTA, stride_lb, stride_lh, b, hk, n0, seqlen_q, m_lo, n_mb,
                          n_steps, GROUP, HEAD_DIM, BLOCK_M, STAGES)),
