@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU steps of sessions 18-24 (2026-12-02/03), kept runnable. Session 24 ran `next24`, `s24`, `gputests`, `grid24`
 # (which ran session 21's `timing` cell) and `host24`. Unrun: `next25` (the launch cache's first GPU run and D 256's
-# SS backward; written after the session's device time was spent). One `run` per step, back to
+# SS backward) and `next25b` (the forward's fold_scale); written after the session's device time was spent. One `run` per step, back to
 # back; each step's commands have their own timeouts so one hang costs only its share. Outputs go to $OUT (at most
 # 8 files come back).
 #
@@ -44,6 +44,8 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh host24b   # ~5 min: the launch cache's first GPU run
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh next25    # ~9 min: host24b + D 256's SS backward (tests,
 #                                                                  # sweep): the next session's first call
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh next25b   # ~6 min: the forward's fold_scale variants (tests,
+#                                                                  # sweep against their twins)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -95,6 +97,14 @@ case "${1:-}" in
     FLASHSCALE_LAUNCH_CACHE=1 step host_on 40 "$PY" benchmarks/attention_host.py --rounds 2 --out "$OUT/on"
     step bwd_sweep 120 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 256 --variants ws_tma_q4,q4_ss \
       --seqlens 1024,4096,16384 --no-sdpa --budget 110 --out "$OUT/attention-fa3-bwd-sweep-ss-h200.json" ;;
+  next25b)  # the next session's second call: the forward's folded softmax scale (fold_scale variants, compile-
+    # checked in session 24): their GPU tests (tuning_configs), then the sweep against their unfolded twins
+    step fold_tests 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \
+      -k "fold"
+    step sweep 200 "$PY" benchmarks/attention_fa3_sweep.py --seqlens 1024,2048,4096,16384 --budget 190 \
+      --variants \
+      pp_persist,pp_persist_fold,pp_persist_dyn,pp_persist_dyn_fold,pp3_m192_persist_dyn,pp3_m192_persist_dyn_fold \
+      --compile-budget 60 --out "$OUT/attention-fa3-sweep-fold-h200.json" ;;
   host24b)  # next (written in session 24, not run: its device time was spent): the launch cache on a GPU for the
     # first time (host24 ran with it silently off: Triton 3.6's launch hooks are empty chains, not None). Its GPU
     # tests (they turn it on), then with FLASHSCALE_LAUNCH_CACHE=1 everywhere the FA3 and API tests, then the host

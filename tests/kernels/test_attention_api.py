@@ -119,6 +119,7 @@ def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
     (dict(softcap=30.0), "softcap=30.0"),
     (dict(alibi_slopes=torch.ones(2)), "alibi_slopes"),
     (dict(dropout_p=0.1), "dropout_p=0.1"),
+    (dict(softmax_scale=-0.5), "softmax_scale=-0.5: fa3 takes a scale > 0"),
     (dict(), "fa3 needs a Hopper GPU"),  # every feature fine: the device is what is missing
 ])
 def test_fa3_refuses_what_it_cannot_run_naming_it(kw, match):

@@ -260,3 +260,30 @@ def test_ptxas_stats_reads_spills():
     stats = ptxas_stats(ptx)
     assert stats["registers"] <= 24
     assert stats["spill_stores"] > 0, stats["log"]
+
+
+_COMPILE_FOLD = """
+import json, sys
+from flashscale.kernels import attention_fa3 as fa3
+from flashscale.kernels.aot import ptxas_stats, sass, sass_key_loops, sass_opcode
+res = {}
+for d, name in ((64, "pp_persist"), (128, "pp_persist")):
+    for fold in (False, True):
+        k = fa3.compile_sm90(d, True, config=fa3.TUNING_CONFIGS[d][name + ("_fold" if fold else "")])
+        loop = [sass_opcode(t) for _, t in sass_key_loops(sass(k.asm["cubin"]))[0]]
+        res[f"d{d}_{fold}"] = dict(n=len(loop), ffma=sum(o.startswith("FFMA") for o in loop),
+                                   fmul=sum(o.startswith("FMUL") for o in loop),
+                                   spills=ptxas_stats(k.asm["ptx"])["spill_stores"])
+json.dump(res, open(sys.argv[1] + "/fold.json", "w"))
+"""
+
+
+def test_fold_scale_makes_the_softmax_one_ffma_an_element(tmp_path):
+    # fold_scale: the row max on raw scores, p = exp2(s * scale - m) as one FFMA; the key loop (causal, both
+    # branches) loses an FMUL and an FADD an element of the thread's 64 and gains nothing else, spilling no more
+    compile_offline(_COMPILE_FOLD, str(tmp_path), what="sm_90 compile of the fold_scale variants")
+    res = json.loads((tmp_path / "fold.json").read_text())
+    for d in (64, 128):
+        plain, fold = res[f"d{d}_False"], res[f"d{d}_True"]
+        assert fold["ffma"] >= plain["ffma"] + 64 and fold["fmul"] <= plain["fmul"] - 62, (plain, fold)
+        assert fold["n"] <= plain["n"] - 60 and fold["spills"] <= plain["spills"], (plain, fold)

@@ -118,6 +118,10 @@ class FA3Config:
     # passes it to the consumers through shared memory) instead of the static snake order, which a causal mask
     # leaves unbalanced (benchmarks/persistent_balance.py). Dense only.
     dynamic: bool = False
+    # the softmax scale folded into the max subtraction (one FFMA an element instead of FMUL + FADD; the row max
+    # taken on raw scores, exact for a scale > 0): -62 instructions a key block at D 64 / 128, no new spills; spills
+    # 12 B in the D 256 varlen causal kernel. Session 24, compile-checked, NOT yet run on a GPU: off until then.
+    fold_scale: bool = False
 
     @property
     def is_pingpong(self) -> bool:
@@ -167,6 +171,10 @@ TUNING_CONFIGS = {
         "pp3_m192_persist_dyn": FA3Config(block_m=192, block_n=128, stages=3, consumers=3, persistent=True,
                                           dynamic=True),
         "pp_m256_n64": FA3Config(block_m=256, block_n=64, stages=4),
+        # the scale folded into the max subtraction (fold_scale; session 24, not yet run on a GPU)
+        "pp_persist_fold": replace(_PP[64], persistent=True, fold_scale=True),
+        "pp3_m192_persist_dyn_fold": FA3Config(block_m=192, block_n=128, stages=3, consumers=3, persistent=True,
+                                               dynamic=True, fold_scale=True),
         "pp_n256_serial": FA3Config(block_m=128, block_n=256, stages=2, overlap=False),
     },
     128: {
@@ -179,6 +187,8 @@ TUNING_CONFIGS = {
         "pp_n64_s4": FA3Config(block_m=128, block_n=64, stages=4),
         "pp_flat": replace(_PP[128], l2_groups=False),
         "pp_persist_dyn": replace(_PP[128], persistent=True, dynamic=True),
+        "pp_persist_fold": replace(_PP[128], persistent=True, fold_scale=True),  # (not yet run on a GPU)
+        "pp_persist_dyn_fold": replace(_PP[128], persistent=True, dynamic=True, fold_scale=True),
     },
     256: {
         "pp": _PP[256],
@@ -304,19 +314,29 @@ if HAS_GLUON:
 
     @gluon.jit
     def _softmax(s, j, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale, CAUSAL: gl.constexpr,
-                 BLOCK_N: gl.constexpr):
-        """Online-softmax step on raw scores s (BM, BN) fp32 -> p (unnormalised), alpha, new m, new l."""
-        s = s * qk_scale  # log2 units
+                 BLOCK_N: gl.constexpr, FOLD: gl.constexpr):
+        """Online-softmax step on raw scores s (BM, BN) fp32 -> p (unnormalised), alpha, new m, new l (m in log2
+        units: scores times qk_scale = softmax_scale * log2 e, which the launch requires > 0)."""
+        if not FOLD:
+            s = s * qk_scale  # log2 units
         if j >= n_full:  # ragged last block or the causal diagonal band: mask (uniform branch)
             cols = j * BLOCK_N + cols0
             vis = gl.expand_dims(cols, 0) < seqlen_k
             if CAUSAL:
                 vis = vis & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + off)
             s = gl.where(vis, s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.reduce(s, 1, _max_combine))
-        # a row with nothing visible yet keeps m = -inf; subtract 0 there instead (no -inf - -inf NaN)
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(s - gl.expand_dims(m_use, 1))
+        if FOLD:
+            # qk_scale > 0 and rounding is monotonic: rowmax(s) * qk_scale == rowmax(s * qk_scale), bit for bit;
+            # the scale then folds into the subtraction, one FFMA an element instead of FMUL + FADD (as the FP8
+            # kernel): 62 fewer instructions a key block (of ~620 / 665 at D 64 / 128; FA3Config.fold_scale)
+            m_new = gl.maximum(m_i, gl.reduce(s, 1, _max_combine) * qk_scale)
+            # a row with nothing visible yet keeps m = -inf; subtract 0 there instead (no -inf - -inf NaN)
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
+        else:
+            m_new = gl.maximum(m_i, gl.reduce(s, 1, _max_combine))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            p = gl.exp2(s - gl.expand_dims(m_use, 1))
         alpha = gl.exp2(m_i - m_use)
         l_i = l_i * alpha + gl.reduce(p, 1, _sum_combine)
         return p, alpha, m_new, l_i
@@ -325,7 +345,7 @@ if HAS_GLUON:
     def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, o_desc, lse_ptr,
                   b, m0, q_col, n_blocks, n_full, seqlen_q, seqlen_k, qk_scale,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
+                  CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, FOLD: gl.constexpr, num_warps: gl.constexpr):
         dtype: gl.constexpr = q_smem.dtype
         # wgmma accumulators: warps stacked along M (64 rows a warpgroup), instruction N = the full tile
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -353,7 +373,7 @@ if HAS_GLUON:
                 s = warpgroup_mma_wait(0, deps=(tok, ))
                 mbarrier.arrive(k_empty.index(0), count=1)
                 p, alpha, m_i, l_i = _softmax(s, 0, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale,
-                                              CAUSAL, BLOCK_N)
+                                              CAUSAL, BLOCK_N, FOLD)
                 for j in range(1, n_blocks):
                     # tensor cores: S_j = Q K_j^T, then O += P_{j-1} V_{j-1}; CUDA cores meanwhile wait
                     # only for S_j and run its softmax while the PV product is still in flight
@@ -362,7 +382,7 @@ if HAS_GLUON:
                     s = warpgroup_mma_wait(1, deps=(tok_s, ))  # wgmma groups retire in order: S_j done
                     mbarrier.arrive(k_empty.index(j % STAGES), count=1)
                     p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale,
-                                                  CAUSAL, BLOCK_N)
+                                                  CAUSAL, BLOCK_N, FOLD)
                     acc = warpgroup_mma_wait(0, deps=(tok_o, ))
                     mbarrier.arrive(v_empty.index((j - 1) % STAGES), count=1)
                 tok_o = _pv(acc, p, alpha, v_smem, v_ready, n_blocks - 1, row_o, p_layout, BLOCK_N, HEAD_DIM, STAGES)
@@ -375,7 +395,7 @@ if HAS_GLUON:
                 s = warpgroup_mma_wait(0, deps=(tok, ))
                 mbarrier.arrive(k_empty.index(st), count=1)
                 p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale,
-                                              CAUSAL, BLOCK_N)
+                                              CAUSAL, BLOCK_N, FOLD)
                 tok_o = _pv(acc, p, alpha, v_smem, v_ready, j, row_o, p_layout, BLOCK_N, HEAD_DIM, STAGES)
                 acc = warpgroup_mma_wait(0, deps=(tok_o, ))
                 mbarrier.arrive(v_empty.index(st), count=1)
@@ -644,10 +664,10 @@ if HAS_GLUON:
                           next_turn, o_desc, LSE, stride_lb, stride_lh, tile, it, t_i, n_m, BH, HG, H, GROUP,
                           seqlen_q, seqlen_k, qk_scale, C: gl.constexpr, FIRST: gl.constexpr,
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, SUB_M: gl.constexpr,
-                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, FOLD: gl.constexpr,
                           CU_Q, CU_K, n_seq, O, VARLEN: gl.constexpr):
         """One tile of ping-pong consumer C. `it` / `t_i`: K/V blocks and tiles before this one (phases run on
-        across the tiles of a persistent program). Turns: one a block with OVERLAP, so the turn number of
+        across the tiles of a persistent program). Turns: one a block with OVERLAP, FOLD, so the turn number of
         block j is it + j; two without (2 (it + j) and 2 (it + j) + 1, parities FIRST and FIRST ^ 1).
         Returns the updated it. Varlen: seqlen_q/k are the tile's sequence's lengths; a tile past the last
         query block (ok false) does nothing, as in the producer."""
@@ -664,7 +684,7 @@ if HAS_GLUON:
                 it = _consumer_pp_work(q_tile, q, zero_s, cols0, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                                        v_ready, v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, it,
                                        t_i, b, h, m0, n_blocks, len_q, len_k, len_k - len_q, qk_scale, C, FIRST,
-                                       HEAD_DIM, SUB_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, q_start, O, H, True)
+                                       HEAD_DIM, SUB_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, FOLD, q_start, O, H, True)
         else:
             off = seqlen_k - seqlen_q
             b, h, hk, m0, n_blocks = _tile_info(tile, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N,
@@ -672,7 +692,7 @@ if HAS_GLUON:
             it = _consumer_pp_work(q_tile, q, zero_s, cols0, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                                    v_ready, v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, it, t_i,
                                    b, h, m0, n_blocks, seqlen_q, seqlen_k, off, qk_scale, C, FIRST, HEAD_DIM, SUB_M,
-                                   BLOCK_N, STAGES, CAUSAL, OVERLAP, None, None, None, False)
+                                   BLOCK_N, STAGES, CAUSAL, OVERLAP, FOLD, None, None, None, False)
         return it
 
     @gluon.jit
@@ -680,7 +700,7 @@ if HAS_GLUON:
                           v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, it, t_i, b, h, m0, n_blocks,
                           seqlen_q, seqlen_k, off, qk_scale, C: gl.constexpr, FIRST: gl.constexpr,
                           HEAD_DIM: gl.constexpr, SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                          CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, q_start, O, H, VARLEN: gl.constexpr):
+                          CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, FOLD: gl.constexpr, q_start, O, H, VARLEN: gl.constexpr):
         """The key loop and epilogue of one tile (see _consumer_pp_tile); off = seqlen_k - seqlen_q."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -713,7 +733,7 @@ if HAS_GLUON:
                 s = warpgroup_mma_wait(0, deps=(tok, ))
                 mbarrier.arrive(k_empty.index(st))
                 p, alpha, m_i, l_i = _softmax(s, 0, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale,
-                                              CAUSAL, BLOCK_N)
+                                              CAUSAL, BLOCK_N, FOLD)
                 p16 = gl.convert_layout(p.to(dtype), p_layout)  # O is still 0: nothing to rescale
                 for j in range(1, n_blocks):
                     st = (it + j) % STAGES
@@ -728,7 +748,7 @@ if HAS_GLUON:
                     s = warpgroup_mma_wait(1, deps=(tok_s, ))  # groups retire in order: S_j done, PV not
                     mbarrier.arrive(k_empty.index(st))
                     p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale,
-                                                  CAUSAL, BLOCK_N)
+                                                  CAUSAL, BLOCK_N, FOLD)
                     acc = warpgroup_mma_wait(0, deps=(tok_o, ))
                     mbarrier.arrive(v_empty.index(sv))
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
@@ -752,7 +772,7 @@ if HAS_GLUON:
                 s = warpgroup_mma_wait(0, deps=(tok, ))
                 mbarrier.arrive(k_empty.index(st))
                 p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale,
-                                              CAUSAL, BLOCK_N)
+                                              CAUSAL, BLOCK_N, FOLD)
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                 p16 = gl.convert_layout(p.to(dtype), p_layout)
                 mbarrier.wait(v_ready.index(st), ph)
@@ -796,7 +816,7 @@ if HAS_GLUON:
                      LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                      qk_scale, C: gl.constexpr, CONSUMERS: gl.constexpr, HEAD_DIM: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                     OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr, CU_Q, CU_K, n_seq, O,
+                     OVERLAP: gl.constexpr, FOLD: gl.constexpr, PERSISTENT: gl.constexpr, CU_Q, CU_K, n_seq, O,
                      VARLEN: gl.constexpr, next_smem, next_ready, next_free):
         """Ping-pong consumer C: one warpgroup, rows [m0 + C * SUB_M, m0 + (C + 1) * SUB_M) of each tile
         against all its key blocks. K/V block `idx` (counted across tiles) sits in slot idx % STAGES and
@@ -817,32 +837,32 @@ if HAS_GLUON:
                 it = _consumer_pp_tile(q_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
                                        v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, tile, it,
                                        t_i, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, qk_scale, C, FIRST,
-                                       HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, CU_Q, CU_K,
+                                       HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, FOLD, CU_Q, CU_K,
                                        n_seq, O, VARLEN)
                 tile = _take_next_tile(next_smem, next_ready, next_free, t_i, lay)
                 t_i += 1
         elif PERSISTENT:
-            it = 0  # K/V blocks consumed so far (and, with OVERLAP, turns taken)
+            it = 0  # K/V blocks consumed so far (and, with OVERLAP, FOLD, turns taken)
             t_i = 0  # tiles done
             for kt in range(0, _program_tiles(tile0, n_tiles, tile_step)):
                 tile = _snake_tile(kt, tile0, tile_step)
                 it = _consumer_pp_tile(q_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
                                        v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, tile, it,
                                        t_i, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, qk_scale, C, FIRST,
-                                       HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, CU_Q, CU_K,
+                                       HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, FOLD, CU_Q, CU_K,
                                        n_seq, O, VARLEN)
                 t_i += 1
         else:  # one tile a program: no loop, so the counters are constants (fewer live registers)
             _consumer_pp_tile(q_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, my_turn,
                               next_turn, o_desc, LSE, stride_lb, stride_lh, tile0, 0, 0, n_m, BH, HG, H, GROUP,
                               seqlen_q, seqlen_k, qk_scale, C, FIRST, HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES,
-                              CAUSAL, OVERLAP, CU_Q, CU_K, n_seq, O, VARLEN)
+                              CAUSAL, OVERLAP, FOLD, CU_Q, CU_K, n_seq, O, VARLEN)
 
     @gluon.jit
     def _pp_run(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                 GROUP, seqlen_q, seqlen_k, qk_scale, CU_Q, CU_K, n_seq, O, COUNTER, HEAD_DIM: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                OVERLAP: gl.constexpr, FOLD: gl.constexpr, CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                 CONSUMER_REGS: gl.constexpr, VARLEN: gl.constexpr):
         """The ping-pong program (dense and varlen): shared memory, barriers, the partitions. A program runs tile0
         alone (tile_step = n_tiles), or persistent the snake order of _snake_tile, or (PERSISTENT == 2, dynamic)
@@ -885,12 +905,12 @@ if HAS_GLUON:
                 (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                                 turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                                 GROUP, seqlen_q, seqlen_k, qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
+                                STAGES, CAUSAL, OVERLAP, FOLD, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
                                 next_ready, next_free)),
                 (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                                 turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                                 GROUP, seqlen_q, seqlen_k, qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
+                                STAGES, CAUSAL, OVERLAP, FOLD, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
                                 next_ready, next_free)),
                 (_producer_pp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                 k_empty, v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q,
@@ -903,17 +923,17 @@ if HAS_GLUON:
                 (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                                 turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                                 GROUP, seqlen_q, seqlen_k, qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
+                                STAGES, CAUSAL, OVERLAP, FOLD, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
                                 next_ready, next_free)),
                 (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                                 turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                                 GROUP, seqlen_q, seqlen_k, qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
+                                STAGES, CAUSAL, OVERLAP, FOLD, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
                                 next_ready, next_free)),
                 (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                                 turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                                 GROUP, seqlen_q, seqlen_k, qk_scale, 2, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                STAGES, CAUSAL, OVERLAP, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
+                                STAGES, CAUSAL, OVERLAP, FOLD, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
                                 next_ready, next_free)),
                 (_producer_pp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                 k_empty, v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q,
@@ -927,7 +947,7 @@ if HAS_GLUON:
     @gluon.jit(do_not_specialize=["stride_lb", "stride_lh", "H", "GROUP", "BH", "HG", "seqlen_q", "seqlen_k"])
     def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, COUNTER, stride_lb, stride_lh, H, GROUP, BH, HG, seqlen_q,
                         seqlen_k, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, FOLD: gl.constexpr, PINGPONG: gl.constexpr,
                         CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                         CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         dtype: gl.constexpr = q_desc.dtype
@@ -943,7 +963,7 @@ if HAS_GLUON:
             _pp_run(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                     GROUP, seqlen_q, seqlen_k, qk_scale, None, None, None, None, COUNTER, HEAD_DIM, BLOCK_M, BLOCK_N,
                     STAGES,
-                    CAUSAL, OVERLAP, CONSUMERS, PERSISTENT, PRODUCER_REGS, CONSUMER_REGS, False)
+                    CAUSAL, OVERLAP, FOLD, CONSUMERS, PERSISTENT, PRODUCER_REGS, CONSUMER_REGS, False)
         else:
             # Heaviest query tiles first: under a causal mask the last tiles see the most keys.
             pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
@@ -982,7 +1002,7 @@ if HAS_GLUON:
             gl.warp_specialize([
                 (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, o_desc, lse_ptr, b,
                              m0, q_col, n_blocks, n_full, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                             STAGES, CAUSAL, OVERLAP, num_warps)),
+                             STAGES, CAUSAL, OVERLAP, FOLD, num_warps)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
                              v_empty, b, m0, q_col, k_col, n_blocks, BLOCK_N, STAGES)),
             ], [1], [PRODUCER_REGS])
@@ -996,7 +1016,7 @@ if HAS_GLUON:
     def _fa3_fwd_varlen_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, CU_Q, CU_K, stride_lh, H, GROUP, n_seq,
                                n_tiles, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                               OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr,
+                               OVERLAP: gl.constexpr, FOLD: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr,
                                PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                num_warps: gl.constexpr):
         gl.static_assert(PINGPONG, "the varlen forward runs the ping-pong schedule")
@@ -1008,7 +1028,7 @@ if HAS_GLUON:
             tile_step = n_tiles  # one tile a program
         # (COUNTER: the dense grid's dynamic scheduler, never read here; any int32 pointer)
         _pp_run(q_desc, k_desc, v_desc, o_desc, LSE, 0, stride_lh, tile0, tile_step, n_tiles, 0, 0, 0, H, GROUP, 0, 0,
-                qk_scale, CU_Q, CU_K, n_seq, O, CU_Q, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, CONSUMERS,
+                qk_scale, CU_Q, CU_K, n_seq, O, CU_Q, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, FOLD, CONSUMERS,
                 PERSISTENT, PRODUCER_REGS, CONSUMER_REGS, True)
 
 
@@ -1246,6 +1266,8 @@ def _launch(q, k, v, out, lse, causal, softmax_scale, config):
     B, Sq, H, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     scale = softmax_scale if softmax_scale is not None else D ** -0.5
+    if not scale > 0:  # the softmax takes the row max of the raw scores (_softmax)
+        raise ValueError(f"attention_fa3_fwd: softmax_scale must be > 0 (FA2's kernels take any); got {scale!r}")
     cfg = config or default_config(D, causal, Sq)
     bad = config_error(D, cfg)
     if bad is not None:
@@ -1281,6 +1303,8 @@ def _launch_varlen(q, k, v, out, lse, cu_q, cu_k, max_q, causal, softmax_scale, 
     Tk, Hkv = k.shape[0], k.shape[1]
     n_seq = cu_q.numel() - 1
     scale = softmax_scale if softmax_scale is not None else D ** -0.5
+    if not scale > 0:  # the softmax takes the row max of the raw scores (_softmax)
+        raise ValueError(f"attention_fa3_fwd: softmax_scale must be > 0 (FA2's kernels take any); got {scale!r}")
     cfg = config or DEFAULT_CONFIGS[D]
     bad = config_error(D, cfg, varlen=True)
     if bad is not None:
@@ -1344,6 +1368,6 @@ def compile_sm90(head_dim: int, causal: bool, *, dtype: torch.dtype = torch.bflo
 
 def _constexprs(head_dim: int, causal: bool, cfg: FA3Config) -> dict:
     return {"HEAD_DIM": head_dim, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
-            "CAUSAL": causal, "OVERLAP": cfg.overlap, "PINGPONG": cfg.is_pingpong, "CONSUMERS": cfg.consumers,
+            "CAUSAL": causal, "OVERLAP": cfg.overlap, "FOLD": cfg.fold_scale, "PINGPONG": cfg.is_pingpong, "CONSUMERS": cfg.consumers,
             "PERSISTENT": 2 if cfg.dynamic else int(cfg.persistent), "PRODUCER_REGS": cfg.producer_regs, "CONSUMER_REGS": cfg.worker_consumer_regs,
             "num_warps": cfg.num_warps}

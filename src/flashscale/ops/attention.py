@@ -70,9 +70,11 @@ def _auto_takes_fa3(q: torch.Tensor, seqlen_q: int, varlen: bool, causal: bool =
 
 
 def fa3_unsupported(q, k, v, *, varlen: bool, left: int, right: int, causal: bool, softcap: float,
-                    alibi_slopes, dropout_p: float) -> str | None:
+                    alibi_slopes, dropout_p: float, softmax_scale: float = 1.0) -> str | None:
     """Why the FA3 forward cannot take this call (None: it can). Features first, then the tensors (dense, or
     the packed varlen layout)."""
+    if not softmax_scale > 0:
+        return f"softmax_scale={softmax_scale}: fa3 takes a scale > 0 (the FA2 kernels take any)"
     if left != -1 or (right != -1 and not causal):
         return f"window={(left, right)}: sliding windows run on the FA2 kernels (fa3 takes causal or none)"
     if softcap:
@@ -266,7 +268,7 @@ def attention(
 
     if impl == "fa3" or (impl == "auto" and _auto_takes_fa3(q, max_seqlen_q, varlen, causal)):
         why = fa3_unsupported(q, k, v, varlen=varlen, left=left, right=right, causal=causal, softcap=softcap,
-                              alibi_slopes=alibi_slopes, dropout_p=dropout_p)
+                              alibi_slopes=alibi_slopes, dropout_p=dropout_p, softmax_scale=softmax_scale)
         if why is None:
             impl = "fa3" if impl == "fa3" else "auto_fa3"  # auto's choice keeps auto's backward rule
         elif impl == "fa3":
