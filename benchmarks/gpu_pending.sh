@@ -103,7 +103,8 @@ case "${1:-}" in
       -k "fold"
     step sweep 200 "$PY" benchmarks/attention_fa3_sweep.py --seqlens 1024,2048,4096,16384 --budget 190 \
       --variants \
-      pp_persist,pp_persist_fold,pp_persist_dyn,pp_persist_dyn_fold,pp3_m192_persist_dyn,pp3_m192_persist_dyn_fold \
+      pp_persist,pp_persist_fold,pp_persist_dyn,pp_persist_dyn_fold,pp3_m192_persist_dyn,pp3_m192_persist_dyn_fold,\
+pp3_m192_persist,pp3_m192_persist_fold,pp3_m192,pp3_m192_fold \
       --compile-budget 60 --out "$OUT/attention-fa3-sweep-fold-h200.json" ;;
   host24b)  # next (written in session 24, not run: its device time was spent): the launch cache on a GPU for the
     # first time (host24 ran with it silently off: Triton 3.6's launch hooks are empty chains, not None). Its GPU

@@ -175,6 +175,9 @@ TUNING_CONFIGS = {
         "pp_persist_fold": replace(_PP[64], persistent=True, fold_scale=True),
         "pp3_m192_persist_dyn_fold": FA3Config(block_m=192, block_n=128, stages=3, consumers=3, persistent=True,
                                                dynamic=True, fold_scale=True),
+        "pp3_m192_persist_fold": FA3Config(block_m=192, block_n=128, stages=3, consumers=3, persistent=True,
+                                           fold_scale=True),
+        "pp3_m192_fold": FA3Config(block_m=192, block_n=128, stages=3, consumers=3, fold_scale=True),
         "pp_n256_serial": FA3Config(block_m=128, block_n=256, stages=2, overlap=False),
     },
     128: {
