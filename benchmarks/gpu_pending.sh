@@ -41,8 +41,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid24    # ~8 min: the grid (short cells in 3 rounds),
 #                                                                  # the W4A16 tuner's timing at K 4096 x N 14336
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh host24    # ~8 min: FA3 GPU tests, host time, grid (ran)
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh host24b   # ~5 min: the launch cache's first GPU run
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh next25    # ~9 min: host24b + D 256's SS backward (tests,
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh next25    # ~9 min: the launch cache + D 256's SS backward (tests,
 #                                                                  # sweep): the next session's first call
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh next25b   # ~6 min: the forward's fold_scale variants (tests,
 #                                                                  # sweep against their twins)
@@ -85,13 +84,15 @@ case "${1:-}" in
     step host 90 "$PY" benchmarks/attention_host.py --rounds 2 --out "$OUT"
     seed_attention_configs
     step attention 220 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
-  next25)  # next session's first call (written in session 24, not run): the launch cache's first GPU run (as host24b)
+  next25)  # next session's first call (written in session 24, not run): the launch cache's first GPU run (its tests,
+    # then the FA3 and API tests with it on everywhere, the host time off and on)
     # and D 256's backward with P^T / dS^T read by wgmma from shared memory (n64_m64_ws_tma_q4_ss): tests, then sweeps
     step fa3_tests 90 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \
       tests/kernels/test_launch.py
     step bwd_tests 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_bwd_gpu.py \
       -k "every_config or ws_matches"
-    FLASHSCALE_LAUNCH_CACHE=1 step api_on 60 "$PY" -m pytest -q -p no:cacheprovider -n 4 tests/kernels/test_attention_api.py
+    FLASHSCALE_LAUNCH_CACHE=1 step fa3_tests_on 90 "$PY" -m pytest -q -p no:cacheprovider -n 8 \
+      tests/kernels/test_attention_fa3_gpu.py tests/kernels/test_attention_api.py
     mkdir -p "$OUT/off" "$OUT/on"
     FLASHSCALE_LAUNCH_CACHE=0 step host_off 40 "$PY" benchmarks/attention_host.py --rounds 2 --out "$OUT/off"
     FLASHSCALE_LAUNCH_CACHE=1 step host_on 40 "$PY" benchmarks/attention_host.py --rounds 2 --out "$OUT/on"
@@ -106,17 +107,6 @@ case "${1:-}" in
       pp_persist,pp_persist_fold,pp_persist_dyn,pp_persist_dyn_fold,pp3_m192_persist_dyn,pp3_m192_persist_dyn_fold,\
 pp3_m192_persist,pp3_m192_persist_fold,pp3_m192,pp3_m192_fold \
       --compile-budget 60 --out "$OUT/attention-fa3-sweep-fold-h200.json" ;;
-  host24b)  # next (written in session 24, not run: its device time was spent): the launch cache on a GPU for the
-    # first time (host24 ran with it silently off: Triton 3.6's launch hooks are empty chains, not None). Its GPU
-    # tests (they turn it on), then with FLASHSCALE_LAUNCH_CACHE=1 everywhere the FA3 and API tests, then the host
-    # time with it off and on. If all pass and host time drops: make it the default (kernels/launch.py ENABLED).
-    step fa3_tests 90 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \
-      tests/kernels/test_launch.py
-    FLASHSCALE_LAUNCH_CACHE=1 step fa3_tests_on 90 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 \
-      tests/kernels/test_attention_fa3_gpu.py tests/kernels/test_attention_api.py
-    mkdir -p "$OUT/off" "$OUT/on"
-    FLASHSCALE_LAUNCH_CACHE=0 step host_off 40 "$PY" benchmarks/attention_host.py --rounds 2 --out "$OUT/off"
-    FLASHSCALE_LAUNCH_CACHE=1 step host_on 40 "$PY" benchmarks/attention_host.py --rounds 2 --out "$OUT/on" ;;
   gputests)  # every test marked gpu, attention files first (session 24: the closing notes' GPU evidence on main)
     step gpu_attention 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_gpu.py \
       tests/kernels/test_attention_fa3_gpu.py tests/kernels/test_attention_fa3_bwd_gpu.py \

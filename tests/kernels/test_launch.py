@@ -5,6 +5,9 @@ descriptor equals the checked one, and under the interpreter a launch is the pla
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -75,8 +78,6 @@ def test_watched_hooks():
 
 
 def test_env_switch_is_checked():
-    import subprocess
-    import sys
     r = subprocess.run([sys.executable, "-c", "import flashscale.kernels.launch"], capture_output=True, text=True,
-                       env={**__import__("os").environ, "FLASHSCALE_LAUNCH_CACHE": "yes"})
+                       env={**os.environ, "FLASHSCALE_LAUNCH_CACHE": "yes"})
     assert r.returncode != 0 and "FLASHSCALE_LAUNCH_CACHE='yes'" in r.stderr

@@ -328,18 +328,17 @@ if HAS_GLUON:
             if CAUSAL:
                 vis = vis & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + off)
             s = gl.where(vis, s, float("-inf"))
+        row_max = gl.reduce(s, 1, _max_combine)
         if FOLD:
             # qk_scale > 0 and rounding is monotonic: rowmax(s) * qk_scale == rowmax(s * qk_scale), bit for bit;
-            # the scale then folds into the subtraction, one FFMA an element instead of FMUL + FADD (as the FP8
-            # kernel): 62 fewer instructions a key block (of ~620 / 665 at D 64 / 128; FA3Config.fold_scale)
-            m_new = gl.maximum(m_i, gl.reduce(s, 1, _max_combine) * qk_scale)
-            # a row with nothing visible yet keeps m = -inf; subtract 0 there instead (no -inf - -inf NaN)
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
-        else:
-            m_new = gl.maximum(m_i, gl.reduce(s, 1, _max_combine))
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            p = gl.exp2(s - gl.expand_dims(m_use, 1))
+            # the scale then folds into the subtraction below, one FFMA an element instead of FMUL + FADD (as the
+            # FP8 kernel): 62 fewer instructions a key block (of ~620 / 665 at D 64 / 128; FA3Config.fold_scale)
+            row_max = row_max * qk_scale
+            s = s * qk_scale
+        m_new = gl.maximum(m_i, row_max)
+        # a row with nothing visible yet keeps m = -inf; subtract 0 there instead (no -inf - -inf NaN)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(s - gl.expand_dims(m_use, 1))
         alpha = gl.exp2(m_i - m_use)
         l_i = l_i * alpha + gl.reduce(p, 1, _sum_combine)
         return p, alpha, m_new, l_i
@@ -667,10 +666,11 @@ if HAS_GLUON:
                           next_turn, o_desc, LSE, stride_lb, stride_lh, tile, it, t_i, n_m, BH, HG, H, GROUP,
                           seqlen_q, seqlen_k, qk_scale, C: gl.constexpr, FIRST: gl.constexpr,
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, SUB_M: gl.constexpr,
-                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, FOLD: gl.constexpr,
+                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+                          FOLD: gl.constexpr,
                           CU_Q, CU_K, n_seq, O, VARLEN: gl.constexpr):
         """One tile of ping-pong consumer C. `it` / `t_i`: K/V blocks and tiles before this one (phases run on
-        across the tiles of a persistent program). Turns: one a block with OVERLAP, FOLD, so the turn number of
+        across the tiles of a persistent program). Turns: one a block with OVERLAP, so the turn number of
         block j is it + j; two without (2 (it + j) and 2 (it + j) + 1, parities FIRST and FIRST ^ 1).
         Returns the updated it. Varlen: seqlen_q/k are the tile's sequence's lengths; a tile past the last
         query block (ok false) does nothing, as in the producer."""
@@ -703,7 +703,8 @@ if HAS_GLUON:
                           v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, it, t_i, b, h, m0, n_blocks,
                           seqlen_q, seqlen_k, off, qk_scale, C: gl.constexpr, FIRST: gl.constexpr,
                           HEAD_DIM: gl.constexpr, SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                          CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, FOLD: gl.constexpr, q_start, O, H, VARLEN: gl.constexpr):
+                          CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, FOLD: gl.constexpr, q_start, O, H,
+                          VARLEN: gl.constexpr):
         """The key loop and epilogue of one tile (see _consumer_pp_tile); off = seqlen_k - seqlen_q."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -845,7 +846,7 @@ if HAS_GLUON:
                 tile = _take_next_tile(next_smem, next_ready, next_free, t_i, lay)
                 t_i += 1
         elif PERSISTENT:
-            it = 0  # K/V blocks consumed so far (and, with OVERLAP, FOLD, turns taken)
+            it = 0  # K/V blocks consumed so far (and, with OVERLAP, turns taken)
             t_i = 0  # tiles done
             for kt in range(0, _program_tiles(tile0, n_tiles, tile_step)):
                 tile = _snake_tile(kt, tile0, tile_step)
@@ -865,7 +866,8 @@ if HAS_GLUON:
     def _pp_run(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                 GROUP, seqlen_q, seqlen_k, qk_scale, CU_Q, CU_K, n_seq, O, COUNTER, HEAD_DIM: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                OVERLAP: gl.constexpr, FOLD: gl.constexpr, CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                OVERLAP: gl.constexpr, FOLD: gl.constexpr, CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr,
+                PRODUCER_REGS: gl.constexpr,
                 CONSUMER_REGS: gl.constexpr, VARLEN: gl.constexpr):
         """The ping-pong program (dense and varlen): shared memory, barriers, the partitions. A program runs tile0
         alone (tile_step = n_tiles), or persistent the snake order of _snake_tile, or (PERSISTENT == 2, dynamic)
@@ -950,7 +952,8 @@ if HAS_GLUON:
     @gluon.jit(do_not_specialize=["stride_lb", "stride_lh", "H", "GROUP", "BH", "HG", "seqlen_q", "seqlen_k"])
     def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, COUNTER, stride_lb, stride_lh, H, GROUP, BH, HG, seqlen_q,
                         seqlen_k, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, FOLD: gl.constexpr, PINGPONG: gl.constexpr,
+                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, FOLD: gl.constexpr,
+                        PINGPONG: gl.constexpr,
                         CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                         CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         dtype: gl.constexpr = q_desc.dtype
@@ -1019,7 +1022,8 @@ if HAS_GLUON:
     def _fa3_fwd_varlen_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, CU_Q, CU_K, stride_lh, H, GROUP, n_seq,
                                n_tiles, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                               OVERLAP: gl.constexpr, FOLD: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr,
+                               OVERLAP: gl.constexpr, FOLD: gl.constexpr, PINGPONG: gl.constexpr,
+                               CONSUMERS: gl.constexpr,
                                PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                num_warps: gl.constexpr):
         gl.static_assert(PINGPONG, "the varlen forward runs the ping-pong schedule")
@@ -1031,8 +1035,8 @@ if HAS_GLUON:
             tile_step = n_tiles  # one tile a program
         # (COUNTER: the dense grid's dynamic scheduler, never read here; any int32 pointer)
         _pp_run(q_desc, k_desc, v_desc, o_desc, LSE, 0, stride_lh, tile0, tile_step, n_tiles, 0, 0, 0, H, GROUP, 0, 0,
-                qk_scale, CU_Q, CU_K, n_seq, O, CU_Q, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, FOLD, CONSUMERS,
-                PERSISTENT, PRODUCER_REGS, CONSUMER_REGS, True)
+                qk_scale, CU_Q, CU_K, n_seq, O, CU_Q, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, FOLD,
+                CONSUMERS, PERSISTENT, PRODUCER_REGS, CONSUMER_REGS, True)
 
 
 def _gl_dtype(dtype: torch.dtype):
@@ -1226,11 +1230,10 @@ def fwd_unchecked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
             return out, lse
         if k.shape[0] == 0:  # no keys anywhere: every row is empty (and a TMA box needs a non-empty tensor)
             return out.zero_(), lse.fill_(float("-inf"))
-        grid, args, constexprs = _launch_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal,
-                                                softmax_scale, config)
+        grid, args, constexprs, key = _launch_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                     causal, softmax_scale, config)
         if grid[0] > 0:  # 0: every sequence is empty
-            launch(_fa3_fwd_varlen_kernel, grid, args, constexprs, (config or DEFAULT_CONFIGS[q.shape[2]], q.shape[2],
-                                                                    bool(causal), q.dtype))
+            launch(_fa3_fwd_varlen_kernel, grid, args, constexprs, key)
         return out, lse
     B, Sq, H, D = q.shape
     lse = torch.empty((B, H, Sq), device=q.device, dtype=torch.float32)
@@ -1238,8 +1241,8 @@ def fwd_unchecked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
         return out, lse
     if k.shape[1] == 0:  # no keys: every row is empty (and a TMA box needs a non-empty tensor)
         return out.zero_(), lse.fill_(float("-inf"))
-    grid, args, constexprs = _launch(q, k, v, out, lse, causal, softmax_scale, config)
-    launch(_fa3_fwd_kernel, grid, args, constexprs, (config or default_config(D, causal, Sq), D, bool(causal), q.dtype))
+    grid, args, constexprs, key = _launch(q, k, v, out, lse, causal, softmax_scale, config)
+    launch(_fa3_fwd_kernel, grid, args, constexprs, key)
     return out, lse
 
 
@@ -1255,22 +1258,27 @@ def precompile(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: boo
     out = torch.empty_like(q)
     if varlen:
         lse = torch.empty(q.shape[1], q.shape[0], device=q.device, dtype=torch.float32)
-        grid, args, constexprs = _launch_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal,
-                                                None, config)
+        grid, args, constexprs, _ = _launch_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                   causal, None, config)
         _fa3_fwd_varlen_kernel.warmup(*args, grid=grid, **constexprs)
         return
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32)
-    grid, args, constexprs = _launch(q, k, v, out, lse, causal, None, config)
+    grid, args, constexprs, _ = _launch(q, k, v, out, lse, causal, None, config)
     _fa3_fwd_kernel.warmup(*args, grid=grid, **constexprs)
 
 
-def _launch(q, k, v, out, lse, causal, softmax_scale, config):
-    """(grid, arguments, constexprs) of the kernel for non-empty inputs."""
-    B, Sq, H, D = q.shape
-    Sk, Hkv = k.shape[1], k.shape[2]
-    scale = softmax_scale if softmax_scale is not None else D ** -0.5
+def _scale(softmax_scale, head_dim: int) -> float:
+    scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
     if not scale > 0:  # the softmax takes the row max of the raw scores (_softmax)
         raise ValueError(f"attention_fa3_fwd: softmax_scale must be > 0 (FA2's kernels take any); got {scale!r}")
+    return scale
+
+
+def _launch(q, k, v, out, lse, causal, softmax_scale, config):
+    """(grid, arguments, constexprs, launch-cache key) of the kernel for non-empty inputs."""
+    B, Sq, H, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    scale = _scale(softmax_scale, D)
     cfg = config or default_config(D, causal, Sq)
     bad = config_error(D, cfg)
     if bad is not None:
@@ -1297,17 +1305,15 @@ def _launch(q, k, v, out, lse, causal, softmax_scale, config):
     counter = torch.zeros(1, dtype=torch.int32, device=q.device) if cfg.dynamic else dummy_i32(q.device)
     args = (q_desc, k_desc, v_desc, o_desc, lse, counter, lse.stride(0), lse.stride(1), H, H // Hkv, B * H,
             head_group(B * H, n_m, n_sms, cfg.l2_groups), Sq, Sk, float(scale) * LOG2E)
-    return grid, args, _constexprs(D, bool(causal), cfg)
+    return grid, args, _constexprs(D, bool(causal), cfg), (cfg, D, bool(causal), q.dtype)
 
 
 def _launch_varlen(q, k, v, out, lse, cu_q, cu_k, max_q, causal, softmax_scale, config):
-    """(grid, arguments, constexprs) of the varlen kernel for non-empty packed inputs."""
+    """(grid, arguments, constexprs, launch-cache key) of the varlen kernel for non-empty packed inputs."""
     Tq, H, D = q.shape
     Tk, Hkv = k.shape[0], k.shape[1]
     n_seq = cu_q.numel() - 1
-    scale = softmax_scale if softmax_scale is not None else D ** -0.5
-    if not scale > 0:  # the softmax takes the row max of the raw scores (_softmax)
-        raise ValueError(f"attention_fa3_fwd: softmax_scale must be > 0 (FA2's kernels take any); got {scale!r}")
+    scale = _scale(softmax_scale, D)
     cfg = config or DEFAULT_CONFIGS[D]
     bad = config_error(D, cfg, varlen=True)
     if bad is not None:
@@ -1328,7 +1334,7 @@ def _launch_varlen(q, k, v, out, lse, cu_q, cu_k, max_q, causal, softmax_scale, 
     grid = (min(n_tiles, _num_sms(q.device)), ) if cfg.persistent else (n_tiles, )
     args = (q_desc, k_desc, v_desc, o_desc, out, lse, cu_q.contiguous(), cu_k.contiguous(), lse.stride(0), H,
             H // Hkv, n_seq, n_tiles, float(scale) * LOG2E)
-    return grid, args, _constexprs(D, bool(causal), cfg)
+    return grid, args, _constexprs(D, bool(causal), cfg), (cfg, D, bool(causal), q.dtype)
 
 
 def compile_sm90(head_dim: int, causal: bool, *, dtype: torch.dtype = torch.bfloat16,
@@ -1371,6 +1377,7 @@ def compile_sm90(head_dim: int, causal: bool, *, dtype: torch.dtype = torch.bflo
 
 def _constexprs(head_dim: int, causal: bool, cfg: FA3Config) -> dict:
     return {"HEAD_DIM": head_dim, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
-            "CAUSAL": causal, "OVERLAP": cfg.overlap, "FOLD": cfg.fold_scale, "PINGPONG": cfg.is_pingpong, "CONSUMERS": cfg.consumers,
-            "PERSISTENT": 2 if cfg.dynamic else int(cfg.persistent), "PRODUCER_REGS": cfg.producer_regs, "CONSUMER_REGS": cfg.worker_consumer_regs,
+            "CAUSAL": causal, "OVERLAP": cfg.overlap, "FOLD": cfg.fold_scale, "PINGPONG": cfg.is_pingpong,
+            "CONSUMERS": cfg.consumers, "PERSISTENT": 2 if cfg.dynamic else int(cfg.persistent),
+            "PRODUCER_REGS": cfg.producer_regs, "CONSUMER_REGS": cfg.worker_consumer_regs,
             "num_warps": cfg.num_warps}

@@ -150,8 +150,9 @@ def smem_bytes(head_dim: int, cfg: FA3BwdConfig, elem: int = 2) -> int:
         # 0.3-4 KB above the sum (4 KB at D 256 with a 16 KB dQ piece), so the sum alone is no bound. With ss_dkv
         # (P^T's tile added) the register operands' layout-conversion scratch is gone: 340 B above the sum at D 256
         slack = 1536 if cfg.ss_dkv else 6 * 1024
+        st_tiles = 2 if cfg.ss_dkv else 1  # dS^T (and P^T)
         return (elem * (2 * cfg.block_n * head_dim + 2 * cfg.stages * cfg.block_m * head_dim
-                        + (2 if cfg.ss_dkv else 1) * cfg.block_n * cfg.block_m) + 4 * cfg.dq_stages * cfg.block_m * dq_row
+                        + st_tiles * cfg.block_n * cfg.block_m) + 4 * cfg.dq_stages * cfg.block_m * dq_row
                 + 4 * 2 * cfg.stages * cfg.block_m + 8 * (1 + 2 * cfg.stages + 2 * cfg.dq_stages) + slack)
     return elem * (2 * cfg.block_n * head_dim + 4 * cfg.block_m * head_dim + cfg.block_n * cfg.block_m) + 8 * 3
 

@@ -173,24 +173,20 @@ if HAS_GLUON:
                     vis = gl.expand_dims(keys, 1) <= gl.expand_dims(rows_q, 0) + off
                     pt = gl.where(vis, pt, 0.0)
             dpt = warpgroup_mma_wait(0, deps=(tok_dp, ))
-            if SS_DKV:
-                # P^T and dS^T as the A operands of dV and dK straight from shared memory (SS wgmma): with the
-                # warpgroups side by side along the queries (BLOCK_N = 64), the register A operand needs every
-                # query of the tile in each warpgroup, i.e. a layout conversion through shared memory anyway
-                delta = delta_smem.index(slot).load(col_s)
-                dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
-                p_smem.store(pt.to(dtype))
-                ds_smem.store(dst)
-                fence_async_shared()
-                gl.thread_barrier()  # every warp's rows of P^T and dS^T are in shared memory before the wgmmas
-                tok_dv = warpgroup_mma(p_smem, do, dv, is_async=True)
-            else:
+            # SS_DKV: P^T and dS^T as the A operands of dV and dK straight from shared memory (SS wgmma): with the
+            # warpgroups side by side along the queries (BLOCK_N = 64), the register A operand needs every query of
+            # the tile in each warpgroup, i.e. a layout conversion through shared memory anyway
+            if not SS_DKV:
                 tok_dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do, dv, is_async=True)
-                delta = delta_smem.index(slot).load(col_s)
-                dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
-                ds_smem.store(dst)
-                fence_async_shared()
-                gl.thread_barrier()  # every warp's rows of dS^T are in shared memory before the dQ wgmma reads them
+            delta = delta_smem.index(slot).load(col_s)
+            dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
+            if SS_DKV:
+                p_smem.store(pt.to(dtype))
+            ds_smem.store(dst)
+            fence_async_shared()
+            gl.thread_barrier()  # every warp's rows of dS^T (and P^T) are in shared memory before the wgmmas read them
+            if SS_DKV:
+                tok_dv = warpgroup_mma(p_smem, do, dv, is_async=True)
             dq_zero = gl.zeros([BLOCK_M, DQ_N], gl.float32, layout=dq_layout)
             tok_dq = warpgroup_mma(ds_smem.permute((1, 0)), k.slice(0, DQ_N, dim=1), dq_zero, use_acc=False,
                                    is_async=True)

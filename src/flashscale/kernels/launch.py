@@ -22,12 +22,14 @@ from __future__ import annotations
 import os
 
 import torch
+import triton
+from triton import knobs
 
 _CACHE: dict = {}
 # Opt-in until a GPU run has checked the direct launch (FLASHSCALE_LAUNCH_CACHE=1): the CPU tests check the key,
 # the GPU tests (tests/kernels/test_attention_fa3_gpu.py, test_launch.py) turn it on themselves. Session 24 ran
 # them with the cache silently off (Triton's empty hook chains, see _watched), so it has not launched on a GPU yet:
-# `bash benchmarks/gpu_pending.sh host24b` is that run; then the default becomes on.
+# `bash benchmarks/gpu_pending.sh next25` is that run; then the default becomes on.
 _ENV = os.environ.get("FLASHSCALE_LAUNCH_CACHE", "0")
 if _ENV not in ("0", "1"):
     raise ValueError(f"FLASHSCALE_LAUNCH_CACHE={_ENV!r}: takes 1 (launch compiled kernels from a per-specialization "
@@ -63,9 +65,6 @@ def _watched(hook) -> bool:
 
 def launch(kernel, grid, args: tuple, constexprs: dict, static_key) -> None:
     """kernel[grid](*args, **constexprs), with the binding done once per (static_key, spec_key(args), device)."""
-    import triton
-    from triton import knobs
-
     if not ENABLED or not isinstance(kernel, triton.runtime.JITFunction) or _watched(knobs.runtime.launch_enter_hook) \
             or _watched(knobs.runtime.launch_exit_hook):
         kernel[grid](*args, **constexprs)  # the interpreter, or someone watching launches

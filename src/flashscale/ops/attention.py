@@ -70,7 +70,7 @@ def _auto_takes_fa3(q: torch.Tensor, seqlen_q: int, varlen: bool, causal: bool =
 
 
 def fa3_unsupported(q, k, v, *, varlen: bool, left: int, right: int, causal: bool, softcap: float,
-                    alibi_slopes, dropout_p: float, softmax_scale: float = 1.0) -> str | None:
+                    alibi_slopes, dropout_p: float, softmax_scale: float) -> str | None:
     """Why the FA3 forward cannot take this call (None: it can). Features first, then the tensors (dense, or
     the packed varlen layout)."""
     if not softmax_scale > 0:
