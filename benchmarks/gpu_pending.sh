@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# GPU steps of sessions 18-24 (2026-12-02/03), kept runnable. Session 24 ran `next24`, `s24`, `gputests`, `grid24`
-# (which ran session 21's `timing` cell) and `host24`. Unrun: `next25` (the launch cache's first GPU run and D 256's
-# SS backward) and `next25b` (the forward's fold_scale); written after the session's device time was spent. One `run` per step, back to
-# back; each step's commands have their own timeouts so one hang costs only its share. Outputs go to $OUT (at most
+# GPU steps of sessions 18-25 (2026-12-02/03), kept runnable. Session 25 ran `next25`, `next25b` (written in session
+# 24) and `grid25`. One `run` per step, back to
+back; each step's commands have their own timeouts so one hang costs only its share. Outputs go to $OUT (at most
 # 8 files come back).
 #
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: backward dispatch GPU tests, FA2's
@@ -41,10 +40,11 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid24    # ~8 min: the grid (short cells in 3 rounds),
 #                                                                  # the W4A16 tuner's timing at K 4096 x N 14336
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh host24    # ~8 min: FA3 GPU tests, host time, grid (ran)
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh next25    # ~9 min: the launch cache + D 256's SS backward (tests,
-#                                                                  # sweep): the next session's first call
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh next25b   # ~6 min: the forward's fold_scale variants (tests,
-#                                                                  # sweep against their twins)
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh next25    # ~3 min: the launch cache + D 256's SS backward (tests,
+#                                                                  # sweep; ran session 25)
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh next25b   # ~1 min: the forward's fold_scale variants (tests,
+#                                                                  # sweep against their twins; ran session 25)
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid25    # ~6 min: the new defaults' GPU tests, the grid
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -84,6 +84,13 @@ case "${1:-}" in
     step host 90 "$PY" benchmarks/attention_host.py --rounds 2 --out "$OUT"
     seed_attention_configs
     step attention 220 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
+  grid25)  # session 25, after next25 / next25b: the new defaults (fold_scale rows, D 256's SS backward, the launch
+    # cache on) through their GPU tests and the API file, then the grid
+    step fa3_tests 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \
+      tests/kernels/test_launch.py tests/kernels/test_attention_fa3_bwd_gpu.py -k "not every_config"
+    step api 70 "$PY" -m pytest -q -p no:cacheprovider -n 4 tests/kernels/test_attention_api.py
+    seed_attention_configs
+    step attention 260 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
   next25)  # next session's first call (written in session 24, not run): the launch cache's first GPU run (its tests,
     # then the FA3 and API tests with it on everywhere, the host time off and on)
     # and D 256's backward with P^T / dS^T read by wgmma from shared memory (n64_m64_ws_tma_q4_ss): tests, then sweeps

@@ -134,8 +134,11 @@ def test_seqlen_configs():
             for bound, name in rule:
                 assert fa3.config_error(d, fa3.TUNING_CONFIGS[d][name]) is None
                 assert fa3.default_config(d, causal, bound or 1 << 20) is fa3.TUNING_CONFIGS[d][name]
-    assert fa3.default_config(64, True, 4096).persistent and not fa3.default_config(64, True, 4097).persistent
+    assert fa3.default_config(64, True, 4096).persistent and not fa3.default_config(64, False, 4097).persistent
     assert fa3.default_config(128, True, 16384).dynamic and not fa3.default_config(128, False, 16384).dynamic
+    # the folded scale where the session-25 sweep measured it ahead, not at D 128 full 1k nor D 256
+    assert fa3.default_config(128, True, 1024).fold_scale and not fa3.default_config(128, False, 1024).fold_scale
+    assert fa3.default_config(128, False, 1025).fold_scale and not fa3.default_config(256, True, 4096).fold_scale
 
 
 @pytest.mark.parametrize("n_tiles,programs", [(1000, 132), (132, 132), (50, 132), (7, 7), (264, 132), (133, 132)])

@@ -120,7 +120,8 @@ class FA3Config:
     dynamic: bool = False
     # the softmax scale folded into the max subtraction (one FFMA an element instead of FMUL + FADD; the row max
     # taken on raw scores, exact for a scale > 0): -62 instructions a key block at D 64 / 128, no new spills; spills
-    # 12 B in the D 256 varlen causal kernel. Session 24, compile-checked, NOT yet run on a GPU: off until then.
+    # 12 B in the D 256 varlen causal kernel. Measured in session 25 (2-9 % faster): the dense D 64 / 128 rows of
+    # SEQLEN_CONFIGS take it; DEFAULT_CONFIGS (varlen, the compile tests) do not yet.
     fold_scale: bool = False
 
     @property
@@ -171,7 +172,7 @@ TUNING_CONFIGS = {
         "pp3_m192_persist_dyn": FA3Config(block_m=192, block_n=128, stages=3, consumers=3, persistent=True,
                                           dynamic=True),
         "pp_m256_n64": FA3Config(block_m=256, block_n=64, stages=4),
-        # the scale folded into the max subtraction (fold_scale; session 24, not yet run on a GPU)
+        # the scale folded into the max subtraction (fold_scale; session 24, measured in session 25)
         "pp_persist_fold": replace(_PP[64], persistent=True, fold_scale=True),
         "pp3_m192_persist_dyn_fold": FA3Config(block_m=192, block_n=128, stages=3, consumers=3, persistent=True,
                                                dynamic=True, fold_scale=True),
@@ -190,7 +191,7 @@ TUNING_CONFIGS = {
         "pp_n64_s4": FA3Config(block_m=128, block_n=64, stages=4),
         "pp_flat": replace(_PP[128], l2_groups=False),
         "pp_persist_dyn": replace(_PP[128], persistent=True, dynamic=True),
-        "pp_persist_fold": replace(_PP[128], persistent=True, fold_scale=True),  # (not yet run on a GPU)
+        "pp_persist_fold": replace(_PP[128], persistent=True, fold_scale=True),
         "pp_persist_dyn_fold": replace(_PP[128], persistent=True, dynamic=True, fold_scale=True),
     },
     256: {
@@ -218,9 +219,16 @@ DEFAULT_CONFIGS = {64: TUNING_CONFIGS[64]["pp3_m192"], 128: TUNING_CONFIGS[128][
 # so a causal grid's uneven tiles balance themselves: d128 causal pp_persist_dyn 1k 375 (pp 340), 2k 463 (436), 4k
 # 535 (518), 16k 589 (587; static persistent 412); d64 full pp3_m192_persist_dyn within 1 % of the best row at every
 # length (8k 485 against pp3_m192's 480), one config for all of them.
-SEQLEN_CONFIGS = {(64, False): ((None, "pp3_m192_persist_dyn"), ),
-                  (64, True): ((1024, "pp_persist"), (4096, "pp3_m192_persist"), (None, "pp3_m192")),
-                  (128, False): ((None, "pp_persist"), ), (128, True): ((None, "pp_persist_dyn"), ),
+# The folded softmax scale (attention-fa3-sweep-fold-h200.json, session 25; fold_scale against its twin, TFLOP/s):
+# d128 causal pp_persist_dyn_fold 1k-16k 392 / 470 / 549 / 616 (372 / 456 / 532 / 607); d128 full pp_persist_fold
+# 2k-16k +3-8 % (1k 538 against 551: the unfolded grid stays there); d64 full pp3_m192_persist_dyn_fold 1k-4k
+# +4-7 %, pp3_m192_fold 16k 513 (487); d64 causal every row's fold twin 7-10 % ahead, the dynamic one best at 16k
+# (490 against pp3_m192's 461).
+SEQLEN_CONFIGS = {(64, False): ((4096, "pp3_m192_persist_dyn_fold"), (None, "pp3_m192_fold")),
+                  (64, True): ((1024, "pp_persist_fold"), (4096, "pp3_m192_persist_fold"),
+                               (None, "pp3_m192_persist_dyn_fold")),
+                  (128, False): ((1024, "pp_persist"), (None, "pp_persist_fold")),
+                  (128, True): ((None, "pp_persist_dyn_fold"), ),
                   (256, False): ((None, "pp"), ), (256, True): ((None, "pp"), )}
 
 

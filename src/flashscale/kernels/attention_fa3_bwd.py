@@ -106,7 +106,10 @@ PLAIN_CONFIGS = {64: FA3BwdConfig(block_n=128, block_m=128), 128: FA3BwdConfig(b
 DQ_TMA_WS = dict(ws=True, dq_tma=True, dq_warps=1)
 DEFAULT_CONFIGS = {64: FA3BwdConfig(block_n=128, block_m=64, stages=3, dq_stages=2, **DQ_TMA_WS),
                    128: FA3BwdConfig(block_n=128, block_m=64, stages=2, dq_stages=2, **DQ_TMA_WS),
-                   256: FA3BwdConfig(block_n=64, block_m=64, stages=2, dq_stages=1, dq_split=4, **DQ_TMA_WS)}
+                   # P^T / dS^T read by wgmma from shared memory (attention-fa3-bwd-sweep-ss-h200.json, session 25:
+                   # 1.9-2.9 % faster than the register-A q4 at every cell, 1k-16k full and causal)
+                   256: FA3BwdConfig(block_n=64, block_m=64, stages=2, dq_stages=1, dq_split=4, ss_dkv=True,
+                                     **DQ_TMA_WS)}
 TUNING_CONFIGS = {
     64: {"n128_m128": PLAIN_CONFIGS[64], "n128_m64": FA3BwdConfig(block_n=128, block_m=64),
          "n128_m64_ws_s3": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=2),
@@ -125,7 +128,7 @@ TUNING_CONFIGS = {
           "n64_m64_split": FA3BwdConfig(block_n=64, block_m=64, dq_split=2),  # no spills (the others: ~100 B)
           # warp-specialized at D 256: fits only with one 64-column float32 dQ piece in shared memory (16 KB),
           # four pieces a step through the TMA writer
-          "n64_m64_ws_tma_q4": DEFAULT_CONFIGS[256],
+          "n64_m64_ws_tma_q4": FA3BwdConfig(block_n=64, block_m=64, stages=2, dq_stages=1, dq_split=4, **DQ_TMA_WS),
           # ncu (2026-12-03, docs/attention_fa3.md session 23): with one 16 KB dQ slot the MMA warps wait for the
           # writer's TMA to read each of the four pieces before storing the next (~18 % of their stall samples on
           # those waits, tensor pipe 33 %). Eight 32-column pieces through two 8 KB slots (the same 226 KB of shared
@@ -133,11 +136,10 @@ TUNING_CONFIGS = {
           # (the 32-column slices of K are half a 128-byte swizzle row: the GPU tests must pass before any timing)
           "n64_m64_ws_tma_q8_d2": FA3BwdConfig(block_n=64, block_m=64, stages=2, dq_stages=2, dq_split=8,
                                                **DQ_TMA_WS),
-          # dV and dK read P^T / dS^T from shared memory (session 24, compile-checked, NOT yet run on a GPU): the
+          # dV and dK read P^T / dS^T from shared memory (session 24; the default since session 25's sweep): the
           # warpgroups split the 64 queries of S^T, so the register A operand was a conversion through shared
           # memory with its barriers; SASS of the key loop: BAR 16 -> 10, LDS 16 -> 8 a step, 230,796 B of smem
-          "n64_m64_ws_tma_q4_ss": FA3BwdConfig(block_n=64, block_m=64, stages=2, dq_stages=1, dq_split=4,
-                                               ss_dkv=True, **DQ_TMA_WS)},
+          "n64_m64_ws_tma_q4_ss": DEFAULT_CONFIGS[256]},
 }
 
 
