@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # GPU steps of sessions 18-25 (2026-12-02/03), kept runnable. Session 25 ran `next25`, `next25b` (written in session
-# 24) and `grid25`. One `run` per step, back to
-back; each step's commands have their own timeouts so one hang costs only its share. Outputs go to $OUT (at most
-# 8 files come back).
+# 24) and `grid25`. One `run` per step, back to back; each step's commands have their own timeouts so one hang
+# costs only its share. Outputs go to $OUT (at most 8 files come back).
 #
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: backward dispatch GPU tests, FA2's
 #                                                                  # GPU tests, the attention API file
