@@ -44,6 +44,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh next25b   # ~1 min: the forward's fold_scale variants (tests,
 #                                                                  # sweep against their twins; ran session 25)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid25    # ~6 min: the new defaults' GPU tests, the grid
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd25     # ~5 min: D 256 backward, dO single-buffered: tests, sweep
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -83,6 +84,12 @@ case "${1:-}" in
     step host 90 "$PY" benchmarks/attention_host.py --rounds 2 --out "$OUT"
     seed_attention_configs
     step attention 220 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
+  bwd25)  # session 25: D 256 backward with dO in one buffer (do_single) and the freed 32 KB given to dQ: GPU tests
+    # of every config, then the sweep against the default (q4_ss)
+    step bwd_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_bwd_gpu.py \
+      -k "every_config or (ws_matches and d256)"
+    step bwd_sweep 200 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 256 --variants ws_tma_q4_ss,q2_ss_do1 \
+      --seqlens 1024,2048,4096,16384 --no-sdpa --budget 190 --out "$OUT/attention-fa3-bwd-sweep-do1-h200.json" ;;
   grid25)  # session 25, after next25 / next25b: the new defaults (fold_scale rows, D 256's SS backward, the launch
     # cache on) through their GPU tests and the API file, then the grid
     step fa3_tests 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \

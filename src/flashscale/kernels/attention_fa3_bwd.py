@@ -37,7 +37,7 @@ that takes dQ from shared memory and adds it into the float32 buffer: by one TMA
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -86,6 +86,9 @@ class FA3BwdConfig:
     # (ws) dV and dK take P^T / dS^T from shared memory (SS wgmma) instead of registers: at BLOCK_N 64 the two
     # warpgroups sit side by side along the queries, so the register operand is a cross-warpgroup layout conversion
     ss_dkv: bool = False
+    # (ws) dO in one buffer of its own, freed in the middle of a step (after dV), instead of a slot of the Q ring
+    # (FA3's Stages_dO = 1 at D 256): 32 KB at D 256 for more or larger dQ pieces
+    do_single: bool = False
 
     def warps(self, rows: int) -> tuple[int, int]:
         """(warps along M, along N) of an accumulator with `rows` rows on 8 warps: wgmma puts 4 warps
@@ -139,7 +142,14 @@ TUNING_CONFIGS = {
           # dV and dK read P^T / dS^T from shared memory (session 24; the default since session 25's sweep): the
           # warpgroups split the 64 queries of S^T, so the register A operand was a conversion through shared
           # memory with its barriers; SASS of the key loop: BAR 16 -> 10, LDS 16 -> 8 a step, 230,796 B of smem
-          "n64_m64_ws_tma_q4_ss": DEFAULT_CONFIGS[256]},
+          "n64_m64_ws_tma_q4_ss": DEFAULT_CONFIGS[256],
+          # dO in one buffer released after dV (do_single, session 25, compile-checked, NOT yet run on a GPU): the
+          # 32 KB go to dQ, as more slots for its four pieces (the MMA warps stop waiting for each piece's TMA read)
+          # or two 128-column pieces (half the round trips, N = 64 a warpgroup in dQ's wgmma)
+          "n64_m64_ws_tma_q4_ss_do1": replace(DEFAULT_CONFIGS[256], do_single=True),
+          "n64_m64_ws_tma_q4_ss_do1_d2": replace(DEFAULT_CONFIGS[256], do_single=True, dq_stages=2),
+          "n64_m64_ws_tma_q4_ss_do1_d3": replace(DEFAULT_CONFIGS[256], do_single=True, dq_stages=3),
+          "n64_m64_ws_tma_q2_ss_do1": replace(DEFAULT_CONFIGS[256], do_single=True, dq_split=2)},
 }
 
 
@@ -153,9 +163,10 @@ def smem_bytes(head_dim: int, cfg: FA3BwdConfig, elem: int = 2) -> int:
         # (P^T's tile added) the register operands' layout-conversion scratch is gone: 340 B above the sum at D 256
         slack = 1536 if cfg.ss_dkv else 6 * 1024
         st_tiles = 2 if cfg.ss_dkv else 1  # dS^T (and P^T)
-        return (elem * (2 * cfg.block_n * head_dim + 2 * cfg.stages * cfg.block_m * head_dim
+        do_slots = 1 if cfg.do_single else cfg.stages
+        return (elem * (2 * cfg.block_n * head_dim + (cfg.stages + do_slots) * cfg.block_m * head_dim
                         + st_tiles * cfg.block_n * cfg.block_m) + 4 * cfg.dq_stages * cfg.block_m * dq_row
-                + 4 * 2 * cfg.stages * cfg.block_m + 8 * (1 + 2 * cfg.stages + 2 * cfg.dq_stages) + slack)
+                + 4 * 2 * cfg.stages * cfg.block_m + 8 * (3 + 2 * cfg.stages + 2 * cfg.dq_stages) + slack)
     return elem * (2 * cfg.block_n * head_dim + 4 * cfg.block_m * head_dim + cfg.block_n * cfg.block_m) + 8 * 3
 
 
@@ -172,8 +183,9 @@ def config_error(head_dim: int, cfg: FA3BwdConfig) -> str | None:
         return (f"dq_split {cfg.dq_split}: 1, 2 or 4, with at least 64 columns a piece (head_dim {head_dim}); 8 "
                 "(32 columns) with ws and dq_tma")
     if cfg.ws:
-        if not 2 <= cfg.stages <= 4 or cfg.dq_stages not in (1, 2) or cfg.dq_warps not in (1, 2):
-            return f"ws: stages {cfg.stages} in 2..4, dq_stages {cfg.dq_stages} 1 or 2, dq_warps {cfg.dq_warps} 1 or 2"
+        if not 2 <= cfg.stages <= 4 or cfg.dq_stages not in (1, 2, 3) or cfg.dq_warps not in (1, 2):
+            return (f"ws: stages {cfg.stages} in 2..4, dq_stages {cfg.dq_stages} 1..3, dq_warps {cfg.dq_warps} 1 or "
+                    "2")
         if not cfg.red_v2:
             return "ws: the dQ writer always uses red.global.add.v4.f32 (red_v2=False is the plain kernel's)"
         if cfg.dq_split != 1 and not cfg.dq_tma:
@@ -183,8 +195,9 @@ def config_error(head_dim: int, cfg: FA3BwdConfig) -> str | None:
                     "the register operand needs no exchange between warpgroups")
         if cfg.dq_tma and cfg.dq_warps != 1:
             return f"ws: dq_tma's writer is one warp (one bulk reduction a step): dq_warps {cfg.dq_warps} must be 1"
-    elif cfg.dq_tma or cfg.ss_dkv:
-        return f"{'dq_tma' if cfg.dq_tma else 'ss_dkv'} is the warp-specialized kernel's: it needs ws=True"
+    elif cfg.dq_tma or cfg.ss_dkv or cfg.do_single:
+        name = "dq_tma" if cfg.dq_tma else "ss_dkv" if cfg.ss_dkv else "do_single"
+        return f"{name} is the warp-specialized kernel's: it needs ws=True"
     if smem_bytes(head_dim, cfg) > SMEM_LIMIT:
         return f"{smem_bytes(head_dim, cfg)} B of shared memory > {SMEM_LIMIT}"
     return None
@@ -436,7 +449,7 @@ def _constexprs(head_dim: int, group: int, causal: bool, cfg: FA3BwdConfig) -> d
          "KV_WM": cfg.warps(cfg.block_n)[0], "DQ_WM": cfg.warps(cfg.block_m)[0]}
     if cfg.ws:
         c.update({"STAGES": cfg.stages, "DQ_STAGES": cfg.dq_stages, "DQ_WARPS": cfg.dq_warps, "DQ_TMA": cfg.dq_tma,
-                  "DQ_SPLIT": cfg.dq_split, "SS_DKV": cfg.ss_dkv,
+                  "DQ_SPLIT": cfg.dq_split, "SS_DKV": cfg.ss_dkv, "DO_SINGLE": cfg.do_single,
                   "PRODUCER_REGS": cfg.producer_regs, "WRITER_REGS": cfg.writer_regs})
     else:
         c["RED_V2"] = cfg.red_v2

@@ -32,6 +32,11 @@ Barrier protocol (m-th completion of a barrier waited with parity m & 1; a fresh
     warps stored their dQ fragment); the writer waits parity (i // DQ_STAGES) & 1.
   * dq_empty[d] (count 1): the writer's thread 0 after a barrier of its warps (all its shared loads done);
     the consumers wait parity ((i // DQ_STAGES) & 1) ^ 1 before storing step i's dQ.
+  * (DO_SINGLE: dO in one buffer outside the Q ring, FA3's Stages_dO = 1 at D 256, the 32 KB it frees going to
+    dQ) do_ready (count 1): the producer's expect-tx arrive + the dO bytes, step i waits parity i & 1; do_empty
+    (count 1): the consumers' thread 0 after the barrier of step i's first dQ piece (every warp's dP^T and dV
+    wgmmas, the two that read dO, retired before it), so the next dO streams in under dQ and dK; the producer
+    waits parity (i & 1) ^ 1 before loading step i's dO. Q, LSE and delta keep the ring (ready / empty).
 The end-of-step barrier also orders this step's dQ wgmma (which reads all of dS^T) before the next step's
 dS^T stores, as the loop-top barrier of the plain kernel does.
 """
@@ -76,8 +81,9 @@ if HAS_GLUON:
 
     @gluon.jit
     def _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bar,
-                  ready, empty, LSE, DELTA, stride_lb, stride_lh, b, hk, n0, seqlen_q, m_lo, n_mb, n_steps,
-                  GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+                  ready, empty, do_ready, do_empty, LSE, DELTA, stride_lb, stride_lh, b, hk, n0, seqlen_q, m_lo, n_mb,
+                  n_steps, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                  STAGES: gl.constexpr, DO_SINGLE: gl.constexpr):
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [b, n0, hk * HEAD_DIM], kv_bar, k_smem)
         tma.async_copy_global_to_shared(v_desc, [b, n0, hk * HEAD_DIM], kv_bar, v_smem)
@@ -89,9 +95,13 @@ if HAS_GLUON:
             h = hk * GROUP + step // n_mb
             m0 = (m_lo + step % n_mb) * BLOCK_M
             bar = ready.index(slot)
-            mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [b, m0, h * HEAD_DIM], bar, q_smem.index(slot))
-            tma.async_copy_global_to_shared(do_desc, [b, m0, h * HEAD_DIM], bar, do_smem.index(slot))
+            if DO_SINGLE:
+                mbarrier.expect(bar, q_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(q_desc, [b, m0, h * HEAD_DIM], bar, q_smem.index(slot))
+            else:
+                mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(q_desc, [b, m0, h * HEAD_DIM], bar, q_smem.index(slot))
+                tma.async_copy_global_to_shared(do_desc, [b, m0, h * HEAD_DIM], bar, do_smem.index(slot))
             rows = m0 + cols
             stat = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh + rows
             lse = gl.load(LSE + stat, mask=rows < seqlen_q, other=float("inf"))
@@ -101,6 +111,10 @@ if HAS_GLUON:
             delta_smem.index(slot).store(delta)
             gl.thread_barrier()  # every lane's stores before lane 0's (release) arrive
             mbarrier.arrive(bar, count=1)
+            if DO_SINGLE:  # after this step's Q: dO's buffer frees in the middle of the step before
+                mbarrier.wait(do_empty, (step & 1) ^ 1)
+                mbarrier.expect(do_ready, do_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(do_desc, [b, m0, h * HEAD_DIM], do_ready, do_smem.index(0))
 
     @gluon.jit
     def _dq_to_slot(dq, dq_smem, dq_full, dq_empty, i, BLOCK_M: gl.constexpr, DQ_N: gl.constexpr,
@@ -118,11 +132,11 @@ if HAS_GLUON:
 
     @gluon.jit
     def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, p_smem, dq_smem, lse_smem, delta_smem, kv_bar, ready,
-                  empty, dq_full, dq_empty, dk_desc, dv_desc, b, hk, n0, m_lo, m_full, n_mb, n_steps, off, sm_scale,
-                  qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  CAUSAL: gl.constexpr, KV_WM: gl.constexpr, DQ_WM: gl.constexpr, STAGES: gl.constexpr,
-                  DQ_STAGES: gl.constexpr, DQ_TMA: gl.constexpr, DQ_SPLIT: gl.constexpr, SS_DKV: gl.constexpr,
-                  num_warps: gl.constexpr):
+                  empty, do_ready, do_empty, dq_full, dq_empty, dk_desc, dv_desc, b, hk, n0, m_lo, m_full, n_mb,
+                  n_steps, off, sm_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, KV_WM: gl.constexpr, DQ_WM: gl.constexpr,
+                  STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, DQ_TMA: gl.constexpr, DQ_SPLIT: gl.constexpr,
+                  SS_DKV: gl.constexpr, DO_SINGLE: gl.constexpr, num_warps: gl.constexpr):
         dtype: gl.constexpr = k_smem.dtype
         KV_WN: gl.constexpr = num_warps // KV_WM
         DQ_WN: gl.constexpr = num_warps // DQ_WM
@@ -159,7 +173,11 @@ if HAS_GLUON:
                 phase = phase_c
             mbarrier.wait(ready.index(slot), phase)
             q = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-            do = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+            if DO_SINGLE:
+                mbarrier.wait(do_ready, step & 1)
+                do = do_smem.index(0).reshape([BLOCK_M, HEAD_DIM])
+            else:
+                do = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
             tok_s = warpgroup_mma(k, q.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout),
                                   use_acc=False, is_async=True)
             tok_dp = warpgroup_mma(v, do.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout),
@@ -198,6 +216,8 @@ if HAS_GLUON:
             dq = warpgroup_mma_wait(1, deps=(tok_dq, ))
             # dQ to the writer's slot (free once the writer is done with the piece DQ_STAGES before); dK still runs
             _dq_to_slot(dq, dq_smem, dq_full, dq_empty, step * DQ_SPLIT, BLOCK_M, DQ_N, DQ_STAGES, DQ_TMA)
+            if DO_SINGLE:  # _dq_to_slot's barrier: every warp waited for its dV (and dP^T) wgmma, the last on dO
+                mbarrier.arrive(do_empty, count=1)
             for piece in gl.static_range(1, DQ_SPLIT):  # (DQ_TMA) the next columns of dQ through the slots
                 tok_dq = warpgroup_mma(ds_smem.permute((1, 0)), k.slice(piece * DQ_N, DQ_N, dim=1), dq_zero,
                                        use_acc=False, is_async=True)
@@ -290,7 +310,7 @@ if HAS_GLUON:
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, KV_WM: gl.constexpr,
                            DQ_WM: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
                            DQ_WARPS: gl.constexpr, DQ_TMA: gl.constexpr, DQ_SPLIT: gl.constexpr,
-                           SS_DKV: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                           SS_DKV: gl.constexpr, DO_SINGLE: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                            WRITER_REGS: gl.constexpr, num_warps: gl.constexpr):
         dtype: gl.constexpr = q_desc.dtype
         b, hk, n0, off, m_lo, m_full, n_mb, n_steps = _kv_block(H, seqlen_q, seqlen_k, GROUP, BLOCK_M, BLOCK_N,
@@ -299,7 +319,8 @@ if HAS_GLUON:
         k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
         q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
-        do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+        DO_SLOTS: gl.constexpr = 1 if DO_SINGLE else STAGES
+        do_smem = gl.allocate_shared_memory(dtype, [DO_SLOTS] + do_desc.block_type.shape, do_desc.layout)
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
         ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
         if SS_DKV:  # P^T beside dS^T, both read by wgmma from here
@@ -323,7 +344,11 @@ if HAS_GLUON:
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         dq_full = gl.allocate_shared_memory(gl.int64, [DQ_STAGES, 1], mbarrier.MBarrierLayout())
         dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_STAGES, 1], mbarrier.MBarrierLayout())
+        do_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        do_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_bar, count=1)
+        mbarrier.init(do_ready, count=1)
+        mbarrier.init(do_empty, count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=2)  # expect-tx arrive (Q/dO bytes) + arrive after LSE/delta
             mbarrier.init(empty.index(i), count=1)
@@ -333,12 +358,12 @@ if HAS_GLUON:
 
         gl.warp_specialize([
             (_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, p_smem, dq_smem, lse_smem, delta_smem, kv_bar,
-                         ready, empty, dq_full, dq_empty, dk_desc, dv_desc, b, hk, n0, m_lo, m_full, n_mb, n_steps, off,
-                         sm_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, KV_WM, DQ_WM, STAGES, DQ_STAGES,
-                         DQ_TMA, DQ_SPLIT, SS_DKV, num_warps)),
+                         ready, empty, do_ready, do_empty, dq_full, dq_empty, dk_desc, dv_desc, b, hk, n0, m_lo,
+                         m_full, n_mb, n_steps, off, sm_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, KV_WM,
+                         DQ_WM, STAGES, DQ_STAGES, DQ_TMA, DQ_SPLIT, SS_DKV, DO_SINGLE, num_warps)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
-                         kv_bar, ready, empty, LSE, DELTA, stride_lb, stride_lh, b, hk, n0, seqlen_q, m_lo, n_mb,
-                         n_steps, GROUP, HEAD_DIM, BLOCK_M, STAGES)),
+                         kv_bar, ready, empty, do_ready, do_empty, LSE, DELTA, stride_lb, stride_lh, b, hk, n0,
+                         seqlen_q, m_lo, n_mb, n_steps, GROUP, HEAD_DIM, BLOCK_M, STAGES, DO_SINGLE)),
             (_dq_any_writer, (dq_smem, dq_full, dq_empty, DQ, b, hk, H, seqlen_q, m_lo, n_mb, n_steps, GROUP,
                               HEAD_DIM, BLOCK_M, DQ_STAGES, DQ_WARPS, DQ_TMA, DQ_SPLIT)),
         ], [1, DQ_WARPS], [PRODUCER_REGS, WRITER_REGS])
