@@ -44,7 +44,8 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh next25b   # ~1 min: the forward's fold_scale variants (tests,
 #                                                                  # sweep against their twins; ran session 25)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid25    # ~6 min: the new defaults' GPU tests, the grid
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd25     # ~5 min: D 256 backward, dO single-buffered: tests, sweep
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd25     # ~1 min: D 256 backward, dO single-buffered: tests, sweep
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd25b    # ~3 min: D 64 / 128 backward, more dQ slots: tests, sweep
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -90,6 +91,12 @@ case "${1:-}" in
       -k "every_config or (ws_matches and d256)"
     step bwd_sweep 200 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 256 --variants ws_tma_q4_ss,q2_ss_do1 \
       --seqlens 1024,2048,4096,16384 --no-sdpa --budget 190 --out "$OUT/attention-fa3-bwd-sweep-do1-h200.json" ;;
+  bwd25b)  # session 25: more dQ slots at D 64 / 128 (after D 256's do1_d3): GPU tests, then the sweep
+    step bwd_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_bwd_gpu.py \
+      -k "every_config or (ws_matches and (d64 or d128)) or ops_attention or auto"
+    step bwd_sweep 200 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 64,128 \
+      --variants n128_m64_ws_s3_tma,n128_m64_ws_tma --seqlens 1024,2048,4096,16384 --no-sdpa --budget 190 \
+      --out "$OUT/attention-fa3-bwd-sweep-dq-slots-h200.json" ;;
   grid25)  # session 25, after next25 / next25b: the new defaults (fold_scale rows, D 256's SS backward, the launch
     # cache on) through their GPU tests and the API file, then the grid
     step fa3_tests 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \

@@ -110,13 +110,17 @@ DQ_TMA_WS = dict(ws=True, dq_tma=True, dq_warps=1)
 DEFAULT_CONFIGS = {64: FA3BwdConfig(block_n=128, block_m=64, stages=3, dq_stages=2, **DQ_TMA_WS),
                    128: FA3BwdConfig(block_n=128, block_m=64, stages=2, dq_stages=2, **DQ_TMA_WS),
                    # P^T / dS^T read by wgmma from shared memory (attention-fa3-bwd-sweep-ss-h200.json, session 25:
-                   # 1.9-2.9 % faster than the register-A q4 at every cell, 1k-16k full and causal)
-                   256: FA3BwdConfig(block_n=64, block_m=64, stages=2, dq_stages=1, dq_split=4, ss_dkv=True,
-                                     **DQ_TMA_WS)}
+                   # 1.9-2.9 % faster than the register-A q4 at every cell, 1k-16k full and causal), and dO in one
+                   # buffer whose 32 KB give dQ's four pieces three slots (-do1-h200.json: +15-23 % over that)
+                   256: FA3BwdConfig(block_n=64, block_m=64, stages=2, dq_stages=3, dq_split=4, ss_dkv=True,
+                                     do_single=True, **DQ_TMA_WS)}
 TUNING_CONFIGS = {
     64: {"n128_m128": PLAIN_CONFIGS[64], "n128_m64": FA3BwdConfig(block_n=128, block_m=64),
          "n128_m64_ws_s3": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=2),
-         "n128_m64_ws_s3_tma": DEFAULT_CONFIGS[64]},
+         "n128_m64_ws_s3_tma": DEFAULT_CONFIGS[64],
+         # more dQ slots (session 25; compile-checked, NOT yet run on a GPU): shared memory has room at D 64
+         "n128_m64_ws_s3_tma_d3": replace(DEFAULT_CONFIGS[64], dq_stages=3),
+         "n128_m64_ws_s3_tma_d4": replace(DEFAULT_CONFIGS[64], dq_stages=4)},
     128: {"n128_m64": PLAIN_CONFIGS[128], "n128_m64_atom": FA3BwdConfig(block_n=128, block_m=64, red_v2=False),
           "n64_m128": FA3BwdConfig(block_n=64, block_m=128),
           # warp-specialized: 2 or 3 Q/dO stages, 2 or 1 dQ tiles (the same speed on the H200)
@@ -126,7 +130,10 @@ TUNING_CONFIGS = {
           "n128_m64_ws_tma": DEFAULT_CONFIGS[128],
           "n128_m64_ws_s3_tma": FA3BwdConfig(block_n=128, block_m=64, stages=3, dq_stages=1, **DQ_TMA_WS),
           "n128_m64_ws_s3_tma_q2": FA3BwdConfig(block_n=128, block_m=64, stages=3, dq_stages=2, dq_split=2,
-                                                **DQ_TMA_WS)},
+                                                **DQ_TMA_WS),
+          # more dQ slots (session 25, after D 256's do1_d3; compile-checked, NOT yet run on a GPU): four half
+          # tiles in the two whole tiles' 64 KB (five, with dO single-buffered, spill 80 B: the slot index mod 5)
+          "n128_m64_ws_tma_q2_d4": replace(DEFAULT_CONFIGS[128], dq_split=2, dq_stages=4)},
     256: {"n64_m64": PLAIN_CONFIGS[256], "n64_m64_atom": FA3BwdConfig(block_n=64, block_m=64, red_v2=False),
           "n64_m64_split": FA3BwdConfig(block_n=64, block_m=64, dq_split=2),  # no spills (the others: ~100 B)
           # warp-specialized at D 256: fits only with one 64-column float32 dQ piece in shared memory (16 KB),
@@ -142,14 +149,15 @@ TUNING_CONFIGS = {
           # dV and dK read P^T / dS^T from shared memory (session 24; the default since session 25's sweep): the
           # warpgroups split the 64 queries of S^T, so the register A operand was a conversion through shared
           # memory with its barriers; SASS of the key loop: BAR 16 -> 10, LDS 16 -> 8 a step, 230,796 B of smem
-          "n64_m64_ws_tma_q4_ss": DEFAULT_CONFIGS[256],
-          # dO in one buffer released after dV (do_single, session 25, compile-checked, NOT yet run on a GPU): the
-          # 32 KB go to dQ, as more slots for its four pieces (the MMA warps stop waiting for each piece's TMA read)
-          # or two 128-column pieces (half the round trips, N = 64 a warpgroup in dQ's wgmma)
-          "n64_m64_ws_tma_q4_ss_do1": replace(DEFAULT_CONFIGS[256], do_single=True),
-          "n64_m64_ws_tma_q4_ss_do1_d2": replace(DEFAULT_CONFIGS[256], do_single=True, dq_stages=2),
-          "n64_m64_ws_tma_q4_ss_do1_d3": replace(DEFAULT_CONFIGS[256], do_single=True, dq_stages=3),
-          "n64_m64_ws_tma_q2_ss_do1": replace(DEFAULT_CONFIGS[256], do_single=True, dq_split=2)},
+          "n64_m64_ws_tma_q4_ss": replace(DEFAULT_CONFIGS[256], do_single=False, dq_stages=1),
+          # dO in one buffer released after dV (do_single, session 25): the 32 KB go to dQ, as more slots for its
+          # four pieces (the MMA warps stop waiting for each piece's TMA read) or two 128-column pieces (half the
+          # round trips, N = 64 a warpgroup in dQ's wgmma). Sweep (-do1-h200.json), 16k full / causal TFLOP/s:
+          # q4_ss 317 / 320, do1 311 / 310, do1_d2 361 / 368, do1_d3 365 / 380, q2_do1 331 / 346: the slots it was
+          "n64_m64_ws_tma_q4_ss_do1": replace(DEFAULT_CONFIGS[256], dq_stages=1),
+          "n64_m64_ws_tma_q4_ss_do1_d2": replace(DEFAULT_CONFIGS[256], dq_stages=2),
+          "n64_m64_ws_tma_q4_ss_do1_d3": DEFAULT_CONFIGS[256],
+          "n64_m64_ws_tma_q2_ss_do1": replace(DEFAULT_CONFIGS[256], dq_split=2, dq_stages=1)},
 }
 
 
@@ -183,8 +191,8 @@ def config_error(head_dim: int, cfg: FA3BwdConfig) -> str | None:
         return (f"dq_split {cfg.dq_split}: 1, 2 or 4, with at least 64 columns a piece (head_dim {head_dim}); 8 "
                 "(32 columns) with ws and dq_tma")
     if cfg.ws:
-        if not 2 <= cfg.stages <= 4 or cfg.dq_stages not in (1, 2, 3) or cfg.dq_warps not in (1, 2):
-            return (f"ws: stages {cfg.stages} in 2..4, dq_stages {cfg.dq_stages} 1..3, dq_warps {cfg.dq_warps} 1 or "
+        if not 2 <= cfg.stages <= 4 or not 1 <= cfg.dq_stages <= 6 or cfg.dq_warps not in (1, 2):
+            return (f"ws: stages {cfg.stages} in 2..4, dq_stages {cfg.dq_stages} 1..6, dq_warps {cfg.dq_warps} 1 or "
                     "2")
         if not cfg.red_v2:
             return "ws: the dQ writer always uses red.global.add.v4.f32 (red_v2=False is the plain kernel's)"
