@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -156,3 +157,9 @@ def test_config_errors_are_clear():
     assert "ws=True" in bwd.config_error(128, bwd.FA3BwdConfig(dq_tma=True))
     assert "ws=True" in bwd.config_error(256, bwd.FA3BwdConfig(block_n=64, block_m=64, ss_dkv=True))
     assert "block_n 64" in bwd.config_error(128, bwd.FA3BwdConfig(ws=True, ss_dkv=True))
+    assert "do_single" in bwd.config_error(256, bwd.FA3BwdConfig(block_n=64, block_m=64, do_single=True))
+    assert "dq_stages 7" in bwd.config_error(64, bwd.FA3BwdConfig(ws=True, dq_tma=True, dq_warps=1, dq_stages=7))
+    # D 256: dO single-buffered frees the 32 KB that a third dQ slot takes; with dO in the ring it does not fit
+    d256 = bwd.DEFAULT_CONFIGS[256]
+    assert d256.do_single and d256.dq_stages == 3 and bwd.config_error(256, d256) is None
+    assert "shared memory" in bwd.config_error(256, replace(d256, do_single=False))
