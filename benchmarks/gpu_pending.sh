@@ -46,6 +46,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid25    # ~6 min: the new defaults' GPU tests, the grid
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd25     # ~1 min: D 256 backward, dO single-buffered: tests, sweep
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd25b    # ~3 min: D 64 / 128 backward, more dQ slots: tests, sweep
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh last25    # ~7 min: grid25 then bwd25b
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -91,6 +92,11 @@ case "${1:-}" in
       -k "every_config or (ws_matches and d256)"
     step bwd_sweep 200 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 256 --variants ws_tma_q4_ss,q2_ss_do1 \
       --seqlens 1024,2048,4096,16384 --no-sdpa --budget 190 --out "$OUT/attention-fa3-bwd-sweep-do1-h200.json" ;;
+  last25)  # session 25, last (two machine refusals left one start): grid25 (the D 256 backward's new default), then
+    # bwd25b (more dQ slots at D 64 / 128)
+    bash "$0" grid25
+    bash "$0" bwd25b
+    rm -f "$OUT/attention-fa3-bwd-sweep-dq-slots-h200.png" ;;  # 8 files come back (--replot draws it here)
   bwd25b)  # session 25: more dQ slots at D 64 / 128 (after D 256's do1_d3): GPU tests, then the sweep
     step bwd_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_bwd_gpu.py \
       -k "every_config or (ws_matches and (d64 or d128)) or ops_attention or auto"
