@@ -132,7 +132,8 @@ TUNING_CONFIGS = {
           "n128_m64_ws_s3_tma_q2": FA3BwdConfig(block_n=128, block_m=64, stages=3, dq_stages=2, dq_split=2,
                                                 **DQ_TMA_WS),
           # more dQ slots (session 25, after D 256's do1_d3; compile-checked, NOT yet run on a GPU): four half
-          # tiles in the two whole tiles' 64 KB (five, with dO single-buffered, spill 80 B: the slot index mod 5)
+          # tiles in the two whole tiles' 64 KB. (dO single-buffered spills 36-72 B in the MMA warps at D 128, one
+          # dQ slot or three: their 240 registers hold S^T and dP^T of 128 keys; so no third whole tile here)
           "n128_m64_ws_tma_q2_d4": replace(DEFAULT_CONFIGS[128], dq_split=2, dq_stages=4)},
     256: {"n64_m64": PLAIN_CONFIGS[256], "n64_m64_atom": FA3BwdConfig(block_n=64, block_m=64, red_v2=False),
           "n64_m64_split": FA3BwdConfig(block_n=64, block_m=64, dq_split=2),  # no spills (the others: ~100 B)
@@ -168,8 +169,9 @@ def smem_bytes(head_dim: int, cfg: FA3BwdConfig, elem: int = 2) -> int:
         dq_row = head_dim // cfg.dq_split if cfg.dq_tma else head_dim + 4
         # + up to 1 KB of alignment a swizzled buffer (K, V, Q, dO, dS^T, dQ): Triton's allocation measured
         # 0.3-4 KB above the sum (4 KB at D 256 with a 16 KB dQ piece), so the sum alone is no bound. With ss_dkv
-        # (P^T's tile added) the register operands' layout-conversion scratch is gone: 340 B above the sum at D 256
-        slack = 1536 if cfg.ss_dkv else 6 * 1024
+        # (P^T's tile added) the register operands' layout-conversion scratch is gone: 340 B above the sum at D 256;
+        # at block_n 128 the warpgroups split the keys and there is none either (308 B above the sum at D 128)
+        slack = 1536 if cfg.ss_dkv or cfg.block_n != 64 else 6 * 1024
         st_tiles = 2 if cfg.ss_dkv else 1  # dS^T (and P^T)
         do_slots = 1 if cfg.do_single else cfg.stages
         return (elem * (2 * cfg.block_n * head_dim + (cfg.stages + do_slots) * cfg.block_m * head_dim
