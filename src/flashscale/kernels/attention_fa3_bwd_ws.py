@@ -5,7 +5,8 @@ Same math, operand orders, precisions and layouts as _fa3_bwd_kernel (see its mo
 group; the eight MMA warps compute S^T, dP^T, P^T, dS^T, dV, dK and dQ exactly as there. What moves out of
 them is the data movement (FA3's Hopper backward, hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp):
 
-  * producer, 1 warp (few registers): TMA loads of K and V once, then of Q and dO into a STAGES-deep ring;
+  * producer, 1 warp (few registers): TMA loads of K and V once, then of Q and dO into a STAGES-deep ring
+    (DO_SINGLE: dO into one buffer of its own, see the barrier protocol);
     it also loads the step's LSE (already in log2 units, -inf -> +inf, +inf past Sq) and delta (0 past Sq)
     with plain loads into a small ring beside it. TMA cannot take LSE/delta in general (the row stride
     Sq * 4 bytes must be a multiple of 16); the producer's pointer loads keep them out of the MMA warps'
