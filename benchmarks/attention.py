@@ -2,7 +2,8 @@
 
 The FlashAttention papers' setting: bf16, head dim 64 / 128 / 256, causal and not, seqlen 512 ... 16384
 with batch * seqlen = 16384 and heads * head_dim = 2048. FLOPs (FlashAttention's count): forward
-4 * B * S^2 * H * D, halved when causal; backward 2.5x the forward. Times are triton.testing.do_bench
+4 * B * S^2 * H * D, halved when causal; backward 2.5x the forward; forward + backward timed as one call
+(`fwd_bwd`, as the FlashAttention benchmarks do) 3.5x. Times are triton.testing.do_bench
 medians (CUDA events, warm-up first) on random inputs of 64 MiB a tensor, larger than the 60 MB L2.
 Cells up to --short-max (2048) rows are timed in --rounds (3) rounds, the rounds of a group after one another
 (every implementation once a round), and report the median round (`ms`; all rounds in `ms_rounds`): the short
@@ -11,7 +12,7 @@ cells moved 20-30 % between runs of the same code with one sample each (docs/att
 Before timing, each (head dim, causal) group is checked at seqlen 1024: ours and SDPA-flash against a
 float64 reference; ours must be within 2x SDPA-flash's error (+ one bf16 rounding).
 
-    python benchmarks/attention.py [--quick] [--tune] [--jobs N] [--out DIR]
+    python benchmarks/attention.py [--quick] [--tune] [--jobs N] [--passes fwd,bwd,fwd_bwd] [--out DIR]
     python benchmarks/attention.py --precompile-only --jobs 12 [--tune]   # fill Triton's cache in parallel
 
 Writes DIR/attention-<gpu>.json ({gpu, torch, triton, date, rows, checks, configs}) and a .png; prints a
@@ -40,9 +41,13 @@ TOKENS, HIDDEN = 16384, 2048
 TARGET = 1.3  # acceptance: >= 1.3x SDPA flash at seqlen >= 1024
 
 
+PASSES = ("fwd", "bwd", "fwd_bwd")
+
+
 def flops(batch, seqlen, heads, hdim, causal, mode):
+    """FlashAttention's count: forward 4 B S^2 H D (halved when causal), backward 2.5x, forward + backward 3.5x."""
     f = 4.0 * batch * seqlen * seqlen * heads * hdim / (2 if causal else 1)
-    return f * (2.5 if mode == "bwd" else 1.0)
+    return f * {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
 
 
 def _inputs(batch, seqlen, heads, hdim, *, layout="bshd", grad=True, seed=0):
@@ -79,8 +84,10 @@ def spin(ms: float = 300.0) -> None:
         torch.cuda.synchronize()
 
 
-def time_cell(impl, batch, seqlen, heads, hdim, causal, *, rep, warmup):
-    """Median ms of forward and of backward (torch.autograd.grad, so nothing accumulates into .grad)."""
+def time_cell(impl, batch, seqlen, heads, hdim, causal, *, rep, warmup, passes=PASSES):
+    """{pass: median ms} of the forward, the backward (torch.autograd.grad of a saved forward, so nothing
+    accumulates into .grad) and the two in one call (fwd_bwd, as the FlashAttention benchmarks time them), of
+    those in `passes` this impl has; and the kernels the dispatch chose."""
     import triton
     layout = "bshd" if impl.startswith("flashscale") else "bhsd"
     q, k, v, do = _inputs(batch, seqlen, heads, hdim, layout=layout)
@@ -98,11 +105,14 @@ def time_cell(impl, batch, seqlen, heads, hdim, causal, *, rep, warmup):
     ran = PATHS - before  # which kernels this cell's dispatch chose (ours only; SDPA's are not counted)
     paths = {f"{mode}_path": "+".join(sorted(kern for (pas, kern) in ran if pas == mode)) or None
              for mode in ("fwd", "bwd")}
-    t_f = None if impl == "flashscale_det" else triton.testing.do_bench(fwd, warmup=warmup, rep=rep,
-                                                                       return_mode="median")
-    t_b = None if impl == "flashscale_fa3" else triton.testing.do_bench(bwd, warmup=warmup, rep=rep,
-                                                                       return_mode="median")
-    return t_f, t_b, paths  # the deterministic variant differs only in the backward, the fa3 one only in the forward
+    paths["fwd_bwd_path"] = "+".join(p for p in (paths["fwd_path"], paths["bwd_path"]) if p) or None
+    fwd_bwd = lambda: torch.autograd.grad(fwd(), (q, k, v), do)  # noqa: E731
+    # the deterministic variant differs only in the backward, the fa3 one only in the forward
+    has = {"fwd": impl != "flashscale_det", "bwd": impl != "flashscale_fa3", "fwd_bwd": impl != "flashscale_fa3"}
+    fns = {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd_bwd}
+    ms = {m: triton.testing.do_bench(fns[m], warmup=warmup, rep=rep, return_mode="median")
+          for m in PASSES if m in passes and has[m]}
+    return ms, paths
 
 
 def check_group(hdim, causal, seqlen=1024, batch=2):
@@ -185,7 +195,7 @@ def plot(rows, path, gpu):
         return
     impls = [i for i in ("flashscale", "flashscale_fa3", "flashscale_fa2", "flashscale_det", "sdpa_flash", "sdpa_cudnn") if any(r["impl"] == i for r in rows)]
     hdims = sorted({r["hdim"] for r in rows})
-    panels = [(m, c) for m in ("fwd", "bwd") for c in (False, True)]
+    panels = [(m, c) for m in PASSES if any(r["pass"] == m for r in rows) for c in (False, True)]
     fig, axes = plt.subplots(len(panels), len(hdims), figsize=(5 * len(hdims), 3.2 * len(panels)), squeeze=False)
     colors = {"flashscale": "#d62728", "flashscale_fa3": "#9467bd", "flashscale_fa2": "#ff7f0e",
               "flashscale_det": "#2ca02c", "sdpa_flash": "#1f77b4", "sdpa_cudnn": "#7f7f7f"}
@@ -226,7 +236,7 @@ def table(rows, checks):
     cells = sorted({key(r) for r in rows})
     impls = [i for i in ("flashscale", "flashscale_det", "flashscale_fa3", "sdpa_flash", "sdpa_cudnn")
              if any(r["impl"] == i for r in rows)]
-    lines.append(f"{'pass':4} {'d':>4} {'causal':6} {'seqlen':>6} " + " ".join(f"{i:>14}" for i in impls)
+    lines.append(f"{'pass':7} {'d':>4} {'causal':6} {'seqlen':>6} " + " ".join(f"{i:>14}" for i in impls)
                  + f" {'vs flash':>8} {'target':>6}")
     misses = 0
     for cell in cells:
@@ -234,7 +244,7 @@ def table(rows, checks):
         ratio = vals.get("flashscale", 0) / vals["sdpa_flash"] if vals.get("sdpa_flash") else float("nan")
         mark = "" if cell[3] < 1024 else ("ok" if ratio >= TARGET else "MISS")
         misses += mark == "MISS"
-        lines.append(f"{cell[0]:4} {cell[1]:>4} {str(cell[2]):6} {cell[3]:>6} "
+        lines.append(f"{cell[0]:7} {cell[1]:>4} {str(cell[2]):6} {cell[3]:>6} "
                      + " ".join(f"{vals.get(i, float('nan')):>14.1f}" for i in impls) + f" {ratio:>8.2f} {mark:>6}")
     lines.append(f"cells with seqlen >= 1024 under {TARGET}x SDPA flash: {misses}")
     return "\n".join(lines)
@@ -253,10 +263,14 @@ def main(argv=None) -> int:
     ap.add_argument("--precompile-only", action="store_true")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the short cells (median reported)")
     ap.add_argument("--short-max", type=int, default=2048, help="longest seqlen timed in every round")
+    ap.add_argument("--passes", default=",".join(PASSES), help=f"comma-separated, of {', '.join(PASSES)}")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error(f"--rounds takes an int >= 1; got {args.rounds}")
+    passes = [p for p in args.passes.split(",") if p]
+    if not passes or any(p not in PASSES for p in passes):
+        ap.error(f"--passes takes a comma-separated list of {', '.join(PASSES)}; got {args.passes!r}")
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -291,15 +305,15 @@ def main(argv=None) -> int:
                     if (impl, seqlen) in failed:
                         continue
                     try:
-                        t_f, t_b, paths = time_cell(impl, batch, seqlen, heads, hdim, causal, rep=rep, warmup=warmup)
+                        ms_of, paths = time_cell(impl, batch, seqlen, heads, hdim, causal, rep=rep, warmup=warmup,
+                                                 passes=passes)
                     except Exception as e:
                         failed.add((impl, seqlen))
                         errors.append(f"{impl} d{hdim} causal={causal} S{seqlen}: {type(e).__name__}: {str(e)[:200]}")
                         continue
                     paths_of[impl, seqlen] = paths
-                    for mode, ms in (("fwd", t_f), ("bwd", t_b)):
-                        if ms is not None:
-                            times.setdefault((impl, seqlen, mode), []).append(ms)
+                    for mode, ms in ms_of.items():
+                        times.setdefault((impl, seqlen, mode), []).append(ms)
         for (impl, seqlen, mode), ms_rounds in times.items():
             batch, heads = TOKENS // seqlen, HIDDEN // hdim
             ms = median(ms_rounds)
@@ -315,7 +329,7 @@ def main(argv=None) -> int:
     result = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   setting=dict(dtype="bfloat16", tokens=TOKENS, hidden=HIDDEN, tuned=args.tune,
-                               flops="fwd 4*B*S^2*H*D (/2 causal); bwd 2.5x fwd",
+                               flops="fwd 4*B*S^2*H*D (/2 causal); bwd 2.5x fwd; fwd_bwd 3.5x fwd",
                                timing="do_bench median; the median of `rounds` rounds up to short_max rows",
                                rounds=args.rounds, short_max=args.short_max),
                   rows=rows, checks=checks, errors=errors,

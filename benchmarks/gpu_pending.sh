@@ -47,6 +47,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd25     # ~1 min: D 256 backward, dO single-buffered: tests, sweep
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd25b    # ~3 min: D 64 / 128 backward, more dQ slots: tests, sweep
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh last25    # ~7 min: grid25 then bwd25b
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fb25      # ~3 min: FA2 GPU tests, the grid's fwd_bwd pass
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -92,6 +93,12 @@ case "${1:-}" in
       -k "every_config or (ws_matches and d256)"
     step bwd_sweep 200 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 256 --variants ws_tma_q4_ss,q2_ss_do1 \
       --seqlens 1024,2048,4096,16384 --no-sdpa --budget 190 --out "$OUT/attention-fa3-bwd-sweep-do1-h200.json" ;;
+  fb25)  # session 25, the last minutes: the FA2 issue's GPU file on main, then the grid's forward + backward pass
+    # (timed as one call; benchmarks/attention.py --passes), merged into results/attention-h200.json with a note
+    step gpu_attention 65 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 tests/kernels/test_attention_gpu.py
+    seed_attention_configs
+    mkdir -p "$OUT/fb"
+    step fwd_bwd 130 "$PY" benchmarks/attention.py --passes fwd_bwd --out "$OUT/fb" ;;
   last25)  # session 25, last (two machine refusals left one start): grid25 (the D 256 backward's new default), then
     # bwd25b (more dQ slots at D 64 / 128)
     bash "$0" grid25
