@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU steps of sessions 18-25 (2026-12-02/03), kept runnable. Session 25 ran `next25`, `next25b` (written in session
-# 24) and `grid25`. One `run` per step, back to back; each step's commands have their own timeouts so one hang
+# 24), `grid25`, `bwd25`, `last25` and `fb25` (its test_attention_gpu.py step cut at 65 s). Next session: `gputests`
+# first (the FA2 issue's GPU file on main), then `bwd26`. One `run` per step, back to back; each step's commands have their own timeouts so one hang
 # costs only its share. Outputs go to $OUT (at most 8 files come back).
 #
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: backward dispatch GPU tests, FA2's
@@ -48,6 +49,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd25b    # ~3 min: D 64 / 128 backward, more dQ slots: tests, sweep
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh last25    # ~7 min: grid25 then bwd25b
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fb25      # ~3 min: FA2 GPU tests, the grid's fwd_bwd pass
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd26     # ~4 min: D 64 backward at 128 x 128 (unrun)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -93,6 +95,13 @@ case "${1:-}" in
       -k "every_config or (ws_matches and d256)"
     step bwd_sweep 200 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 256 --variants ws_tma_q4_ss,q2_ss_do1 \
       --seqlens 1024,2048,4096,16384 --no-sdpa --budget 190 --out "$OUT/attention-fa3-bwd-sweep-do1-h200.json" ;;
+  bwd26)  # written in session 25 (not run): FA3's 128 x 128 tile for the D 64 backward (n128_m128_ws_tma): its GPU
+    # tests, then the sweep against the default; run after `gputests` (which the FA2 issue's closing needs first)
+    step bwd_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_bwd_gpu.py \
+      -k "every_config or (ws_matches and d64)"
+    step bwd_sweep 150 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 64 \
+      --variants n128_m64_ws_s3_tma,n128_m128_ws_tma --seqlens 1024,2048,4096,16384 --budget 140 \
+      --out "$OUT/attention-fa3-bwd-sweep-m128-h200.json" ;;
   fb25)  # session 25, the last minutes: the FA2 issue's GPU file on main, then the grid's forward + backward pass
     # (timed as one call; benchmarks/attention.py --passes), merged into results/attention-h200.json with a note
     step gpu_attention 65 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 tests/kernels/test_attention_gpu.py
