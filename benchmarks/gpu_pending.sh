@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU steps of sessions 18-25 (2026-12-02/03), kept runnable. Session 25 ran `next25`, `next25b` (written in session
 # 24), `grid25`, `bwd25`, `last25` and `fb25` (its test_attention_gpu.py step cut at 65 s). Next session: `gputests`
-# first (the FA2 issue's GPU file on main), then `bwd26`. One `run` per step, back to back; each step's commands have their own timeouts so one hang
-# costs only its share. Outputs go to $OUT (at most 8 files come back).
+# first (the FA2 issue's GPU file on main), then `bwd26`. One `run` per step, back to back; each step's commands
+# have their own timeouts so one hang costs only its share. Outputs go to $OUT (at most 8 files come back).
 #
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: backward dispatch GPU tests, FA2's
 #                                                                  # GPU tests, the attention API file
