@@ -875,8 +875,7 @@ if HAS_GLUON:
                 GROUP, seqlen_q, seqlen_k, qk_scale, CU_Q, CU_K, n_seq, O, COUNTER, HEAD_DIM: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                 OVERLAP: gl.constexpr, FOLD: gl.constexpr, CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr,
-                PRODUCER_REGS: gl.constexpr,
-                CONSUMER_REGS: gl.constexpr, VARLEN: gl.constexpr):
+                PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, VARLEN: gl.constexpr):
         """The ping-pong program (dense and varlen): shared memory, barriers, the partitions. A program runs tile0
         alone (tile_step = n_tiles), or persistent the snake order of _snake_tile, or (PERSISTENT == 2, dynamic)
         tile0 then tiles from the counter."""
@@ -958,12 +957,12 @@ if HAS_GLUON:
     # divisibility-by-16 / == 1 class of each): one binary per (config, head dim, causal), the same one that
     # compile_sm90 builds ahead of time and the compile test checks.
     @gluon.jit(do_not_specialize=["stride_lb", "stride_lh", "H", "GROUP", "BH", "HG", "seqlen_q", "seqlen_k"])
-    def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, COUNTER, stride_lb, stride_lh, H, GROUP, BH, HG, seqlen_q,
-                        seqlen_k, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, FOLD: gl.constexpr,
-                        PINGPONG: gl.constexpr,
-                        CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                        CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, COUNTER, stride_lb, stride_lh, H, GROUP, BH, HG,
+                        seqlen_q, seqlen_k, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+                        FOLD: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr,
+                        PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                        num_warps: gl.constexpr):
         dtype: gl.constexpr = q_desc.dtype
         if PINGPONG:
             # 1-D grid of tiles (head groups, heaviest first: _tile_info); persistent: one program an SM (_pp_run)
@@ -974,10 +973,9 @@ if HAS_GLUON:
                 tile_step = gl.num_programs(0)
             else:
                 tile_step = n_tiles  # one tile a program
-            _pp_run(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
-                    GROUP, seqlen_q, seqlen_k, qk_scale, None, None, None, None, COUNTER, HEAD_DIM, BLOCK_M, BLOCK_N,
-                    STAGES,
-                    CAUSAL, OVERLAP, FOLD, CONSUMERS, PERSISTENT, PRODUCER_REGS, CONSUMER_REGS, False)
+            _pp_run(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG,
+                    H, GROUP, seqlen_q, seqlen_k, qk_scale, None, None, None, None, COUNTER, HEAD_DIM, BLOCK_M,
+                    BLOCK_N, STAGES, CAUSAL, OVERLAP, FOLD, CONSUMERS, PERSISTENT, PRODUCER_REGS, CONSUMER_REGS, False)
         else:
             # Heaviest query tiles first: under a causal mask the last tiles see the most keys.
             pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
@@ -1031,9 +1029,8 @@ if HAS_GLUON:
                                n_tiles, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                OVERLAP: gl.constexpr, FOLD: gl.constexpr, PINGPONG: gl.constexpr,
-                               CONSUMERS: gl.constexpr,
-                               PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                               num_warps: gl.constexpr):
+                               CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                               CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         gl.static_assert(PINGPONG, "the varlen forward runs the ping-pong schedule")
         tile0 = gl.program_id(0)
         if PERSISTENT:
@@ -1374,9 +1371,9 @@ def compile_sm90(head_dim: int, causal: bool, *, dtype: torch.dtype = torch.bflo
         src = GluonASTSource(fn=_fa3_fwd_varlen_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
         return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
     signature = {"q_desc": desc(cfg.q_rows), "k_desc": desc(cfg.block_n), "v_desc": desc(cfg.block_n),
-                 "o_desc": desc(cfg.q_rows), "LSE": "*fp32", "COUNTER": "*i32", "stride_lb": "i32", "stride_lh": "i32",
-                 "H": "i32",
-                 "GROUP": "i32", "BH": "i32", "HG": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "qk_scale": "fp32"}
+                 "o_desc": desc(cfg.q_rows), "LSE": "*fp32", "COUNTER": "*i32", "stride_lb": "i32",
+                 "stride_lh": "i32", "H": "i32", "GROUP": "i32", "BH": "i32", "HG": "i32", "seqlen_q": "i32",
+                 "seqlen_k": "i32", "qk_scale": "fp32"}
     constexprs = _constexprs(head_dim, bool(causal), cfg)
     signature.update({name: "constexpr" for name in constexprs})
     src = GluonASTSource(fn=_fa3_fwd_kernel, signature=signature, constexprs=constexprs)

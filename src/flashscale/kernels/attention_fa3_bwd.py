@@ -118,7 +118,7 @@ TUNING_CONFIGS = {
     64: {"n128_m128": PLAIN_CONFIGS[64], "n128_m64": FA3BwdConfig(block_n=128, block_m=64),
          "n128_m64_ws_s3": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=2),
          "n128_m64_ws_s3_tma": DEFAULT_CONFIGS[64],
-         # more dQ slots (session 25; compile-checked, NOT yet run on a GPU): shared memory has room at D 64
+         # more dQ slots (session 25, -dq-slots-h200.json): +1-1.5 % at 1k-4k, -1 % at 16k; not the default
          "n128_m64_ws_s3_tma_d3": replace(DEFAULT_CONFIGS[64], dq_stages=3),
          "n128_m64_ws_s3_tma_d4": replace(DEFAULT_CONFIGS[64], dq_stages=4),
          # FA3's D 64 tile (128 x 128; session 25, compile-checked, NOT yet run on a GPU): twice the queries a step,
@@ -135,7 +135,7 @@ TUNING_CONFIGS = {
           "n128_m64_ws_s3_tma": FA3BwdConfig(block_n=128, block_m=64, stages=3, dq_stages=1, **DQ_TMA_WS),
           "n128_m64_ws_s3_tma_q2": FA3BwdConfig(block_n=128, block_m=64, stages=3, dq_stages=2, dq_split=2,
                                                 **DQ_TMA_WS),
-          # more dQ slots (session 25, after D 256's do1_d3; compile-checked, NOT yet run on a GPU): four half
+          # more dQ slots (session 25, after D 256's do1_d3; -dq-slots-h200.json: 3-9 % slower): four half
           # tiles in the two whole tiles' 64 KB. (dO single-buffered spills 36-72 B in the MMA warps at D 128, one
           # dQ slot or three: their 240 registers hold S^T and dP^T of 128 keys; so no third whole tile here)
           "n128_m64_ws_tma_q2_d4": replace(DEFAULT_CONFIGS[128], dq_split=2, dq_stages=4)},
@@ -147,8 +147,8 @@ TUNING_CONFIGS = {
           # ncu (2026-12-03, docs/attention_fa3.md session 23): with one 16 KB dQ slot the MMA warps wait for the
           # writer's TMA to read each of the four pieces before storing the next (~18 % of their stall samples on
           # those waits, tensor pipe 33 %). Eight 32-column pieces through two 8 KB slots (the same 226 KB of shared
-          # memory): a piece is stored while the previous one is reduced. Compiles spill-free; NOT yet run on a GPU
-          # (the 32-column slices of K are half a 128-byte swizzle row: the GPU tests must pass before any timing)
+          # memory): a piece is stored while the previous one is reduced. Correct, but 1-2 % slower (session 24,
+          # attention-fa3-bwd-sweep-q8-h200.json): halving the piece doubles the round trips
           "n64_m64_ws_tma_q8_d2": FA3BwdConfig(block_n=64, block_m=64, stages=2, dq_stages=2, dq_split=8,
                                                **DQ_TMA_WS),
           # dV and dK read P^T / dS^T from shared memory (session 24; the default since session 25's sweep): the
@@ -158,7 +158,8 @@ TUNING_CONFIGS = {
           # dO in one buffer released after dV (do_single, session 25): the 32 KB go to dQ, as more slots for its
           # four pieces (the MMA warps stop waiting for each piece's TMA read) or two 128-column pieces (half the
           # round trips, N = 64 a warpgroup in dQ's wgmma). Sweep (-do1-h200.json), 16k full / causal TFLOP/s:
-          # q4_ss 317 / 320, do1 311 / 310, do1_d2 361 / 368, do1_d3 365 / 380, q2_do1 331 / 346: the slots it was
+          # q4_ss 317 / 320, do1 311 / 310, do1_d2 361 / 368, do1_d3 365 / 380, q2_do1 331 / 346: the dQ slots
+          # were the wait
           "n64_m64_ws_tma_q4_ss_do1": replace(DEFAULT_CONFIGS[256], dq_stages=1),
           "n64_m64_ws_tma_q4_ss_do1_d2": replace(DEFAULT_CONFIGS[256], dq_stages=2),
           "n64_m64_ws_tma_q4_ss_do1_d3": DEFAULT_CONFIGS[256],
@@ -198,8 +199,8 @@ def config_error(head_dim: int, cfg: FA3BwdConfig) -> str | None:
                 "(32 columns) with ws and dq_tma")
     if cfg.ws:
         if not 2 <= cfg.stages <= 4 or not 1 <= cfg.dq_stages <= 6 or cfg.dq_warps not in (1, 2):
-            return (f"ws: stages {cfg.stages} in 2..4, dq_stages {cfg.dq_stages} 1..6, dq_warps {cfg.dq_warps} 1 or "
-                    "2")
+            return (f"ws: stages {cfg.stages} in 2..4, dq_stages {cfg.dq_stages} 1..6, "
+                    f"dq_warps {cfg.dq_warps} 1 or 2")
         if not cfg.red_v2:
             return "ws: the dQ writer always uses red.global.add.v4.f32 (red_v2=False is the plain kernel's)"
         if cfg.dq_split != 1 and not cfg.dq_tma:

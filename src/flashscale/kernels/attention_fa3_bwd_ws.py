@@ -96,12 +96,10 @@ if HAS_GLUON:
             h = hk * GROUP + step // n_mb
             m0 = (m_lo + step % n_mb) * BLOCK_M
             bar = ready.index(slot)
-            if DO_SINGLE:
-                mbarrier.expect(bar, q_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(q_desc, [b, m0, h * HEAD_DIM], bar, q_smem.index(slot))
-            else:
-                mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(q_desc, [b, m0, h * HEAD_DIM], bar, q_smem.index(slot))
+            # the Q slot's bytes, and dO's too when it shares the ring
+            mbarrier.expect(bar, q_desc.block_type.nbytes + (0 if DO_SINGLE else do_desc.block_type.nbytes))
+            tma.async_copy_global_to_shared(q_desc, [b, m0, h * HEAD_DIM], bar, q_smem.index(slot))
+            if not DO_SINGLE:
                 tma.async_copy_global_to_shared(do_desc, [b, m0, h * HEAD_DIM], bar, do_smem.index(slot))
             rows = m0 + cols
             stat = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh + rows

@@ -132,7 +132,6 @@ def capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else (0, 0)
 
 
-@functools.lru_cache(maxsize=None)
 @functools.lru_cache(maxsize=None)  # on every launch; never written
 def dummy_i32(device: torch.device) -> torch.Tensor:
     """An empty int32 tensor standing in for absent pointer arguments (cu_seqlens of a dense call)."""
