@@ -107,7 +107,9 @@ PLAIN_CONFIGS = {64: FA3BwdConfig(block_n=128, block_m=128), 128: FA3BwdConfig(b
 # pieces: 253 / 310 and 197 / 312 (the single-partition kernel: 207 / 249 and 168 / 245; with dQ in two pieces,
 # no spills, 237 / 278-290 and 192 / 293).
 DQ_TMA_WS = dict(ws=True, dq_tma=True, dq_warps=1)
-DEFAULT_CONFIGS = {64: FA3BwdConfig(block_n=128, block_m=64, stages=3, dq_stages=2, **DQ_TMA_WS),
+DEFAULT_CONFIGS = {# FA3's D 64 tile, 128 x 128 (session 26, attention-fa3-bwd-sweep-m128-h200.json: +10-12 % over
+                   # 128 x 64 with three stages at every cell, 1k-16k full and causal; 16k 477 / 469)
+                   64: FA3BwdConfig(block_n=128, block_m=128, stages=2, dq_stages=2, **DQ_TMA_WS),
                    128: FA3BwdConfig(block_n=128, block_m=64, stages=2, dq_stages=2, **DQ_TMA_WS),
                    # P^T / dS^T read by wgmma from shared memory (attention-fa3-bwd-sweep-ss-h200.json, session 25:
                    # 1.9-2.9 % faster than the register-A q4 at every cell, 1k-16k full and causal), and dO in one
@@ -117,14 +119,15 @@ DEFAULT_CONFIGS = {64: FA3BwdConfig(block_n=128, block_m=64, stages=3, dq_stages
 TUNING_CONFIGS = {
     64: {"n128_m128": PLAIN_CONFIGS[64], "n128_m64": FA3BwdConfig(block_n=128, block_m=64),
          "n128_m64_ws_s3": FA3BwdConfig(block_n=128, block_m=64, ws=True, stages=3, dq_stages=2),
-         "n128_m64_ws_s3_tma": DEFAULT_CONFIGS[64],
+         # the default of sessions 22-25
+         "n128_m64_ws_s3_tma": FA3BwdConfig(block_n=128, block_m=64, stages=3, dq_stages=2, **DQ_TMA_WS),
          # more dQ slots (session 25, -dq-slots-h200.json): +1-1.5 % at 1k-4k, -1 % at 16k; not the default
-         "n128_m64_ws_s3_tma_d3": replace(DEFAULT_CONFIGS[64], dq_stages=3),
-         "n128_m64_ws_s3_tma_d4": replace(DEFAULT_CONFIGS[64], dq_stages=4),
-         # FA3's D 64 tile (128 x 128; session 25, compile-checked, NOT yet run on a GPU): twice the queries a step,
-         # half the steps and their barriers for the same work; 199 KB. Spills 20 / 44 B (full / causal), all
-         # outside the key loop (once a program)
-         "n128_m128_ws_tma": FA3BwdConfig(block_n=128, block_m=128, stages=2, dq_stages=2, **DQ_TMA_WS)},
+         "n128_m64_ws_s3_tma_d3": FA3BwdConfig(block_n=128, block_m=64, stages=3, dq_stages=3, **DQ_TMA_WS),
+         "n128_m64_ws_s3_tma_d4": FA3BwdConfig(block_n=128, block_m=64, stages=3, dq_stages=4, **DQ_TMA_WS),
+         # FA3's D 64 tile (128 x 128): twice the queries a step, half the steps and their barriers for the same
+         # work; 199 KB. Spills 20 / 44 B (full / causal), all outside the key loop (once a program). The default
+         # since session 26 (+10-12 %, -m128-h200.json)
+         "n128_m128_ws_tma": DEFAULT_CONFIGS[64]},
     128: {"n128_m64": PLAIN_CONFIGS[128], "n128_m64_atom": FA3BwdConfig(block_n=128, block_m=64, red_v2=False),
           "n64_m128": FA3BwdConfig(block_n=64, block_m=128),
           # warp-specialized: 2 or 3 Q/dO stages, 2 or 1 dQ tiles (the same speed on the H200)
