@@ -49,7 +49,9 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd25b    # ~3 min: D 64 / 128 backward, more dQ slots: tests, sweep
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh last25    # ~7 min: grid25 then bwd25b
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fb25      # ~3 min: FA2 GPU tests, the grid's fwd_bwd pass
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd26     # ~4 min: D 64 backward at 128 x 128 (unrun)
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd26     # ~1 min: D 64 backward at 128 x 128 (ran)
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd26b    # ~5 min: the backward's early LSE / one end
+#                                                                  # barrier: tests, sweep; the 512 cells on fa3
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -102,6 +104,17 @@ case "${1:-}" in
     step bwd_sweep 150 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 64 \
       --variants n128_m64_ws_s3_tma,n128_m128_ws_tma --seqlens 1024,2048,4096,16384 --budget 140 \
       --out "$OUT/attention-fa3-bwd-sweep-m128-h200.json" ;;
+  bwd26b)  # session 26, second call: the backward's early LSE load (D 128) and one end-of-step barrier (D 64 / 128):
+    # GPU tests, then the sweep; the grid's 512 cells with the fa3 forward and backward forced (FLASHSCALE_FA3=1:
+    # since the launch cache the 512 cells may no longer be host-bound), anchors beside
+    step bwd_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_bwd_gpu.py \
+      -k "every_config or (ws_matches and (d64 or d128)) or ops_attention or auto"
+    step bwd_sweep 120 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 128,64 \
+      --variants n128_m64_ws_tma,n128_m128_ws_tma --seqlens 1024,2048,4096,16384 --budget 110 \
+      --out "$OUT/attention-fa3-bwd-sweep-1b-h200.json"
+    seed_attention_configs
+    mkdir -p "$OUT/fa3_512"
+    FLASHSCALE_FA3=1 step fa3_512 120 "$PY" benchmarks/attention.py --seqlens 512 --out "$OUT/fa3_512" ;;
   fb25)  # session 25, the last minutes: the FA2 issue's GPU file on main, then the grid's forward + backward pass
     # (timed as one call; benchmarks/attention.py --passes), merged into results/attention-h200.json with a note
     step gpu_attention 65 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 tests/kernels/test_attention_gpu.py

@@ -89,6 +89,16 @@ class FA3BwdConfig:
     # (ws) dO in one buffer of its own, freed in the middle of a step (after dV), instead of a slot of the Q ring
     # (FA3's Stages_dO = 1 at D 256): 32 KB at D 256 for more or larger dQ pieces
     do_single: bool = False
+    # (ws) LSE and delta read from shared memory right after the step's S^T / dP^T wgmmas are issued, not after
+    # each one's wait (session 22's ncu: the exp2's FFMA waiting on the LSE load, 5 % of the MMA warps' samples)
+    early_stats: bool = False
+    # (ws, one dQ piece, dO in the ring, dq_stages == stages) one CTA barrier and one mbarrier arrive at the end of
+    # a step instead of two of each: the dQ tile is stored, dK's wgmma waited, then one barrier, and empty[slot]'s
+    # arrive frees the Q/dO slot for the producer and hands the dQ tile to the writer (which waits on it in place
+    # of dq_full). Triton's membar pass puts a CTA barrier after every mbarrier arrive (it counts as a write to
+    # all of shared memory), so two arrives cost two barriers; one saves a bar.sync a step. The writer gets the
+    # tile a dK wgmma later.
+    one_end_bar: bool = False
 
     def warps(self, rows: int) -> tuple[int, int]:
         """(warps along M, along N) of an accumulator with `rows` rows on 8 warps: wgmma puts 4 warps
@@ -127,7 +137,10 @@ TUNING_CONFIGS = {
          # FA3's D 64 tile (128 x 128): twice the queries a step, half the steps and their barriers for the same
          # work; 199 KB. Spills 20 / 44 B (full / causal), all outside the key loop (once a program). The default
          # since session 26 (+10-12 %, -m128-h200.json)
-         "n128_m128_ws_tma": DEFAULT_CONFIGS[64]},
+         "n128_m128_ws_tma": DEFAULT_CONFIGS[64],
+         # session 26 (compile-checked, not yet run on a GPU): one end-of-step barrier and arrive instead of two (3
+         # bar.sync a step, not 4; the same spills, none in the loop). (early_stats spills 52 B here, 3 in the loop)
+         "n128_m128_ws_tma_1b": replace(DEFAULT_CONFIGS[64], one_end_bar=True)},
     128: {"n128_m64": PLAIN_CONFIGS[128], "n128_m64_atom": FA3BwdConfig(block_n=128, block_m=64, red_v2=False),
           "n64_m128": FA3BwdConfig(block_n=64, block_m=128),
           # warp-specialized: 2 or 3 Q/dO stages, 2 or 1 dQ tiles (the same speed on the H200)
@@ -141,7 +154,12 @@ TUNING_CONFIGS = {
           # more dQ slots (session 25, after D 256's do1_d3; -dq-slots-h200.json: 3-9 % slower): four half
           # tiles in the two whole tiles' 64 KB. (dO single-buffered spills 36-72 B in the MMA warps at D 128, one
           # dQ slot or three: their 240 registers hold S^T and dP^T of 128 keys; so no third whole tile here)
-          "n128_m64_ws_tma_q2_d4": replace(DEFAULT_CONFIGS[128], dq_split=2, dq_stages=4)},
+          "n128_m64_ws_tma_q2_d4": replace(DEFAULT_CONFIGS[128], dq_split=2, dq_stages=4),
+          # session 26 (compile-checked, not yet run on a GPU): the LSE load under the S^T / dP^T wgmmas (its 8 LDS
+          # before the wait, not after; no spills), one end-of-step barrier and arrive (3 bar.sync a step), both
+          "n128_m64_ws_tma_es": replace(DEFAULT_CONFIGS[128], early_stats=True),
+          "n128_m64_ws_tma_1b": replace(DEFAULT_CONFIGS[128], one_end_bar=True),
+          "n128_m64_ws_tma_es_1b": replace(DEFAULT_CONFIGS[128], early_stats=True, one_end_bar=True)},
     256: {"n64_m64": PLAIN_CONFIGS[256], "n64_m64_atom": FA3BwdConfig(block_n=64, block_m=64, red_v2=False),
           "n64_m64_split": FA3BwdConfig(block_n=64, block_m=64, dq_split=2),  # no spills (the others: ~100 B)
           # warp-specialized at D 256: fits only with one 64-column float32 dQ piece in shared memory (16 KB),
@@ -213,8 +231,11 @@ def config_error(head_dim: int, cfg: FA3BwdConfig) -> str | None:
                     "the register operand needs no exchange between warpgroups")
         if cfg.dq_tma and cfg.dq_warps != 1:
             return f"ws: dq_tma's writer is one warp (one bulk reduction a step): dq_warps {cfg.dq_warps} must be 1"
-    elif cfg.dq_tma or cfg.ss_dkv or cfg.do_single:
-        name = "dq_tma" if cfg.dq_tma else "ss_dkv" if cfg.ss_dkv else "do_single"
+        if cfg.one_end_bar and (cfg.dq_split != 1 or cfg.do_single or cfg.dq_stages != cfg.stages):
+            return ("one_end_bar: for one dQ piece a step (dq_split 1), dO in the Q ring (do_single False) and as "
+                    f"many dQ slots as Q/dO stages (dq_stages {cfg.dq_stages}, stages {cfg.stages})")
+    elif cfg.dq_tma or cfg.ss_dkv or cfg.do_single or cfg.early_stats or cfg.one_end_bar:
+        name = next(n for n in ("dq_tma", "ss_dkv", "do_single", "early_stats", "one_end_bar") if getattr(cfg, n))
         return f"{name} is the warp-specialized kernel's: it needs ws=True"
     if smem_bytes(head_dim, cfg) > SMEM_LIMIT:
         return f"{smem_bytes(head_dim, cfg)} B of shared memory > {SMEM_LIMIT}"
@@ -468,6 +489,7 @@ def _constexprs(head_dim: int, group: int, causal: bool, cfg: FA3BwdConfig) -> d
     if cfg.ws:
         c.update({"STAGES": cfg.stages, "DQ_STAGES": cfg.dq_stages, "DQ_WARPS": cfg.dq_warps, "DQ_TMA": cfg.dq_tma,
                   "DQ_SPLIT": cfg.dq_split, "SS_DKV": cfg.ss_dkv, "DO_SINGLE": cfg.do_single,
+                  "EARLY_STATS": cfg.early_stats, "ONE_END_BAR": cfg.one_end_bar,
                   "PRODUCER_REGS": cfg.producer_regs, "WRITER_REGS": cfg.writer_regs})
     else:
         c["RED_V2"] = cfg.red_v2

@@ -116,9 +116,10 @@ if HAS_GLUON:
                 tma.async_copy_global_to_shared(do_desc, [b, m0, h * HEAD_DIM], do_ready, do_smem.index(0))
 
     @gluon.jit
-    def _dq_to_slot(dq, dq_smem, dq_full, dq_empty, i, BLOCK_M: gl.constexpr, DQ_N: gl.constexpr,
-                    DQ_STAGES: gl.constexpr, DQ_TMA: gl.constexpr):
-        """The i-th dQ piece (step * DQ_SPLIT + piece) into slot i % DQ_STAGES, once the writer freed it."""
+    def _dq_store(dq, dq_smem, dq_empty, i, BLOCK_M: gl.constexpr, DQ_N: gl.constexpr, DQ_STAGES: gl.constexpr,
+                  DQ_TMA: gl.constexpr):
+        """This thread's part of the i-th dQ piece (step * DQ_SPLIT + piece) into slot i % DQ_STAGES, once the
+        writer freed it; the slot, for the barrier and arrive that hand it over."""
         dslot = i % DQ_STAGES
         mbarrier.wait(dq_empty.index(dslot), ((i // DQ_STAGES) & 1) ^ 1)
         if DQ_TMA:
@@ -126,6 +127,13 @@ if HAS_GLUON:
             fence_async_shared()  # the generic-proxy stores, visible to the TMA that reads the tile
         else:
             dq_smem.index(dslot).store(dq)
+        return dslot
+
+    @gluon.jit
+    def _dq_to_slot(dq, dq_smem, dq_full, dq_empty, i, BLOCK_M: gl.constexpr, DQ_N: gl.constexpr,
+                    DQ_STAGES: gl.constexpr, DQ_TMA: gl.constexpr):
+        """The i-th dQ piece into its slot and handed to the writer."""
+        dslot = _dq_store(dq, dq_smem, dq_empty, i, BLOCK_M, DQ_N, DQ_STAGES, DQ_TMA)
         gl.thread_barrier()  # every warp's dQ fragment is in the slot
         mbarrier.arrive(dq_full.index(dslot), count=1)
 
@@ -135,7 +143,8 @@ if HAS_GLUON:
                   n_steps, off, sm_scale, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, KV_WM: gl.constexpr, DQ_WM: gl.constexpr,
                   STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, DQ_TMA: gl.constexpr, DQ_SPLIT: gl.constexpr,
-                  SS_DKV: gl.constexpr, DO_SINGLE: gl.constexpr, num_warps: gl.constexpr):
+                  SS_DKV: gl.constexpr, DO_SINGLE: gl.constexpr, EARLY_STATS: gl.constexpr,
+                  ONE_END_BAR: gl.constexpr, num_warps: gl.constexpr):
         dtype: gl.constexpr = k_smem.dtype
         KV_WN: gl.constexpr = num_warps // KV_WM
         DQ_WN: gl.constexpr = num_warps // DQ_WM
@@ -181,8 +190,11 @@ if HAS_GLUON:
                                   use_acc=False, is_async=True)
             tok_dp = warpgroup_mma(v, do.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout),
                                    use_acc=False, is_async=True)
+            if EARLY_STATS:  # the load's latency under the wgmmas
+                lse = lse_smem.index(slot).load(col_s)
             st = warpgroup_mma_wait(1, deps=(tok_s, ))
-            lse = lse_smem.index(slot).load(col_s)
+            if not EARLY_STATS:
+                lse = lse_smem.index(slot).load(col_s)
             pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
             if CAUSAL:
                 if mb < m_full:  # uniform branch: only blocks crossing the diagonal pay for the mask
@@ -213,8 +225,15 @@ if HAS_GLUON:
                 tok_dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q, dk, is_async=True)
             dv = warpgroup_mma_wait(2, deps=(tok_dv, ))
             dq = warpgroup_mma_wait(1, deps=(tok_dq, ))
-            # dQ to the writer's slot (free once the writer is done with the piece DQ_STAGES before); dK still runs
-            _dq_to_slot(dq, dq_smem, dq_full, dq_empty, step * DQ_SPLIT, BLOCK_M, DQ_N, DQ_STAGES, DQ_TMA)
+            if ONE_END_BAR:  # empty[slot]'s arrive below hands the tile to the writer. (Storing it before dK's wait
+                # crashes ptxas 12.8 at D 128, signal 11)
+                dk = warpgroup_mma_wait(0, deps=(tok_dk, ))
+                _dq_store(dq, dq_smem, dq_empty, step, BLOCK_M, DQ_N, DQ_STAGES, DQ_TMA)
+                gl.thread_barrier()  # every warp's dQ fragment stored, its wgmmas on Q/dO/dS^T retired, LSE read
+            else:
+                # dQ to the writer's slot (free once the writer is done with the piece DQ_STAGES before); dK still
+                # runs
+                _dq_to_slot(dq, dq_smem, dq_full, dq_empty, step * DQ_SPLIT, BLOCK_M, DQ_N, DQ_STAGES, DQ_TMA)
             if DO_SINGLE:  # _dq_to_slot's barrier: every warp waited for its dV (and dP^T) wgmma, the last on dO
                 mbarrier.arrive(do_empty, count=1)
             for piece in gl.static_range(1, DQ_SPLIT):  # (DQ_TMA) the next columns of dQ through the slots
@@ -223,8 +242,9 @@ if HAS_GLUON:
                 dq = warpgroup_mma_wait(0, deps=(tok_dq, ))
                 _dq_to_slot(dq, dq_smem, dq_full, dq_empty, step * DQ_SPLIT + piece, BLOCK_M, DQ_N, DQ_STAGES,
                             DQ_TMA)
-            dk = warpgroup_mma_wait(0, deps=(tok_dk, ))
-            gl.thread_barrier()  # every warp's wgmmas reading Q/dO and dS^T retired, LSE/delta read
+            if not ONE_END_BAR:
+                dk = warpgroup_mma_wait(0, deps=(tok_dk, ))
+                gl.thread_barrier()  # every warp's wgmmas reading Q/dO and dS^T retired, LSE/delta read
             mbarrier.arrive(empty.index(slot), count=1)
             if not POW2:
                 slot_c += 1
@@ -309,8 +329,9 @@ if HAS_GLUON:
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, KV_WM: gl.constexpr,
                            DQ_WM: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
                            DQ_WARPS: gl.constexpr, DQ_TMA: gl.constexpr, DQ_SPLIT: gl.constexpr,
-                           SS_DKV: gl.constexpr, DO_SINGLE: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                           WRITER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                           SS_DKV: gl.constexpr, DO_SINGLE: gl.constexpr, EARLY_STATS: gl.constexpr,
+                           ONE_END_BAR: gl.constexpr, PRODUCER_REGS: gl.constexpr, WRITER_REGS: gl.constexpr,
+                           num_warps: gl.constexpr):
         dtype: gl.constexpr = q_desc.dtype
         b, hk, n0, off, m_lo, m_full, n_mb, n_steps = _kv_block(H, seqlen_q, seqlen_k, GROUP, BLOCK_M, BLOCK_N,
                                                                 CAUSAL)
@@ -355,14 +376,19 @@ if HAS_GLUON:
             mbarrier.init(dq_full.index(i), count=1)
             mbarrier.init(dq_empty.index(i), count=1)
 
+        if ONE_END_BAR:  # one arrive a step: the Q/dO slot free for the producer and the dQ tile for the writer
+            dq_ready = empty
+        else:
+            dq_ready = dq_full
         gl.warp_specialize([
             (_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, p_smem, dq_smem, lse_smem, delta_smem, kv_bar,
                          ready, empty, do_ready, do_empty, dq_full, dq_empty, dk_desc, dv_desc, b, hk, n0, m_lo,
                          m_full, n_mb, n_steps, off, sm_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, KV_WM,
-                         DQ_WM, STAGES, DQ_STAGES, DQ_TMA, DQ_SPLIT, SS_DKV, DO_SINGLE, num_warps)),
+                         DQ_WM, STAGES, DQ_STAGES, DQ_TMA, DQ_SPLIT, SS_DKV, DO_SINGLE, EARLY_STATS, ONE_END_BAR,
+                         num_warps)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
                          kv_bar, ready, empty, do_ready, do_empty, LSE, DELTA, stride_lb, stride_lh, b, hk, n0,
                          seqlen_q, m_lo, n_mb, n_steps, GROUP, HEAD_DIM, BLOCK_M, STAGES, DO_SINGLE)),
-            (_dq_any_writer, (dq_smem, dq_full, dq_empty, DQ, b, hk, H, seqlen_q, m_lo, n_mb, n_steps, GROUP,
+            (_dq_any_writer, (dq_smem, dq_ready, dq_empty, DQ, b, hk, H, seqlen_q, m_lo, n_mb, n_steps, GROUP,
                               HEAD_DIM, BLOCK_M, DQ_STAGES, DQ_WARPS, DQ_TMA, DQ_SPLIT)),
         ], [1, DQ_WARPS], [PRODUCER_REGS, WRITER_REGS])
