@@ -289,7 +289,8 @@ def main(argv=None) -> int:
         ([] if args.no_anchors else ["sdpa_flash", "sdpa_cudnn"])
     rows, checks, errors = [], [], []
     t0 = time.time()
-    for hdim, causal in _groups(args):
+    groups = _groups(args)
+    for gi, (hdim, causal) in enumerate(groups):
         try:
             checks.append(dict(hdim=hdim, causal=causal, result=check_group(hdim, causal)))
         except Exception as e:  # report, keep measuring the rest
@@ -323,27 +324,37 @@ def main(argv=None) -> int:
                              **({"ms_rounds": ms_rounds} if len(ms_rounds) > 1 else {}),
                              **({"path": path} if path else {})))
         print(f"d{hdim} causal={causal}: done ({time.time() - t0:.0f}s)", flush=True)
-    slug = re.sub(r"^nvidia-", "", re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-"))  # "NVIDIA H200" -> h200
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    result = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
-                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  setting=dict(dtype="bfloat16", tokens=TOKENS, hidden=HIDDEN, tuned=args.tune,
-                               flops="fwd 4*B*S^2*H*D (/2 causal); bwd 2.5x fwd; fwd_bwd 3.5x fwd",
-                               timing="do_bench median; the median of `rounds` rounds up to short_max rows",
-                               rounds=args.rounds, short_max=args.short_max),
-                  rows=rows, checks=checks, errors=errors,
-                  configs=attention_tune.chosen_configs())
-    path = out_dir / f"attention-{slug}.json"
-    tmp = path.with_name(path.name + ".tmp")  # atomic: a reader never sees half a file
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(path)
+        # after every group, so a run cut short by a time limit still leaves the groups it finished
+        path = _write(args, gpu, triton.__version__, rows, checks, errors, attention_tune.chosen_configs(),
+                      done=gi == len(groups) - 1)
+    out_dir = path.parent
+    slug = path.stem.removeprefix("attention-")
     print(f"wrote {path}")
     plot(rows, out_dir / f"attention-{slug}.png", gpu)
     for e in errors:
         print("ERROR", e)
     print(table(rows, checks))
     return 1 if errors or any(not v["ok"] for c in checks for v in c["result"].values()) else 0
+
+
+def _write(args, gpu: str, triton_version: str, rows, checks, errors, configs, done: bool) -> Path:
+    """The results file, written atomically (a reader never sees half a file); `complete` False while groups of
+    the grid are still to come."""
+    slug = re.sub(r"^nvidia-", "", re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-"))  # "NVIDIA H200" -> h200
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = dict(gpu=gpu, torch=torch.__version__, triton=triton_version,
+                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  setting=dict(dtype="bfloat16", tokens=TOKENS, hidden=HIDDEN, tuned=args.tune,
+                               flops="fwd 4*B*S^2*H*D (/2 causal); bwd 2.5x fwd; fwd_bwd 3.5x fwd",
+                               timing="do_bench median; the median of `rounds` rounds up to short_max rows",
+                               rounds=args.rounds, short_max=args.short_max),
+                  complete=done, rows=rows, checks=checks, errors=errors, configs=configs)
+    path = out_dir / f"attention-{slug}.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(path)
+    return path
 
 
 if __name__ == "__main__":

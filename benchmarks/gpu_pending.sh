@@ -52,6 +52,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd26     # ~1 min: D 64 backward at 128 x 128 (ran)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd26b    # ~5 min: the backward's early LSE / one end
 #                                                                  # barrier: tests, sweep; the 512 cells on fa3
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid26    # ~9 min: default-path + API GPU tests, the grid
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -104,6 +105,13 @@ case "${1:-}" in
     step bwd_sweep 150 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 64 \
       --variants n128_m64_ws_s3_tma,n128_m128_ws_tma --seqlens 1024,2048,4096,16384 --budget 140 \
       --out "$OUT/attention-fa3-bwd-sweep-m128-h200.json" ;;
+  grid26)  # session 26, last: the new backward defaults through the default-path GPU tests and the API file, then
+    # the whole grid (fwd, bwd, fwd_bwd)
+    step bwd_tests 90 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_bwd_gpu.py \
+      -k "ops_attention or auto"
+    step api 60 "$PY" -m pytest -q -p no:cacheprovider -n 4 tests/kernels/test_attention_api.py
+    seed_attention_configs
+    step attention 420 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
   bwd26b)  # session 26, second call: the backward's early LSE load (D 128) and one end-of-step barrier (D 64 / 128):
     # GPU tests, then the sweep; the grid's 512 cells with the fa3 forward and backward forced (FLASHSCALE_FA3=1:
     # since the launch cache the 512 cells may no longer be host-bound), anchors beside
