@@ -145,17 +145,17 @@ def test_fa3_refuses_head_dims_and_fp32_and_takes_varlen():
 
 
 def test_fa3_auto_rule(monkeypatch):
-    """impl="auto" takes the fa3 forward on a GPU where it measured faster (head_dim 128 and 256 from 1024 query
-    rows, 64 too since the head-grouped order); FLASHSCALE_FA3=1 everywhere it applies, =0 never; other values are an error."""
+    """impl="auto" takes the fa3 forward on a GPU where it measured faster (head_dims 64, 128 and 256 from 512 query
+    rows since session 26); FLASHSCALE_FA3=1 everywhere it applies, =0 never; other values are an error."""
     from types import SimpleNamespace
 
     from flashscale.ops.attention import _auto_wants_fa3
 
     gpu = lambda d: SimpleNamespace(is_cuda=True, shape=(1, 1, 1, d))  # noqa: E731
     monkeypatch.delenv("FLASHSCALE_FA3", raising=False)
-    assert [_auto_wants_fa3(gpu(128), s) for s in (1, 1023, 1024, 16384)] == [False, False, True, True]
-    assert [_auto_wants_fa3(gpu(256), s) for s in (512, 1023, 1024, 2048)] == [False, False, True, True]
-    assert [_auto_wants_fa3(gpu(64), s) for s in (512, 1023, 1024, 2048)] == [False, False, True, True]
+    assert [_auto_wants_fa3(gpu(128), s) for s in (1, 511, 512, 16384)] == [False, False, True, True]
+    assert [_auto_wants_fa3(gpu(256), s) for s in (256, 511, 512, 2048)] == [False, False, True, True]
+    assert [_auto_wants_fa3(gpu(64), s) for s in (256, 511, 512, 2048)] == [False, False, True, True]
     assert not _auto_wants_fa3(gpu(96), 16384)  # not a head dim of the fast path
     assert not _auto_wants_fa3(SimpleNamespace(is_cuda=False, shape=(1, 1, 1, 128)), 4096)
     monkeypatch.setenv("FLASHSCALE_FA3", "1")
@@ -208,12 +208,12 @@ def test_auto_fa3_forward_keeps_autos_backward_rule(monkeypatch):
     def fa3_bwd(S, D, causal, impl):
         return op.fa3_bwd_wanted(gpu(S, D), None, None, None, -1, 0 if causal else -1, 0.0, None, 0.0, False, impl)
 
-    assert fa3_bwd(512, 64, True, "fa3") and fa3_bwd(128, 128, False, "fa3")  # forced
-    assert not fa3_bwd(512, 64, True, "auto_fa3") and not fa3_bwd(512, 128, False, "auto_fa3")
-    for impl in ("auto", "auto_fa3"):  # the measured rule, FA3_BWD_AUTO_MIN_SEQLEN_Q: every cell from 1024
+    assert fa3_bwd(256, 64, True, "fa3") and fa3_bwd(128, 128, False, "fa3")  # forced
+    assert not fa3_bwd(256, 64, True, "auto_fa3") and not fa3_bwd(511, 128, False, "auto_fa3")
+    for impl in ("auto", "auto_fa3"):  # the measured rule, FA3_BWD_AUTO_MIN_SEQLEN_Q: every cell from 512
         for d in (64, 128, 256):
             for causal in (False, True):
-                assert [fa3_bwd(s, d, causal, impl) for s in (512, 1024, 16384)] == [False, True, True], (d, causal)
+                assert [fa3_bwd(s, d, causal, impl) for s in (511, 512, 16384)] == [False, True, True], (d, causal)
         assert not fa3_bwd(4096, 96, False, impl)  # unmeasured head dim
     assert not fa3_bwd(16384, 128, False, "triton")
 

@@ -121,7 +121,7 @@ def test_auto_takes_the_gluon_backward_at_head_dim_256(monkeypatch):
 
 def test_auto_backward_rule_by_head_dim_causal_and_length():
     """ops.attention's auto backward takes the Gluon kernel only in the cells where it measured faster
-    (attention_op.FA3_BWD_AUTO_MIN_SEQLEN_Q): every head dim, causal or not, from 1024 query rows; the same when
+    (attention_op.FA3_BWD_AUTO_MIN_SEQLEN_Q): every head dim, causal or not, from 512 query rows; the same when
     auto gave the forward to fa3 ("auto_fa3"), forced only by "fa3"."""
     if not _hopper():
         pytest.skip("needs an sm_90 GPU and Gluon")
@@ -133,6 +133,6 @@ def test_auto_backward_rule_by_head_dim_causal_and_length():
 
     for D in (64, 128, 256):
         for causal in (False, True):
-            assert wanted(D, 1024, causal) and wanted(D, 16384, causal) and not wanted(D, 512, causal)
-    assert not wanted(128, 512, False, impl="auto_fa3") and wanted(128, 1024, False, impl="auto_fa3")
+            assert wanted(D, 512, causal) and wanted(D, 16384, causal) and not wanted(D, 511, causal)
+    assert not wanted(128, 511, False, impl="auto_fa3") and wanted(128, 512, False, impl="auto_fa3")
     assert wanted(128, 128, True, impl="fa3")  # forced

@@ -33,9 +33,13 @@ _IMPLS = ("auto", "triton", "fa3", "reference")
 # FA2's. At 64 FA2 stayed ahead below 2048 (causal 1k: 209 against 240) until the head-grouped tile order and the
 # persistent configs of attention_fa3.SEQLEN_CONFIGS (2026-12-03 sweeps: 1k full 371, causal 259 against FA2's 324 /
 # 240 in the grid): 64 from 1024 as well.
+# Session 26 (the launch cache has cut a call's host time to ~0.1 ms): the grid's 512 cells with fa3 forced
+# (FLASHSCALE_FA3=1, benchmarks/results/attention-fa3-512-h200.json) measured the fa3 forward at 343 / 194 (d64
+# full / causal), 421 / 267 (d128), 445 / 237 (d256) TFLOP/s against FA2's 262 / 160, 261 / 173, 323 / 209 in the
+# grid before: every head dim from 512 now.
 # FLASHSCALE_FA3=1 takes it wherever it applies, =0 never.
 FA3_ENV = "FLASHSCALE_FA3"
-FA3_AUTO_MIN_SEQLEN_Q = {64: 1024, 128: 1024, 256: 1024}
+FA3_AUTO_MIN_SEQLEN_Q = {64: 512, 128: 512, 256: 512}
 # The packed varlen layout goes to the fa3 forward under "auto" since its GPU tests (tests/kernels/
 # test_attention_fa3_gpu.py -k varlen: 43 passed on an H200, 2026-12-02), by its own rule: (head_dim, causal) ->
 # from which max_seqlen_q. benchmarks/attention_varlen.py on the H200 (attention-varlen-h200.json, 2026-12-02;

@@ -87,7 +87,10 @@ def fwd_impl(q, k, v, cu_q, cu_k, alibi, seed: int, max_q, max_k, scale, wl, wr,
 # FLASHSCALE_FA3=1 takes it wherever it applies (and impl="fa3"), =0 never; deterministic=True always runs FA2's
 # dQ kernel (no atomics). Until 2026-12-02 ops.attention passed impl="fa3" on when auto chose the fa3 forward, so
 # the backward was forced too in every such cell (d64 from 2k, d128 from 1k): "auto_fa3" keeps auto's rule.
-FA3_BWD_AUTO_MIN_SEQLEN_Q = {(d, c): 1024 for d in (64, 128, 256) for c in (False, True)}
+# Session 26, the grid's 512 cells with fa3 forced (attention-fa3-512-h200.json): the Gluon backward 294 / 181 (d64
+# full / causal), 291 / 172 (d128), 265 / 134 (d256) TFLOP/s against FA2's 214 / 167, 230 / 164, 117 / 94 in the
+# grid before: every cell from 512 now.
+FA3_BWD_AUTO_MIN_SEQLEN_Q = {(d, c): 512 for d in (64, 128, 256) for c in (False, True)}
 
 # FA2's backward computes dQ either by atomics inside the dK/dV kernel or by its own kernel (the deterministic
 # path). The H200 measured the dQ kernel faster in these dense cells, (head_dim, causal) -> from how many query
