@@ -52,7 +52,8 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd26     # ~1 min: D 64 backward at 128 x 128 (ran)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh bwd26b    # ~5 min: the backward's early LSE / one end
 #                                                                  # barrier: tests, sweep; the 512 cells on fa3
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid26    # ~9 min: default-path + API GPU tests, the grid
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid26    # ~4 min: default-path + API GPU tests, the grid
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid26b   # ~4 min: the grid as session 25 ran it
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -112,6 +113,13 @@ case "${1:-}" in
     step api 60 "$PY" -m pytest -q -p no:cacheprovider -n 4 tests/kernels/test_attention_api.py
     seed_attention_configs
     step attention 420 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
+  grid26b)  # session 26: grid26's short cells of our rows swung 2-3x between rounds (cuDNN's within 1 %) and its
+    # fwd_bwd cells, timed beside the deterministic rows for the first time, were 10-40 % under session 25's: the
+    # grid again as session 25 ran it, fwd / bwd with the deterministic rows, then fwd_bwd alone
+    seed_attention_configs
+    step attention 250 "$PY" benchmarks/attention.py --deterministic --passes fwd,bwd --out "$OUT"
+    mkdir -p "$OUT/fb"
+    step fwd_bwd 150 "$PY" benchmarks/attention.py --passes fwd_bwd --out "$OUT/fb" ;;
   bwd26b)  # session 26, second call: the backward's early LSE load (D 128) and one end-of-step barrier (D 64 / 128):
     # GPU tests, then the sweep; the grid's 512 cells with the fa3 forward and backward forced (FLASHSCALE_FA3=1:
     # since the launch cache the 512 cells may no longer be host-bound), anchors beside
