@@ -9,6 +9,7 @@ within 2 %). Per cell, three interleaved rounds of, for auto (the fa3 forward th
 
     python benchmarks/attention_host.py [--out DIR]     # needs a CUDA GPU; prints a table, writes JSON if --out
     python benchmarks/attention_host.py --rule [--out DIR]   # fa3 against FA2 forwards, 512-2048 rows (the auto rule)
+    python benchmarks/attention_host.py --bwd [--out DIR]    # the backward (autograd.grad of a saved forward)
     python benchmarks/attention_host.py --profile       # where the host time goes: cProfile of the launch path
                                                         # (forward auto/triton, forward + backward), top functions
 """
@@ -30,13 +31,23 @@ from flashscale.ops import attention  # noqa: E402
 
 TOKENS, HIDDEN = 16384, 2048
 CELLS = [(128, True, 1024), (256, True, 2048), (128, True, 2048), (64, True, 512), (128, False, 16384)]
+BWD_CELLS = [(128, True, 512), (128, True, 1024), (128, True, 2048), (128, False, 512), (128, False, 1024),
+             (64, True, 512), (256, True, 512)]
 
 
-def measure(hdim: int, causal: bool, seqlen: int, impl: str, *, calls: int = 200) -> dict:
+def measure(hdim: int, causal: bool, seqlen: int, impl: str, *, calls: int = 200, mode: str = "fwd") -> dict:
+    """mode "fwd": the forward; "bwd": the backward of a saved forward, as benchmarks/attention.py times it
+    (torch.autograd.grad with retain_graph, inputs requiring grad)."""
     import triton
     batch, heads = TOKENS // seqlen, HIDDEN // hdim
-    q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    fn = lambda: attention(q, k, v, causal=causal, impl=impl)  # noqa: E731
+    q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=mode == "bwd") for _ in range(3))
+    if mode == "bwd":
+        out = attention(q, k, v, causal=causal, impl=impl)
+        do = torch.randn_like(out)
+        fn = lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)  # noqa: E731
+    else:
+        fn = lambda: attention(q, k, v, causal=causal, impl=impl)  # noqa: E731
     fn()
     torch.cuda.synchronize()
     event = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
@@ -52,8 +63,8 @@ def measure(hdim: int, causal: bool, seqlen: int, impl: str, *, calls: int = 200
             fn()
         torch.cuda.synchronize()
     kernel = sum(e.device_time_total for e in prof.key_averages()) / 20 / 1e3  # us -> ms
-    flop = 4 * batch * seqlen * seqlen * heads * hdim * (0.5 if causal else 1.0)
-    return dict(impl=impl, hdim=hdim, causal=causal, seqlen=seqlen, event_ms=event, host_ms=host, kernel_ms=kernel,
+    flop = 4 * batch * seqlen * seqlen * heads * hdim * (0.5 if causal else 1.0) * (2.5 if mode == "bwd" else 1.0)
+    return dict(impl=impl, mode=mode, hdim=hdim, causal=causal, seqlen=seqlen, event_ms=event, host_ms=host, kernel_ms=kernel,
                 tflops_event=flop / event / 1e9, tflops_kernel=flop / kernel / 1e9 if kernel else None)
 
 
@@ -99,6 +110,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true", help="cProfile the launch path instead of timing the cells")
     ap.add_argument("--rule", action="store_true", help="the forward's auto rule cells instead: fa3 and FA2 "
                     "(impl='fa3' / 'triton') at head dims 64/128/256, causal or not, 512-2048 query rows")
+    ap.add_argument("--bwd", action="store_true", help="the backward instead, at the d128 cells that swung between "
+                    "rounds of session 26's grid (512-2048 rows; d64 / d256 causal 512 beside): auto and FA2's")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -110,19 +123,19 @@ def main(argv=None) -> int:
     print(f"{'round':>5} {'impl':>6} {'d':>4} {'causal':6} {'seqlen':>6} {'event ms':>9} {'host ms':>8} "
           f"{'kernel ms':>9} {'TF event':>8} {'TF kernel':>9}")
     cells = ([(d, c, s) for d in (64, 128, 256) for c in (False, True) for s in (512, 1024, 2048)] if args.rule
-             else CELLS)
+             else BWD_CELLS if args.bwd else CELLS)
     impls = ("fa3", "triton") if args.rule else ("auto", "triton")  # auto: the fa3 forward in CELLS
     for rnd in range(args.rounds):
         for cell in cells:
             for impl in impls:
-                r = dict(round=rnd, **measure(*cell, impl))
+                r = dict(round=rnd, **measure(*cell, impl, mode="bwd" if args.bwd else "fwd"))
                 rows.append(r)
                 print(f"{rnd:>5} {impl:>6} {r['hdim']:>4} {str(r['causal']):6} {r['seqlen']:>6} {r['event_ms']:9.3f} "
                       f"{r['host_ms']:8.3f} {r['kernel_ms']:9.3f} {r['tflops_event']:8.1f} "
                       f"{r['tflops_kernel'] or 0:9.1f}", flush=True)
     if args.out:
         import triton
-        name = "attention_rule" if args.rule else "attention_host"
+        name = "attention_rule" if args.rule else "attention_host_bwd" if args.bwd else "attention_host"
         out = Path(args.out) / f"{name}-{torch.cuda.get_device_name().split()[-1].lower()}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".tmp")

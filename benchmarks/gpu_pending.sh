@@ -54,6 +54,7 @@
 #                                                                  # barrier: tests, sweep; the 512 cells on fa3
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid26    # ~4 min: default-path + API GPU tests, the grid
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid26b   # ~4 min: the grid as session 25 ran it
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh diag27    # ~6 min: the d128 short cells' swings (unrun)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -113,6 +114,20 @@ case "${1:-}" in
     step api 60 "$PY" -m pytest -q -p no:cacheprovider -n 4 tests/kernels/test_attention_api.py
     seed_attention_configs
     step attention 420 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
+  diag27)  # next (written in session 26): why our d128 512 / 1k cells swung 1.5-2x between rounds of grid26 / grid26b
+    # (cuDNN's within 1 %; the same cells with FLASHSCALE_FA3=1 and --seqlens 512 alone were fast): host against
+    # device time of the backward, then the d128 short cells four ways: as the grid (--deterministic), again, without
+    # the deterministic rows, with fa3 forced
+    step host_bwd 120 "$PY" benchmarks/attention_host.py --bwd --out "$OUT"
+    seed_attention_configs
+    for v in det det2 nodet forced; do
+      mkdir -p "$OUT/$v"
+      extra=$([ "${v#det}" != "$v" ] && echo --deterministic)
+      ([ $v = forced ] && export FLASHSCALE_FA3=1; step "g128_$v" 90 "$PY" benchmarks/attention.py --hdims 128 \
+        --seqlens 512 1024 2048 --passes fwd,bwd $extra --out "$OUT/$v")
+    done
+    (cd "$OUT" && tar czf diag27.tar.gz det det2 nodet forced attention_host_bwd-*.json && \
+      rm -rf det det2 nodet forced attention_host_bwd-*.json) ;;  # 8 files come back
   grid26b)  # session 26: grid26's short cells of our rows swung 2-3x between rounds (cuDNN's within 1 %) and its
     # fwd_bwd cells, timed beside the deterministic rows for the first time, were 10-40 % under session 25's: the
     # grid again as session 25 ran it, fwd / bwd with the deterministic rows, then fwd_bwd alone
