@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rep", type=int, default=60, help="do_bench rep (ms)")
     ap.add_argument("--budget", type=float, default=400.0, help="seconds; stops timing new cells after it")
     ap.add_argument("--variants", default="", help="comma-separated substrings: only the TUNING_CONFIGS names "
-                    "holding one (e.g. ws), checked and timed; default all")
+                    "holding one (e.g. ws; a trailing $ for exactly that name), checked and timed; default all")
     ap.add_argument("--no-sdpa", action="store_true", help="skip the SDPA anchor rows (known from earlier runs)")
     args = ap.parse_args(argv)
     if args.replot:
@@ -122,7 +122,8 @@ def main(argv=None) -> int:
     wanted = [w for w in args.variants.split(",") if w]
 
     def configs(hdim):
-        return {n: c for n, c in bwd.TUNING_CONFIGS[hdim].items() if not wanted or any(w in n for w in wanted)}
+        return {n: c for n, c in bwd.TUNING_CONFIGS[hdim].items()
+                if not wanted or any(w[:-1] == n if w.endswith("$") else w in n for w in wanted)}
 
     good = {}
     for hdim in hdims:

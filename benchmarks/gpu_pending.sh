@@ -116,18 +116,24 @@ case "${1:-}" in
     step attention 420 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
   diag27)  # next (written in session 26): why our d128 512 / 1k cells swung 1.5-2x between rounds of grid26 / grid26b
     # (cuDNN's within 1 %; the same cells with FLASHSCALE_FA3=1 and --seqlens 512 alone were fast): host against
-    # device time of the backward, then the d128 short cells four ways: as the grid (--deterministic), again, without
-    # the deterministic rows, with fa3 forced
+    # device time of the backward, then the d128 short cells five ways: as the grid (--deterministic), again, without
+    # the deterministic rows, with fa3 forced, without the 512 cell; then the backward kernel alone
     step host_bwd 120 "$PY" benchmarks/attention_host.py --bwd --out "$OUT"
     seed_attention_configs
-    for v in det det2 nodet forced; do
+    # (no512: the 1k / 2k cells without the 512 one before them, which runs fa3 since session 26)
+    for v in det det2 nodet forced no512; do
       mkdir -p "$OUT/$v"
       extra=$([ "${v#det}" != "$v" ] && echo --deterministic)
+      lens=$([ $v = no512 ] && echo 1024 2048 || echo 512 1024 2048)
       ([ $v = forced ] && export FLASHSCALE_FA3=1; step "g128_$v" 90 "$PY" benchmarks/attention.py --hdims 128 \
-        --seqlens 512 1024 2048 --passes fwd,bwd $extra --out "$OUT/$v")
+        --seqlens $lens --passes fwd,bwd $extra --out "$OUT/$v")
     done
-    (cd "$OUT" && tar czf diag27.tar.gz det det2 nodet forced attention_host_bwd-*.json && \
-      rm -rf det det2 nodet forced attention_host_bwd-*.json) ;;  # 8 files come back
+    # and the kernel alone (no autograd, delta given) at the same cells, after all that
+    mkdir -p "$OUT/sweep"
+    step bwd_sweep 90 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 128 --variants 'n128_m64_ws_tma$' \
+      --seqlens 512,1024,2048 --budget 60 --out "$OUT/sweep/attention-fa3-bwd-sweep-diag-h200.json"
+    (cd "$OUT" && tar czf diag27.tar.gz det det2 nodet forced no512 sweep attention_host_bwd-*.json && \
+      rm -rf det det2 nodet forced no512 sweep attention_host_bwd-*.json) ;;  # 8 files come back
   grid26b)  # session 26: grid26's short cells of our rows swung 2-3x between rounds (cuDNN's within 1 %) and its
     # fwd_bwd cells, timed beside the deterministic rows for the first time, were 10-40 % under session 25's: the
     # grid again as session 25 ran it, fwd / bwd with the deterministic rows, then fwd_bwd alone
