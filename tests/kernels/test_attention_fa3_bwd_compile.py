@@ -165,6 +165,14 @@ def test_config_errors_are_clear():
     assert "block_n 64" in bwd.config_error(128, bwd.FA3BwdConfig(ws=True, ss_dkv=True))
     assert "do_single" in bwd.config_error(256, bwd.FA3BwdConfig(block_n=64, block_m=64, do_single=True))
     assert "dq_stages 7" in bwd.config_error(64, bwd.FA3BwdConfig(ws=True, dq_tma=True, dq_warps=1, dq_stages=7))
+    # one_end_bar: one arrive serves the Q/dO ring and the dQ slots, so they need the same depth
+    d128 = bwd.DEFAULT_CONFIGS[128]
+    assert bwd.config_error(128, replace(d128, one_end_bar=True)) is None
+    assert "dq_stages 1, stages 2" in bwd.config_error(128, replace(d128, one_end_bar=True, dq_stages=1))
+    assert "one_end_bar" in bwd.config_error(128, replace(d128, one_end_bar=True, dq_split=2, dq_stages=2))
+    assert "one_end_bar" in bwd.config_error(256, replace(bwd.DEFAULT_CONFIGS[256], one_end_bar=True))  # do_single
+    assert "ws=True" in bwd.config_error(128, bwd.FA3BwdConfig(early_stats=True))
+    assert "one_end_bar is the warp-specialized" in bwd.config_error(128, bwd.FA3BwdConfig(one_end_bar=True))
     # D 256: dO single-buffered frees the 32 KB that a third dQ slot takes; with dO in the ring it does not fit
     d256 = bwd.DEFAULT_CONFIGS[256]
     assert d256.do_single and d256.dq_stages == 3 and bwd.config_error(256, d256) is None
