@@ -54,7 +54,8 @@
 #                                                                  # barrier: tests, sweep; the 512 cells on fa3
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid26    # ~4 min: default-path + API GPU tests, the grid
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid26b   # ~4 min: the grid as session 25 ran it
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh diag27    # ~6 min: the d128 short cells' swings (unrun)
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh diag27    # ~9 min: the backward's launch cache (tests),
+#                                                                  # the d128 short cells' swings (unrun)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -115,25 +116,32 @@ case "${1:-}" in
     seed_attention_configs
     step attention 420 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
   diag27)  # next (written in session 26): why our d128 512 / 1k cells swung 1.5-2x between rounds of grid26 / grid26b
-    # (cuDNN's within 1 %; the same cells with FLASHSCALE_FA3=1 and --seqlens 512 alone were fast): host against
-    # device time of the backward, then the d128 short cells five ways: as the grid (--deterministic), again, without
-    # the deterministic rows, with fa3 forced, without the 512 cell; then the backward kernel alone
-    step host_bwd 120 "$PY" benchmarks/attention_host.py --bwd --out "$OUT"
+    # (cuDNN's within 1 %; the same cells with FLASHSCALE_FA3=1 and --seqlens 512 alone were fast). First the
+    # backward's launches through kernels.launch (FLASHSCALE_LAUNCH_CACHE_BWD=1, written in session 26, not yet run):
+    # its GPU tests. Then host against device time of the backward, cache off and on; the d128 short cells six ways
+    # (as the grid with --deterministic, again, without the deterministic rows, with fa3 forced, without the 512
+    # cell, with the backward's cache on); the backward kernel alone. Every step's log beside the tar.
+    step bwd_cache_tests 150 env FLASHSCALE_LAUNCH_CACHE_BWD=1 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 \
+      tests/kernels/test_attention_fa3_bwd_gpu.py tests/kernels/test_launch.py tests/kernels/test_attention_api.py
+    mkdir -p "$OUT/off" "$OUT/on"
+    step host_bwd 120 "$PY" benchmarks/attention_host.py --bwd --out "$OUT/off"
+    step host_bwd_cache 120 env FLASHSCALE_LAUNCH_CACHE_BWD=1 "$PY" benchmarks/attention_host.py --bwd --out "$OUT/on"
     seed_attention_configs
     # (no512: the 1k / 2k cells without the 512 one before them, which runs fa3 since session 26)
-    for v in det det2 nodet forced no512; do
+    for v in det det2 nodet forced no512 cache; do
       mkdir -p "$OUT/$v"
-      extra=$([ "${v#det}" != "$v" ] && echo --deterministic)
+      extra=$([ "${v#det}" != "$v" ] || [ $v = cache ] && echo --deterministic)
       lens=$([ $v = no512 ] && echo 1024 2048 || echo 512 1024 2048)
-      ([ $v = forced ] && export FLASHSCALE_FA3=1; step "g128_$v" 90 "$PY" benchmarks/attention.py --hdims 128 \
-        --seqlens $lens --passes fwd,bwd $extra --out "$OUT/$v")
+      ([ $v = forced ] && export FLASHSCALE_FA3=1; [ $v = cache ] && export FLASHSCALE_LAUNCH_CACHE_BWD=1
+       step "$v/g128" 90 "$PY" benchmarks/attention.py --hdims 128 --seqlens $lens --passes fwd,bwd $extra \
+         --out "$OUT/$v")
     done
-    # and the kernel alone (no autograd, delta given) at the same cells, after all that
+    # and the kernel alone (no autograd) at the same cells, after all that
     mkdir -p "$OUT/sweep"
-    step bwd_sweep 90 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 128 --variants 'n128_m64_ws_tma$' \
+    step sweep/bwd_sweep 90 "$PY" benchmarks/attention_fa3_bwd_sweep.py --hdims 128 --variants 'n128_m64_ws_tma$' \
       --seqlens 512,1024,2048 --budget 60 --out "$OUT/sweep/attention-fa3-bwd-sweep-diag-h200.json"
-    (cd "$OUT" && tar czf diag27.tar.gz det det2 nodet forced no512 sweep attention_host_bwd-*.json && \
-      rm -rf det det2 nodet forced no512 sweep attention_host_bwd-*.json) ;;  # 8 files come back
+    (cd "$OUT" && tar czf diag27.tar.gz off on det det2 nodet forced no512 cache sweep && \
+      rm -rf off on det det2 nodet forced no512 cache sweep) ;;  # 8 files come back
   grid26b)  # session 26: grid26's short cells of our rows swung 2-3x between rounds (cuDNN's within 1 %) and its
     # fwd_bwd cells, timed beside the deterministic rows for the first time, were 10-40 % under session 25's: the
     # grid again as session 25 ran it, fwd / bwd with the deterministic rows, then fwd_bwd alone

@@ -136,3 +136,33 @@ def test_auto_backward_rule_by_head_dim_causal_and_length():
             assert wanted(D, 512, causal) and wanted(D, 16384, causal) and not wanted(D, 511, causal)
     assert not wanted(128, 511, False, impl="auto_fa3") and wanted(128, 512, False, impl="auto_fa3")
     assert wanted(128, 128, True, impl="fa3")  # forced
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_fa3_bwd_through_the_launch_cache(D, monkeypatch):
+    """The backward's three launches (delta, the Gluon kernel, the dQ cast) through kernels.launch
+    (FLASHSCALE_LAUNCH_CACHE_BWD=1): shapes that share a cache entry one after another (the second and later calls
+    skip Triton's binder), causal and not, GQA, ragged lengths, Sq = 1 (an integer Triton specializes on). dK / dV
+    bitwise those of the uncached launches, dQ up to the order of its float32 reductions."""
+    if not _hopper():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    from flashscale.kernels import launch as L
+
+    monkeypatch.setattr(L, "ENABLED", True)
+    torch.manual_seed(2)
+    for B, Sq, Sk, H, Hkv, causal in ((2, 1000, 1000, 4, 2, False), (1, 777, 1200, 4, 4, True),
+                                      (2, 1024, 1024, 4, 2, False), (1, 1, 300, 2, 1, False),
+                                      (2, 1000, 1000, 4, 2, True)):
+        q = torch.randn(B, Sq, H, D, dtype=torch.bfloat16, device=CUDA)
+        k = torch.randn(B, Sk, Hkv, D, dtype=torch.bfloat16, device=CUDA)
+        v = torch.randn(B, Sk, Hkv, D, dtype=torch.bfloat16, device=CUDA)
+        do = torch.randn(B, Sq, H, D, dtype=torch.bfloat16, device=CUDA)
+        out, lse = fwd.attention_fa3_fwd(q, k, v, causal=causal)
+        monkeypatch.setattr(L, "BWD_ENABLED", False)
+        dq0, dk0, dv0 = bwd.attention_fa3_bwd(do, q, k, v, out, lse, causal=causal)
+        monkeypatch.setattr(L, "BWD_ENABLED", True)
+        for _ in range(2):  # the first may fill the cache, the second takes it
+            dq1, dk1, dv1 = bwd.attention_fa3_bwd(do, q, k, v, out, lse, causal=causal)
+            torch.cuda.synchronize()
+            assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1), (B, Sq, Sk, H, Hkv, causal)
+            torch.testing.assert_close(dq1.float(), dq0.float(), rtol=1.6e-2, atol=1e-3)

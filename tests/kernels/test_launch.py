@@ -69,6 +69,26 @@ def test_launch_runs_the_kernel(monkeypatch):
         assert torch.equal(y.cpu(), 2 * torch.arange(n, dtype=torch.float32) + 1)
 
 
+def test_backward_launches_follow_their_own_switch(monkeypatch):
+    # bwd=True launches (the Hopper backward's) take the cache only while BWD_ENABLED as well: with it off, every
+    # call is kernel[grid] and nothing is cached
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    monkeypatch.setattr(L, "ENABLED", True)
+    monkeypatch.setattr(L, "BWD_ENABLED", False)
+    monkeypatch.setattr(L, "_CACHE", {})
+    for n in (100, 100):
+        x, y = torch.arange(n, dtype=torch.float32, device=dev), torch.ones(n, dtype=torch.float32, device=dev)
+        L.launch(_axpy, (triton.cdiv(n, 32), ), (x, y, 2.0, n), {"BLOCK": 32}, "axpy_bwd", bwd=True)
+        assert torch.equal(y.cpu(), 2 * torch.arange(n, dtype=torch.float32) + 1)
+    assert L._CACHE == {}
+    monkeypatch.setattr(L, "BWD_ENABLED", True)
+    for n in (100, 100):
+        x, y = torch.arange(n, dtype=torch.float32, device=dev), torch.ones(n, dtype=torch.float32, device=dev)
+        L.launch(_axpy, (triton.cdiv(n, 32), ), (x, y, 2.0, n), {"BLOCK": 32}, "axpy_bwd", bwd=True)
+        assert torch.equal(y.cpu(), 2 * torch.arange(n, dtype=torch.float32) + 1)
+    assert (len(L._CACHE) == 1) == (dev == "cuda")  # the interpreter never caches
+
+
 def test_watched_hooks():
     from triton import knobs
     assert not L._watched(None) and not L._watched(knobs.runtime.launch_enter_hook)  # Triton's default: empty
@@ -81,3 +101,10 @@ def test_env_switch_is_checked():
     r = subprocess.run([sys.executable, "-c", "import flashscale.kernels.launch"], capture_output=True, text=True,
                        env={**os.environ, "FLASHSCALE_LAUNCH_CACHE": "yes"})
     assert r.returncode != 0 and "FLASHSCALE_LAUNCH_CACHE='yes'" in r.stderr
+    r = subprocess.run([sys.executable, "-c", "import flashscale.kernels.launch as L; print(L.BWD_ENABLED)"],
+                       capture_output=True, text=True, env={**os.environ, "FLASHSCALE_LAUNCH_CACHE_BWD": "on"})
+    assert r.returncode != 0 and "FLASHSCALE_LAUNCH_CACHE_BWD='on'" in r.stderr
+    env = {k: v for k, v in os.environ.items() if k != "FLASHSCALE_LAUNCH_CACHE_BWD"}
+    r = subprocess.run([sys.executable, "-c", "import flashscale.kernels.launch as L; print(L.BWD_ENABLED)"],
+                       capture_output=True, text=True, env=env)
+    assert r.stdout.strip() == "False"  # off until the backward's first GPU run through the cache

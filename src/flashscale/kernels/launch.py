@@ -34,6 +34,14 @@ if _ENV not in ("0", "1"):
     raise ValueError(f"FLASHSCALE_LAUNCH_CACHE={_ENV!r}: takes 1 (launch compiled kernels from a per-specialization "
                      "cache, the default) or 0 (always through kernel[grid])")
 ENABLED = _ENV == "1"
+# The Hopper backward's three launches (delta, the Gluon kernel, the dQ cast) through the cache too: written in
+# session 26 after its grids timed the short backward cells 1.5-2x slower than the kernels' own sweep, NOT yet run on
+# a GPU, so off unless FLASHSCALE_LAUNCH_CACHE_BWD=1 (and ENABLED).
+_ENV_BWD = os.environ.get("FLASHSCALE_LAUNCH_CACHE_BWD", "0")
+if _ENV_BWD not in ("0", "1"):
+    raise ValueError(f"FLASHSCALE_LAUNCH_CACHE_BWD={_ENV_BWD!r}: takes 1 (the Hopper backward's launches through the "
+                     "cache too) or 0 (through kernel[grid], the default until its first GPU run)")
+BWD_ENABLED = _ENV_BWD == "1"
 
 
 def _arg_key(a):
@@ -62,9 +70,10 @@ def _watched(hook) -> bool:
     return hook is not None and getattr(hook, "calls", True) != []
 
 
-def launch(kernel, grid, args: tuple, constexprs: dict, static_key) -> None:
-    """kernel[grid](*args, **constexprs), with the binding done once per (static_key, spec_key(args), device)."""
-    if not ENABLED or not isinstance(kernel, triton.runtime.JITFunction) or _watched(knobs.runtime.launch_enter_hook) \
+def launch(kernel, grid, args: tuple, constexprs: dict, static_key, *, bwd: bool = False) -> None:
+    """kernel[grid](*args, **constexprs), with the binding done once per (static_key, spec_key(args), device).
+    bwd: a launch of the Hopper backward's, cached only while BWD_ENABLED as well."""
+    if not ENABLED or (bwd and not BWD_ENABLED) or not isinstance(kernel, triton.runtime.JITFunction) or _watched(knobs.runtime.launch_enter_hook) \
             or _watched(knobs.runtime.launch_exit_hook):
         kernel[grid](*args, **constexprs)  # the interpreter, or someone watching launches
         return
