@@ -446,6 +446,8 @@ def attention_fa3_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
     if why is not None:
         raise ValueError(f"attention_fa3_bwd: {why}")
     q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))
+    # TMA reads from 16-byte aligned bases (unsupported_bwd checked q, k, v): a misaligned view of o / dO is copied
+    o, do = (t.clone() if t.data_ptr() % 16 else t for t in (o, do))
     B, Sq, H, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     dk = torch.empty_like(k)
