@@ -142,6 +142,11 @@ def _bench_worker(groups, tol, warmup, rep):
                 xs[qbn] = quantize_fp8(q, k, v, block_n=qbn)
             return xs[qbn]
 
+        def permuted_v(qbn):  # V^T with its keys in a v_perm config's order
+            if ("perm", qbn) not in xs:
+                xs["perm", qbn] = fp8.permute_v_keys(quantized(qbn).v8, seqlen)
+            return xs["perm", qbn]
+
         def emulation(qbn, tile):
             if (qbn, tile) not in emus:
                 x = quantized(qbn)
@@ -195,8 +200,12 @@ def _bench_worker(groups, tol, warmup, rep):
             qbn = _quant_block_n(cfg)
 
             def ours(x=None, cfg=cfg, qbn=qbn):
-                x = x or quantized(qbn)
-                return fp8.attention_fa3_fp8_fwd(x.q8, x.k8, x.v8, x.q_descale, x.k_descale, x.v_descale,
+                if x is None:  # kernel alone: inputs quantized (and, for v_perm, V^T's keys permuted) beforehand
+                    x = quantized(qbn)
+                    v8 = permuted_v(qbn) if cfg.v_perm else x.v8
+                else:  # end to end: a v_perm config's permutation in torch, unfused (the pre-pass could fuse it)
+                    v8 = fp8.permute_v_keys(x.v8, seqlen) if cfg.v_perm else x.v8
+                return fp8.attention_fa3_fp8_fwd(x.q8, x.k8, v8, x.q_descale, x.k_descale, x.v_descale,
                                                  causal=causal, block_n=qbn, config=cfg)[0]
 
             check_and_time(IMPL, name, dataclasses.asdict(cfg), qbn, cfg.block_n, ours,

@@ -54,6 +54,7 @@
 #                                                                  # barrier: tests, sweep; the 512 cells on fa3
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid26    # ~4 min: default-path + API GPU tests, the grid
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid26b   # ~4 min: the grid as session 25 ran it
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fp8v27    # ~5 min: FP8 with V^T's keys permuted (unrun)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh diag27    # ~9 min: the backward's launch cache (tests),
 #                                                                  # the d128 short cells' swings (unrun)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
@@ -142,6 +143,12 @@ case "${1:-}" in
       --seqlens 512,1024,2048 --budget 60 --out "$OUT/sweep/attention-fa3-bwd-sweep-diag-h200.json"
     (cd "$OUT" && tar czf diag27.tar.gz off on det det2 nodet forced no512 cache sweep && \
       rm -rf off on det det2 nodet forced no512 cache sweep) ;;  # 8 files come back
+  fp8v27)  # next (written in session 26, not run): the FP8 forward with V^T's keys permuted (v_perm: P reaches the FP8
+    # A operand by two PRMT a register pair, no shuffles): its GPU test, then the sweep against the default
+    step fp8_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_fp8_gpu.py \
+      -k "v_perm or variants or mufu"
+    step fp8_sweep 200 "$PY" benchmarks/attention_fa3_fp8_sweep.py --hdims 128,256 --seqlens 2048,8192,16384 \
+      --variants pp,pp_vperm --out "$OUT/attention-fa3-fp8-sweep-vperm-h200.json" ;;
   grid26b)  # session 26: grid26's short cells of our rows swung 2-3x between rounds (cuDNN's within 1 %) and its
     # fwd_bwd cells, timed beside the deterministic rows for the first time, were 10-40 % under session 25's: the
     # grid again as session 25 ran it, fwd / bwd with the deterministic rows, then fwd_bwd alone

@@ -89,6 +89,9 @@ EXTRA = {
     "n64_s4_late_d256_full": (256, False, dict(block_m=128, block_n=64, stages=4, late_pv_wait=True)),
     # SASS audit: the row max as a tree (causal: the masked path too)
     "tree_d128_causal": (128, True, dict(block_m=128, block_n=128, stages=3, tree_max=True)),
+    # V^T's keys permuted: P reaches the A operand without shuffles
+    "vperm_d128_full": (128, False, dict(block_m=128, block_n=128, stages=3, v_perm=True)),
+    "vperm_d128_causal": (128, True, dict(block_m=128, block_n=128, stages=3, v_perm=True)),
 }
 
 
@@ -133,8 +136,9 @@ def _check_machine_code(ptx, meta, head_dim, cfg):
     assert stats["spill_stores"] == 0 and stats["spill_loads"] == 0, stats["log"]
     assert meta["shared"] <= SMEM_PER_BLOCK, f"{meta['shared']} B of shared memory"
     assert meta["shared"] >= fp8.smem_bytes(head_dim, cfg) - 8 * 64, "Q, O tiles + K/V ring not all in shared memory"
-    # the FP8 A-operand fix-up: quad shuffles of whole registers, no shared-memory round trip for P
-    assert "shfl.sync.idx.b32" in ptx and "prmt.b32" in ptx
+    # the FP8 A-operand fix-up: quad shuffles of whole registers, no shared-memory round trip for P (v_perm: byte
+    # permutes in the thread only: the 64 shuffles of D 128's two exchanges go, 3 others stay)
+    assert "prmt.b32" in ptx and (ptx.count("shfl.sync.idx") <= 4 if cfg.v_perm else "shfl.sync.idx.b32" in ptx)
     widths = {int(n) for n in re.findall(r"\bbar\.sync\s+\d+,\s*(\d+);", ptx)}
     assert widths == {128}, widths
 
@@ -288,6 +292,49 @@ def test_accumulator_to_fp8_a_operand_exchange(compiled, block_n):
             got = [(out[lane][i // 4] >> (8 * (i % 4))) & 0xFF for i in range(per_thread)]
             want = [value(*_pos(a, i, lane, warp)) for i in range(per_thread)]
             assert got == want, (warp, lane)
+
+
+@pytest.mark.parametrize("block_n", [32, 64, 128, 256])
+def test_accumulator_to_fp8_a_operand_with_permuted_v(compiled, block_n):
+    """v_perm: the two-PRMT exchange (no lane crossing) leaves in A slot (row, k) the accumulator's column
+    v_key_of_slot(k) of the same row, the key the permuted V^T holds at row k of the PV product; so P V is the same
+    sum with its terms paired as before. Replayed on Triton's layouts, as the shuffle exchange above."""
+    _, lay = compiled("_layouts")
+    acc, a = lay[str(block_n)]["acc"], lay[str(block_n)]["a"]
+    rows = 64
+    per_thread = rows * block_n // 128
+    pack = 32 if per_thread >= 32 else 16
+    asm = (fp8._ACC_TO_A_PERM_32 if pack == 32 else fp8._ACC_TO_A_PERM_16).value
+    assert "shfl" not in asm and "selp" not in asm
+    value = lambda r, c: (r * block_n + c) % 251 + 1  # noqa: E731
+    for warp in range(4):
+        held = [[value(*_pos(acc, i, lane, warp)) for i in range(per_thread)] for lane in range(32)]
+        words = [[sum(h[4 * m + b] << (8 * b) for b in range(4)) for m in range(per_thread // 4)] for h in held]
+        out = [[] for _ in range(32)]
+        for g in range(per_thread // pack):
+            res = _run_ptx(asm, [w[g * pack // 4:(g + 1) * pack // 4] for w in words])
+            for lane in range(32):
+                out[lane] += res[lane]
+        for lane in range(32):
+            got = [(out[lane][i // 4] >> (8 * (i % 4))) & 0xFF for i in range(per_thread)]
+            want = []
+            for i in range(per_thread):
+                r, k = _pos(a, i, lane, warp)
+                want.append(value(r, fp8.v_key_of_slot(k)))
+            assert got == want, (warp, lane)
+
+
+def test_v_key_of_slot_is_a_permutation_within_32_key_groups():
+    import torch
+    perm = [fp8.v_key_of_slot(k) for k in range(96)]
+    assert sorted(perm) == list(range(96)) and all(p // 32 == k // 32 for k, p in enumerate(perm))
+    assert perm[:8] == [0, 1, 8, 9, 2, 3, 10, 11]  # lane t = 0, 1 of a quad: columns 2t, 2t + 1, 8 + 2t, 9 + 2t
+    v8 = torch.arange(2 * 3 * 4 * 70, dtype=torch.int16).reshape(2, 3, 4, 70)
+    vp = fp8.permute_v_keys(v8, 70)
+    assert vp.shape == (2, 3, 4, 96) and vp.is_contiguous()
+    for k in range(96):
+        c = fp8.v_key_of_slot(k)
+        assert torch.equal(vp[..., k], v8[..., c] if c < 70 else torch.zeros_like(v8[..., 0])), k
 
 
 def test_config_errors():

@@ -259,6 +259,30 @@ def test_mufu_relief_variants_against_the_default(causal):
         assert (lse - ref_lse).abs().max().item() <= 1e-3, name
 
 
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_v_perm_against_the_default(D, causal):
+    # v_perm (V^T's keys permuted within 32-key groups, P's bytes not shuffled): the same products P[r, c] V[c, :],
+    # paired in the same wgmma K slots' order up to a permutation inside each 32-key step, so the output moves only
+    # by the FP8 tensor core's accumulation order: far under the FP8 error. Sk ragged (the last group's padding
+    # keys, zero in V and masked in P, sit among real ones), GQA
+    _hopper()
+    Sk = 1500 - 7
+    q, k, v, x = _inputs(2, 1500, Sk, 8, 2, D)
+    table = fp8.TUNING_CONFIGS[D]
+    ref, ref_lse = fp8.attention_fa3_fp8_fwd(*_args(x), causal=causal, config=table["pp"])
+    args = list(_args(x))
+    args[2] = fp8.permute_v_keys(args[2], Sk)
+    out, lse = fp8.attention_fa3_fp8_fwd(*args, causal=causal, config=table["pp_vperm"])
+    emu, _ = _emulation(x, Sk, causal, 128)
+    e_fp8 = _rmse(emu, attention_ref(q.double(), k.double(), v.double(), causal=causal))
+    assert torch.isfinite(out).all()
+    assert _rmse(out, ref) <= 0.05 * e_fp8, (_rmse(out, ref), e_fp8)
+    assert torch.equal(lse, ref_lse)  # S and the softmax statistics do not involve V
+    short = args[2][..., :1500]  # >= Sk keys but not the last group whole (a view: rows stay 1504 keys apart)
+    assert "v_perm" in fp8.unsupported(args[0], args[1], short, *args[3:], causal=causal, config=table["pp_vperm"])
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_ops_dispatch_takes_the_gluon_kernel(causal):
     """ops.attention_fp8_quantized / attention_fp8 with impl="auto" on sm_90 run this kernel (bitwise its

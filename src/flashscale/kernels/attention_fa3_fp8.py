@@ -153,6 +153,11 @@ class FA3Fp8Config:
     # columns as before: same instruction count, the loop's FMNMX dependency chain 8 deep instead of 34. max is exact,
     # so the output is bitwise the default's. (docs/attention_fp8.md, "SASS audit".)
     tree_max: bool = False
+    # V^T's keys permuted within every 32-key group (v8 from permute_v_keys): then P's e4m3 bytes are already in the
+    # threads the FP8 A operand wants and only two PRMT a register pair move them (no SHFL / SEL: _ACC_TO_A's
+    # shuffles were ~11 % of the D 128 loop, docs/attention_fp8.md "SASS audit"); the PV wgmma pairs slot k of a group
+    # with key v_key_of_slot(k), which is what v8 holds there. Opt-in until its first GPU run.
+    v_perm: bool = False
 
     @property
     def sub_m(self) -> int:
@@ -183,6 +188,7 @@ TUNING_CONFIGS = {
         "pp3c_m192": _C(block_m=192, block_n=128, stages=3, consumers=3),
         "pp_n256": _C(block_m=128, block_n=256, stages=2),
         "free": _C(block_m=128, block_n=128, stages=3, pingpong=False),
+        "pp_vperm": _C(block_m=128, block_n=128, stages=3, v_perm=True),  # as at D 128
     },
     128: {
         "pp": _C(block_m=128, block_n=128, stages=3),
@@ -202,6 +208,8 @@ TUNING_CONFIGS = {
         # SASS audit: the row max as a tree (shorter S -> first exp2 latency; bitwise the default's output)
         "pp_tree": _C(block_m=128, block_n=128, stages=3, tree_max=True),
         "pp_flat": _C(block_m=128, block_n=128, stages=3, l2_groups=False),  # the tile order before 2026-12-03
+        # session 26 (compile-checked, not yet run on a GPU): V^T's keys permuted, no shuffles for P
+        "pp_vperm": _C(block_m=128, block_n=128, stages=3, v_perm=True),
     },
     256: {
         "pp": _C(block_m=128, block_n=128, stages=2),  # causal: 44 B spilled (the diagonal block's mask)
@@ -212,6 +220,7 @@ TUNING_CONFIGS = {
         # the one spill-free late_pv_wait tile at D 256 (S is 32 registers), 4 stages (229,912 B of shared memory)
         "pp_n64_s4_late": _C(block_m=128, block_n=64, stages=4, late_pv_wait=True),
         "pp_flat": _C(block_m=128, block_n=128, stages=2, l2_groups=False),
+        "pp_vperm": _C(block_m=128, block_n=128, stages=2, v_perm=True),  # as at D 128
     },
 }
 # Defaults, (head dim, causal) -> config, for the default quantization (128-row K/V blocks): spill-free (the compile
@@ -392,6 +401,19 @@ if HAS_GLUON:
     prmt.b32 $O1, x1, x2, shi;
     """
 
+    # V_PERM: the A operand's slots k = 4t + i (i < 4) of each 16-key half hold the accumulator's own columns
+    # 2t + (i & 1) + 8 (i >> 1) of that half: from the thread's registers of column chunks (0, 1) (slots 0-15) and
+    # (2, 3) (16-31), bytes (row g, row g + 8) of each; two byte permutes a pair, no lane crossing
+    _ACC_TO_A_PERM_PAIR = """
+    prmt.b32 $O0, $I0, $I1, 0x5410;
+    prmt.b32 $O1, $I0, $I1, 0x7632;
+    """
+
+    def _acc_to_a_perm_asm(pack: int) -> str:
+        n = pack // 4
+        return "{" + "".join(_ACC_TO_A_PERM_PAIR.replace("$I0", f"${n + 2 * k}").replace("$I1", f"${n + 2 * k + 1}")
+                             .replace("$O0", f"${2 * k}").replace("$O1", f"${2 * k + 1}") for k in range(n // 2)) + "}"
+
     def _acc_to_a_asm(pack: int) -> str:
         n = pack // 4  # 32-bit registers a call: outputs $0..$n-1, inputs $n..$2n-1
         pairs = "".join(_ACC_TO_A_PAIR.replace("$I0", f"${n + 2 * k}").replace("$I1", f"${n + 2 * k + 1}")
@@ -401,6 +423,8 @@ if HAS_GLUON:
     # module globals a kernel reads must be constexpr
     _ACC_TO_A_16 = gl.constexpr(_acc_to_a_asm(16))
     _ACC_TO_A_32 = gl.constexpr(_acc_to_a_asm(32))
+    _ACC_TO_A_PERM_16 = gl.constexpr(_acc_to_a_perm_asm(16))
+    _ACC_TO_A_PERM_32 = gl.constexpr(_acc_to_a_perm_asm(32))
     _CONSTRAINTS_16 = gl.constexpr(",".join(["=r"] * 4 + ["r"] * 4))
     _CONSTRAINTS_32 = gl.constexpr(",".join(["=r"] * 8 + ["r"] * 8))
 
@@ -412,15 +436,26 @@ if HAS_GLUON:
         return x8.permute((0, 4, 2, 3, 5, 6, 1, 7)).reshape([SUB_M, BN])
 
     @gluon.jit
-    def _p_to_a(p, p_layout: gl.constexpr, SUB_M: gl.constexpr, BN: gl.constexpr, f8: gl.constexpr):
-        """P (SUB_M, BN) fp32 in the wgmma accumulator layout -> e4m3 in the FP8 A-operand layout (registers)."""
+    def _p_to_a(p, p_layout: gl.constexpr, SUB_M: gl.constexpr, BN: gl.constexpr, f8: gl.constexpr,
+                V_PERM: gl.constexpr = False):
+        """P (SUB_M, BN) fp32 in the wgmma accumulator layout -> e4m3 in the FP8 A-operand layout (registers).
+        V_PERM: slot k of a 32-key group gets column v_key_of_slot(k) (V^T's keys stored in that order)."""
         p8 = p.to(f8)  # F2FP: 2 fp32 -> 2 e4m3, merged 4 a register
-        if SUB_M * BN >= 128 * 32:  # 32 e4m3 a thread and a call (amortises the lane arithmetic)
+        if V_PERM:
+            if SUB_M * BN >= 128 * 32:
+                x = gl.inline_asm_elementwise(_ACC_TO_A_PERM_32, _CONSTRAINTS_32, [p8], dtype=gl.float8e4nv,
+                                              is_pure=True, pack=32)
+            else:
+                x = gl.inline_asm_elementwise(_ACC_TO_A_PERM_16, _CONSTRAINTS_16, [p8], dtype=gl.float8e4nv,
+                                              is_pure=True, pack=16)
+        elif SUB_M * BN >= 128 * 32:  # 32 e4m3 a thread and a call (amortises the lane arithmetic)
             x = gl.inline_asm_elementwise(_ACC_TO_A_32, _CONSTRAINTS_32, [p8], dtype=gl.float8e4nv, is_pure=False,
                                           pack=32)
         else:
             x = gl.inline_asm_elementwise(_ACC_TO_A_16, _CONSTRAINTS_16, [p8], dtype=gl.float8e4nv, is_pure=False,
                                           pack=16)
+        # the same renaming either way: the permuted bytes sit where the shuffled ones would (V_PERM: holding keys
+        # v_key_of_slot(k) of the slots k the shuffle would have filled with key k)
         return gl.convert_layout(_relabel_a(x, SUB_M, BN), p_layout, assert_trivial=True)
 
     _E2_CLAMP = gl.constexpr(EXP2_FMA_CLAMP)
@@ -505,7 +540,8 @@ if HAS_GLUON:
                        BLOCK_M: gl.constexpr, SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                        QBLOCK_M: gl.constexpr, QBLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                        OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
-                       EXP2_FMA: gl.constexpr, LATE_PV_WAIT: gl.constexpr, TREE_MAX: gl.constexpr):
+                       EXP2_FMA: gl.constexpr, LATE_PV_WAIT: gl.constexpr, TREE_MAX: gl.constexpr,
+                       V_PERM: gl.constexpr):
         """One tile of consumer C (attention_fa3._consumer_pp_tile with FP8 operands and descales). `it` / `t_i`:
         K/V blocks and tiles before this one. Returns the updated it."""
         # FP8 wgmma: instruction K = 32 (256 bits of e4m3); the accumulators are the bf16 kernel's
@@ -565,7 +601,7 @@ if HAS_GLUON:
                 for j in range(1, n_blocks):
                     st = (it + j) % STAGES
                     sv = (it + j - 1) % STAGES
-                    p8 = _p_to_a(p, p_layout, SUB_M, BLOCK_N, f8)
+                    p8 = _p_to_a(p, p_layout, SUB_M, BLOCK_N, f8, V_PERM)
                     # this block's descales, loaded before the waits that hide their latency
                     kd = gl.load(kd_ptr + ((j * BLOCK_N) // QBLOCK_N) * skd_n)
                     vd = gl.load(vd_ptr + ((j * BLOCK_N) // QBLOCK_N) * svd_n)
@@ -594,7 +630,7 @@ if HAS_GLUON:
                     vd_last = vd
                 # the last PV outside the turns (as FA3): every consumer takes n_blocks turns a tile
                 sv = (it + n_blocks - 1) % STAGES
-                p8 = _p_to_a(p, p_layout, SUB_M, BLOCK_N, f8)
+                p8 = _p_to_a(p, p_layout, SUB_M, BLOCK_N, f8, V_PERM)
                 mbarrier.wait(v_ready.index(sv), ((it + n_blocks - 1) // STAGES) & 1)
                 tok_o = warpgroup_mma(p8, v_smem.index(sv).permute((1, 0)), acc, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=(tok_o, ))
@@ -621,7 +657,7 @@ if HAS_GLUON:
                                               n_full, CAUSAL, BLOCK_N, EXP2_FMA, TREE_MAX)
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha * (vd_last / vd), row_o), 1)
                 vd_last = vd
-                p8 = _p_to_a(p, p_layout, SUB_M, BLOCK_N, f8)
+                p8 = _p_to_a(p, p_layout, SUB_M, BLOCK_N, f8, V_PERM)
                 mbarrier.wait(v_ready.index(st), ph)
                 if PINGPONG:
                     mbarrier.wait(my_turn, FIRST ^ 1)  # turn 2 (it + j) + 1: odd
@@ -657,7 +693,8 @@ if HAS_GLUON:
                   C: gl.constexpr, CONSUMERS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, QBLOCK_M: gl.constexpr, QBLOCK_N: gl.constexpr,
                   CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
-                  EXP2_FMA: gl.constexpr, LATE_PV_WAIT: gl.constexpr, TREE_MAX: gl.constexpr):
+                  EXP2_FMA: gl.constexpr, LATE_PV_WAIT: gl.constexpr, TREE_MAX: gl.constexpr,
+                  V_PERM: gl.constexpr):
         """Consumer C: rows [m0 + C * SUB_M, m0 + (C + 1) * SUB_M) of each tile; turn protocol of
         attention_fa3 (turn t of consumer c waits turn[c] on parity (t & 1) ^ (c == 0))."""
         SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
@@ -676,7 +713,7 @@ if HAS_GLUON:
                                     sqd_n, KD, skd_b, skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile, it, t_i, n_m, BH, HG,
                                     H, GROUP, seqlen_q, seqlen_k, qk_scale, C, FIRST, HEAD_DIM, BLOCK_M, SUB_M,
                                     BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
-                                    EXP2_FMA, LATE_PV_WAIT, TREE_MAX)
+                                    EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM)
                 t_i += 1
             tma.store_wait(pendings=0)
         else:  # one tile a program: constant counters (fewer live registers)
@@ -684,7 +721,7 @@ if HAS_GLUON:
                            my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b,
                            skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile0, 0, 0, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                            qk_scale, C, FIRST, HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                           OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX)
+                           OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM)
 
     # One binary per (config, head dim, causal, quantization blocks, out dtype): no integer specialisation.
     @gluon.jit(do_not_specialize=["stride_lb", "stride_lh", "sqd_b", "sqd_h", "sqd_n", "skd_b", "skd_h", "skd_n",
@@ -695,7 +732,8 @@ if HAS_GLUON:
                             STAGES: gl.constexpr, QBLOCK_M: gl.constexpr, QBLOCK_N: gl.constexpr,
                             CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
                             CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, EXP2_FMA: gl.constexpr,
-                            LATE_PV_WAIT: gl.constexpr, TREE_MAX: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                            LATE_PV_WAIT: gl.constexpr, TREE_MAX: gl.constexpr, V_PERM: gl.constexpr,
+                            PRODUCER_REGS: gl.constexpr,
                             CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         f8: gl.constexpr = q_desc.dtype
         n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
@@ -731,12 +769,12 @@ if HAS_GLUON:
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
                              VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX)),
+                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
                              VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX)),
+                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, PERSISTENT)),
@@ -748,17 +786,17 @@ if HAS_GLUON:
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
                              VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX)),
+                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
                              VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX)),
+                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
                              VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 2, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX)),
+                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, PERSISTENT)),
@@ -815,7 +853,27 @@ def unsupported(q8, k8, v8, q_descale=None, k_descale=None, v_descale=None, *, c
     if any(t.data_ptr() % 16 for t in (q8, k8, v8)):
         return "fa3 fp8 needs 16-byte aligned q8, k8, v8"
     cfg = config or default_config(D, block_n, causal)
+    if cfg.v_perm and v8.shape[3] < -(-Sk // 32) * 32:
+        return (f"v_perm: v8 must hold whole 32-key groups (permute_v_keys), >= {-(-Sk // 32) * 32} keys; got "
+                f"{v8.shape[3]}")
     return config_error(D, cfg, quant_block_n=block_n, out_dtype=out_dtype)
+
+
+def v_key_of_slot(k):
+    """The key a permuted V^T (FA3Fp8Config.v_perm) holds at column k: within each 32-key group, slot 4t + i of a
+    16-key half holds key 2t + (i & 1) + 8 (i >> 1) of that half (the accumulator columns of lane t's registers).
+    Works on ints and integer tensors."""
+    return (k & ~15) | (((k >> 2) & 3) << 1) | (k & 1) | (((k >> 1) & 1) << 3)
+
+
+def permute_v_keys(v8: torch.Tensor, seqlen_k: int) -> torch.Tensor:
+    """v8 (B, Hkv, D, >= seqlen_k) in natural key order -> (B, Hkv, D, seqlen_k rounded up to 32) with column k
+    holding key v_key_of_slot(k) (zeros for keys >= seqlen_k): the V^T a v_perm config reads."""
+    n = -(-seqlen_k // 32) * 32
+    nat = torch.zeros((*v8.shape[:3], n), dtype=v8.dtype, device=v8.device)
+    nat[..., :seqlen_k] = v8[..., :seqlen_k]
+    src = v_key_of_slot(torch.arange(n, device=v8.device))
+    return nat[..., src].contiguous()
 
 
 def supported(q8, k8, v8, q_descale=None, k_descale=None, v_descale=None, **kw) -> bool:
@@ -878,8 +936,10 @@ def _launch(q8, k8, v8, qd, kd, vd, out, lse, causal, softmax_scale, block_m, bl
                               _layout([1, sub, D], out.dtype))
     k_desc = TensorDescriptor(k8, [B, Sk, Hkv * D], [Sk * Hkv * D, Hkv * D, 1], [1, cfg.block_n, D],
                               _layout([1, cfg.block_n, D], E4M3))
-    # V^T as a 2-D (B * Hkv * D, Sk) view: columns >= Sk (the padding) read as zeros
-    v_desc = TensorDescriptor(v8, [B * Hkv * D, Sk], [v8.stride(2), 1], [D, cfg.block_n],
+    # V^T as a 2-D (B * Hkv * D, Sk) view: columns >= Sk (the padding) read as zeros. With v_perm the keys of the
+    # last 32-key group sit anywhere in it: the view spans the whole group (permute_v_keys zero-fills the padding)
+    v_cols = -(-Sk // 32) * 32 if cfg.v_perm else Sk
+    v_desc = TensorDescriptor(v8, [B * Hkv * D, v_cols], [v8.stride(2), 1], [D, cfg.block_n],
                               _layout([D, cfg.block_n], E4M3))
     n_m = triton.cdiv(Sq, cfg.block_m)
     n_sms = _num_sms(q8.device)
@@ -895,6 +955,7 @@ def _constexprs(head_dim: int, causal: bool, cfg: FA3Fp8Config, block_m: int, bl
             "QBLOCK_M": block_m, "QBLOCK_N": block_n, "CAUSAL": causal, "OVERLAP": cfg.overlap,
             "PINGPONG": cfg.pingpong, "CONSUMERS": cfg.consumers, "PERSISTENT": cfg.persistent,
             "EXP2_FMA": cfg.exp2_fma, "LATE_PV_WAIT": cfg.late_pv_wait, "TREE_MAX": cfg.tree_max,
+            "V_PERM": cfg.v_perm,
             "PRODUCER_REGS": cfg.producer_regs, "CONSUMER_REGS": cfg.worker_consumer_regs, "num_warps": cfg.num_warps}
 
 
