@@ -146,7 +146,7 @@ case "${1:-}" in
   fp8v27)  # next (written in session 26, not run): the FP8 forward with V^T's keys permuted (v_perm: P reaches the FP8
     # A operand by two PRMT a register pair, no shuffles): its GPU test, then the sweep against the default
     step fp8_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_fp8_gpu.py \
-      -k "v_perm or variants or mufu"
+      tests/kernels/test_attention_fp8_gpu.py -k "v_perm or variants or mufu or prepass"
     step fp8_sweep 200 "$PY" benchmarks/attention_fa3_fp8_sweep.py --hdims 128,256 --seqlens 2048,8192,16384 \
       --variants pp,pp_vperm --out "$OUT/attention-fa3-fp8-sweep-vperm-h200.json" ;;
   grid26b)  # session 26: grid26's short cells of our rows swung 2-3x between rounds (cuDNN's within 1 %) and its

@@ -44,6 +44,11 @@ def test_prepass_matches_reference(d, method):
     r8, rd = quantize_blocks_ref(x, 128)
     assert torch.equal(dt, rd)
     assert torch.equal(yt[..., :1000].permute(0, 3, 1, 2).contiguous().view(torch.uint8), r8.view(torch.uint8))
+    # the FA3 FP8 kernel's v_perm order written by the pre-pass: the natural layout's bytes, permuted
+    from flashscale.kernels.attention_fa3_fp8 import permute_v_keys
+    yp, dp = hadamard_quant(x, block=128, hadamard=False, transpose=True, key_perm=True)
+    assert torch.equal(dp, dt) and yp.shape[-1] == 1024
+    assert torch.equal(yp.view(torch.uint8), permute_v_keys(yt, 1000).view(torch.uint8))
 
 
 CASES = [  # (B, Sq, Sk, H, Hkv, D, causal)

@@ -124,3 +124,20 @@ def test_all_zero_and_ragged_blocks():
     x = torch.zeros(1, 21, 1, 16, dtype=torch.float16)  # 16 + 5 rows, all zero
     y, d, r8, rd = _kernel_vs_ref(x, block=16, hadamard=True)
     assert torch.all(d == FLOOR / E4M3_MAX) and torch.all(y == 0)
+
+
+@pytest.mark.parametrize("S", [40, 64, 70])
+def test_kernel_writes_v_in_the_fp8_kernels_permuted_key_order(S):
+    """key_perm: the transposed V with the keys of each 32-key group where the FA3 FP8 kernel's v_perm reads them:
+    the same bits as permuting the natural layout afterwards (attention_fa3_fp8.permute_v_keys), zeros elsewhere."""
+    from flashscale.kernels.attention_fa3_fp8 import permute_v_keys, v_key_of_slot
+
+    x = torch.randn(2, S, 3, 32, dtype=torch.float16) * 3
+    nat, d0 = hadamard_quant(x, block=16, hadamard=False, transpose=True, out_dtype=torch.float32)
+    perm, d1 = hadamard_quant(x, block=16, hadamard=False, transpose=True, out_dtype=torch.float32, key_perm=True)
+    assert torch.equal(d0, d1) and perm.shape[-1] == -(-S // 32) * 32
+    assert torch.equal(perm, permute_v_keys(nat, S))
+    k = next(k for k in range(32) if v_key_of_slot(k) != k)
+    assert not torch.equal(perm[..., k], nat[..., k])  # it does move keys
+    with pytest.raises(ValueError, match="transpose=True"):
+        hadamard_quant(x, block=16, hadamard=False, key_perm=True)

@@ -75,7 +75,7 @@ def _hadamard_quant_kernel(
     stride_xb, stride_xs, stride_xh, stride_yb, stride_ys, stride_yh, stride_yd, stride_db, stride_dh,
     H, S, inv_sqrt_d,
     D: tl.constexpr, LOG2D: tl.constexpr, BLOCK: tl.constexpr, HADAMARD: tl.constexpr, METHOD: tl.constexpr,
-    PER_TENSOR: tl.constexpr,
+    PER_TENSOR: tl.constexpr, KEY_PERM: tl.constexpr = False,
 ):
     blk = tl.program_id(0)
     bh = tl.program_id(1)
@@ -104,7 +104,11 @@ def _hadamard_quant_kernel(
     # IEEE-rounded divisions, as torch does in the reference (Triton's "/" may be approximate on GPU)
     inv = tl.math.div_rn(tl.full([], _E4M3_MAX, tl.float32), amax)
     q = tl.minimum(tl.maximum(y * inv, -_E4M3_MAX), _E4M3_MAX).to(Y.dtype.element_ty)  # e4m3 (fp32: tests)
-    tl.store(Y + b * stride_yb + h * stride_yh + rows[:, None].to(tl.int64) * stride_ys
+    if KEY_PERM:  # row c of a 32-row group to slot (c & ~15) | ((c >> 1) & 3) << 2 | ((c >> 3) & 1) << 1 | (c & 1)
+        dst = (rows & ~15) | (((rows >> 1) & 3) << 2) | (((rows >> 3) & 1) << 1) | (rows & 1)
+    else:
+        dst = rows
+    tl.store(Y + b * stride_yb + h * stride_yh + dst[:, None].to(tl.int64) * stride_ys
              + offs_d[None, :].to(tl.int64) * stride_yd, q, mask=ok)
     tl.store(DESCALE + b * stride_db + h * stride_dh + blk, tl.math.div_rn(amax, tl.full([], _E4M3_MAX, tl.float32)))
 
@@ -116,26 +120,31 @@ def padded_len(s: int) -> int:
 
 def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0, transpose: bool = False,
                    per_tensor: bool = False, method: str = "mma", num_warps: int | None = None,
-                   signs: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float8_e4m3fn
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+                   signs: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float8_e4m3fn,
+                   key_perm: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x (B, S, H, D) fp16/bf16/fp32, D in {16, ..., 256} a power of 2 -> (y8, descale).
 
     y8: e4m3 (B, S, H, D), or with transpose=True (B, H, D, padded_len(S)) (V's layout, zero padding).
     descale: float32 (B, H, ceil(S / block)). Inputs are checked by flashscale.ops.attention_fp8.
     signs: the (D,) +-1 vector (default: random_signs(D, seed), the same for Q and K).
     out_dtype=float32 stores the scaled values before their e4m3 rounding (interpreter tests only).
+    key_perm (with transpose): the keys of every 32-key group in the FA3 FP8 kernel's v_perm order
+    (attention_fa3_fp8.permute_v_keys, written in place of the natural one at no cost), S padded to 32.
     """
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}; got {method!r}")
     B, S, H, D = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
+    if key_perm and not transpose:
+        raise ValueError("key_perm permutes V's transposed layout: it needs transpose=True")
     nb = triton.cdiv(S, block)
     if transpose:
-        sp = padded_len(S)
+        sp = -(-S // 32) * 32 if key_perm else padded_len(S)
         y = torch.empty((B, H, D, sp), dtype=out_dtype, device=x.device)
+        tail = S // 32 * 32 if key_perm else S  # (key_perm: the last group's padding slots lie anywhere in it)
         if sp > S:
-            y[..., S:].zero_()  # the kernel's K/V tail loads are masked, but TMA reads whole rows
+            y[..., tail:].zero_()  # the kernel's K/V tail loads are masked, but TMA reads whole rows
         sy = (y.stride(0), y.stride(3), y.stride(1), y.stride(2))
     else:
         y = torch.empty((B, S, H, D), dtype=out_dtype, device=x.device)
@@ -153,7 +162,7 @@ def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0
             x.stride(0), x.stride(1), x.stride(2), *sy, descale.stride(0), descale.stride(1),
             H, S, 1.0 / math.sqrt(D),
             D=D, LOG2D=D.bit_length() - 1, BLOCK=block, HADAMARD=hadamard, METHOD=method,
-            PER_TENSOR=amax is not None, num_warps=warps,
+            PER_TENSOR=amax is not None, KEY_PERM=key_perm, num_warps=warps,
         )
 
     launch()
