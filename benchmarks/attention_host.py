@@ -64,8 +64,8 @@ def measure(hdim: int, causal: bool, seqlen: int, impl: str, *, calls: int = 200
         torch.cuda.synchronize()
     kernel = sum(e.device_time_total for e in prof.key_averages()) / 20 / 1e3  # us -> ms
     flop = 4 * batch * seqlen * seqlen * heads * hdim * (0.5 if causal else 1.0) * (2.5 if mode == "bwd" else 1.0)
-    return dict(impl=impl, mode=mode, hdim=hdim, causal=causal, seqlen=seqlen, event_ms=event, host_ms=host, kernel_ms=kernel,
-                tflops_event=flop / event / 1e9, tflops_kernel=flop / kernel / 1e9 if kernel else None)
+    return dict(impl=impl, mode=mode, hdim=hdim, causal=causal, seqlen=seqlen, event_ms=event, host_ms=host,
+                kernel_ms=kernel, tflops_event=flop / event / 1e9, tflops_kernel=flop / kernel / 1e9 if kernel else None)
 
 
 def profile_host(calls: int = 300, top: int = 25) -> None:

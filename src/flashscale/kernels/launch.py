@@ -73,8 +73,8 @@ def _watched(hook) -> bool:
 def launch(kernel, grid, args: tuple, constexprs: dict, static_key, *, bwd: bool = False) -> None:
     """kernel[grid](*args, **constexprs), with the binding done once per (static_key, spec_key(args), device).
     bwd: a launch of the Hopper backward's, cached only while BWD_ENABLED as well."""
-    if not ENABLED or (bwd and not BWD_ENABLED) or not isinstance(kernel, triton.runtime.JITFunction) or _watched(knobs.runtime.launch_enter_hook) \
-            or _watched(knobs.runtime.launch_exit_hook):
+    if not ENABLED or (bwd and not BWD_ENABLED) or not isinstance(kernel, triton.runtime.JITFunction) \
+            or _watched(knobs.runtime.launch_enter_hook) or _watched(knobs.runtime.launch_exit_hook):
         kernel[grid](*args, **constexprs)  # the interpreter, or someone watching launches
         return
     driver = triton.runtime.driver.active
