@@ -37,6 +37,7 @@ that takes dQ from shared memory and adds it into the float32 buffer: by one TMA
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -54,6 +55,7 @@ except ImportError:  # pragma: no cover - depends on the installed triton
     HAS_GLUON = False
 
 from flashscale.kernels.attention_bwd import bwd_delta, scale_cast
+from flashscale.kernels import launch as launch_mod
 from flashscale.kernels.launch import launch, tensor_desc
 from flashscale.kernels.attention_fa3 import HEAD_DIMS, LOG2E, SMEM_LIMIT, tile_layout, unsupported  # noqa: F401
 
@@ -464,9 +466,12 @@ def attention_fa3_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
     dq32 = torch.zeros((B, Sq, H, D), device=q.device, dtype=torch.float32)
     q_lay, kv_lay = tile_layout(cfg.block_m, D, q.dtype), tile_layout(cfg.block_n, D, q.dtype)
 
-    def desc(t, S, heads, rows, lay, cols=D):  # (unchecked construction: _bwd_unsupported checked the inputs)
-        return tensor_desc(TensorDescriptor, t, [B, S, heads * D], [S * heads * D, heads * D, 1], [1, rows, cols],
-                           lay)
+    # with the backward's launch cache on (launch.BWD_ENABLED), unchecked construction: _bwd_unsupported checked
+    # the inputs (and o / dO were realigned above); otherwise the checked one, as before session 26
+    make = functools.partial(tensor_desc, TensorDescriptor) if launch_mod.BWD_ENABLED else TensorDescriptor
+
+    def desc(t, S, heads, rows, lay, cols=D):
+        return make(t, [B, S, heads * D], [S * heads * D, heads * D, 1], [1, rows, cols], lay)
 
     dq_n = D // cfg.dq_split  # dq_tma: the float32 dQ buffer's TMA boxes, one dQ piece wide
     grid = (triton.cdiv(Sk, cfg.block_n), B * Hkv)
