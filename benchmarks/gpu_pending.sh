@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# GPU steps of sessions 18-25 (2026-12-02/03), kept runnable. Session 25 ran `next25`, `next25b` (written in session
-# 24), `grid25`, `bwd25`, `last25` and `fb25` (its test_attention_gpu.py step cut at 65 s). Next session: `gputests`
-# first (the FA2 issue's GPU file on main), then `bwd26`. One `run` per step, back to back; each step's commands
+# GPU steps of sessions 18-26 (2026-12-02/03), kept runnable. Session 26 ran `gputests`, `bwd26`, `bwd26b`, `grid26`
+# and `grid26b`. Next session: `diag27` first (the d128 short cells' swings that keep the FA2 issue open; the
+# backward's launch cache), then `fp8v27` (FP8 with V^T's keys permuted), then a grid if a default changes. One
+# `run` per step, back to back; each step's commands
 # have their own timeouts so one hang costs only its share. Outputs go to $OUT (at most 8 files come back).
 #
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: backward dispatch GPU tests, FA2's
