@@ -325,12 +325,10 @@ def main(argv=None) -> int:
                              **({"path": path} if path else {})))
         print(f"d{hdim} causal={causal}: done ({time.time() - t0:.0f}s)", flush=True)
         # after every group, so a run cut short by a time limit still leaves the groups it finished
-        path = _write(args, gpu, triton.__version__, rows, checks, errors, attention_tune.chosen_configs(),
-                      done=gi == len(groups) - 1)
-    out_dir = path.parent
-    slug = path.stem.removeprefix("attention-")
-    print(f"wrote {path}")
-    plot(rows, out_dir / f"attention-{slug}.png", gpu)
+        res_path = _write(args, gpu, triton.__version__, rows, checks, errors, attention_tune.chosen_configs(),
+                          done=gi == len(groups) - 1)
+    print(f"wrote {res_path}")
+    plot(rows, res_path.with_suffix(".png"), gpu)
     for e in errors:
         print("ERROR", e)
     print(table(rows, checks))

@@ -296,21 +296,17 @@ def _scale_cast_kernel(X, Y, n, scale, BLOCK: tl.constexpr):
     tl.store(Y + offs, (x * scale).to(Y.dtype.element_ty), mask=mask)
 
 
-def scale_cast(x: torch.Tensor, scale: float, dtype: torch.dtype, *, cached: bool = False) -> torch.Tensor:
+def scale_cast(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
     """(x * scale).to(dtype) in one pass (read float32, write 16-bit; the same bits as torch's two ops): the
     Hopper backward's float32 dQ buffer to dq. torch's two passes moved 2.3x the bytes (~60 us a d128 1k call).
-    cached: launched through kernels.launch (the Hopper backward's, while launch.BWD_ENABLED)."""
+    A backward launch (kernels.launch, cached while launch.BWD_ENABLED)."""
     if not x.is_contiguous():
         raise ValueError("scale_cast: x must be contiguous")
     y = torch.empty(x.shape, dtype=dtype, device=x.device)
     n = x.numel()
     if n:
-        grid = (cdiv(n, 4096), )
-        if cached:
-            launch(_scale_cast_kernel, grid, (x, y, n, float(scale)), {"BLOCK": 4096, "num_warps": 8},
-                   "scale_cast", bwd=True)
-        else:
-            _scale_cast_kernel[grid](x, y, n, float(scale), BLOCK=4096, num_warps=8)
+        launch(_scale_cast_kernel, (cdiv(n, 4096), ), (x, y, n, float(scale)), {"BLOCK": 4096, "num_warps": 8},
+               "scale_cast", bwd=True)
     return y
 
 
@@ -319,11 +315,11 @@ def _strides3(t: torch.Tensor, varlen: bool):
     return (0, t.stride(0), t.stride(1)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
 
 
-def bwd_delta(out, dout, lse, dlse=None, *, cu_seqlens_q=None, max_seqlen_q=0, cached: bool = False) -> torch.Tensor:
+def bwd_delta(out, dout, lse, dlse=None, *, cu_seqlens_q=None, max_seqlen_q=0) -> torch.Tensor:
     """The backward's pre-pass: delta = rowsum(dO * O) - dLSE in float32, shaped like lse ((B, H, Sq) or varlen
     (H, Tq)), in one read of O and dO (no float32 copies of them). out/dout as q's layout with a unit head-dim
-    stride, dlse like lse with a unit row stride (or None). Shared by FA2's and the Hopper backward (cached: its
-    launch through kernels.launch, while launch.BWD_ENABLED)."""
+    stride, dlse like lse with a unit row stride (or None). Shared by FA2's and the Hopper backward; a backward
+    launch (kernels.launch, cached while launch.BWD_ENABLED)."""
     varlen = cu_seqlens_q is not None
     if varlen:
         B, (_, H, D), sq = cu_seqlens_q.numel() - 1, out.shape, max_seqlen_q
@@ -337,15 +333,12 @@ def bwd_delta(out, dout, lse, dlse=None, *, cu_seqlens_q=None, max_seqlen_q=0, c
     g = dlse if dlse is not None else lse
     sgb, sgh = (0, g.stride(0)) if varlen else (g.stride(0), g.stride(1))
     pre_m = 16 if sq <= 16 else 64
-    grid = (cdiv(sq, pre_m), B * H)
     args = (out, dout, g, delta, cu_seqlens_q if varlen else dummy_i32(out.device), *_strides3(out, varlen),
             *_strides3(dout, varlen), slb, slh, sgb, sgh, H, sq)
     constexprs = dict(HEAD_DIM=D, BLOCK_D=max(pow2(D), 16), BLOCK_M=pre_m, IS_VARLEN=varlen, HAS_DLSE=dlse is not None,
                       num_warps=4)
-    if cached:
-        launch(_bwd_preprocess, grid, args, constexprs, ("bwd_delta", D, pre_m, varlen, dlse is not None), bwd=True)
-    else:
-        _bwd_preprocess[grid](*args, **constexprs)
+    launch(_bwd_preprocess, (cdiv(sq, pre_m), B * H), args, constexprs,
+           ("bwd_delta", D, pre_m, varlen, dlse is not None), bwd=True)
     return delta
 
 

@@ -55,8 +55,7 @@ except ImportError:  # pragma: no cover - depends on the installed triton
     HAS_GLUON = False
 
 from flashscale.kernels.attention_bwd import bwd_delta, scale_cast
-from flashscale.kernels import launch as launch_mod
-from flashscale.kernels.launch import launch, tensor_desc
+from flashscale.kernels import launch as L
 from flashscale.kernels.attention_fa3 import HEAD_DIMS, LOG2E, SMEM_LIMIT, tile_layout, unsupported  # noqa: F401
 
 NUM_WARPS = 8
@@ -461,14 +460,14 @@ def attention_fa3_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
     bad = config_error(D, cfg)
     if bad is not None:
         raise ValueError(f"attention_fa3_bwd: {cfg}: {bad}")
-    delta = (bwd_delta(o, do, lse, cached=True) if delta is None else delta).contiguous()
+    delta = (bwd_delta(o, do, lse) if delta is None else delta).contiguous()
     lse = lse.contiguous()
     dq32 = torch.zeros((B, Sq, H, D), device=q.device, dtype=torch.float32)
     q_lay, kv_lay = tile_layout(cfg.block_m, D, q.dtype), tile_layout(cfg.block_n, D, q.dtype)
 
     # with the backward's launch cache on (launch.BWD_ENABLED), unchecked construction: _bwd_unsupported checked
     # the inputs (and o / dO were realigned above); otherwise the checked one, as before session 26
-    make = functools.partial(tensor_desc, TensorDescriptor) if launch_mod.BWD_ENABLED else TensorDescriptor
+    make = functools.partial(L.tensor_desc, TensorDescriptor) if L.BWD_ENABLED else TensorDescriptor
 
     def desc(t, S, heads, rows, lay, cols=D):
         return make(t, [B, S, heads * D], [S * heads * D, heads * D, 1], [1, rows, cols], lay)
@@ -480,9 +479,9 @@ def attention_fa3_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
             desc(dk, Sk, Hkv, cfg.block_n, kv_lay), desc(dv, Sk, Hkv, cfg.block_n, kv_lay), lse, delta,
             desc(dq32, Sq, H, cfg.block_m, tile_layout(cfg.block_m, dq_n, torch.float32), dq_n) if cfg.dq_tma
             else dq32, lse.stride(0), lse.stride(1), H, Sq, Sk, float(scale), float(scale) * LOG2E)
-    launch(_kernel(cfg), grid, args, _constexprs(D, H // Hkv, bool(causal), cfg), (cfg, D, H // Hkv, bool(causal),
-                                                                                    q.dtype), bwd=True)
-    return scale_cast(dq32, scale, q.dtype, cached=True), dk, dv
+    key = (cfg, D, H // Hkv, bool(causal), q.dtype)  # what fixes the constexprs and the descriptors' boxes
+    L.launch(_kernel(cfg), grid, args, _constexprs(D, H // Hkv, bool(causal), cfg), key, bwd=True)
+    return scale_cast(dq32, scale, q.dtype), dk, dv
 
 
 def _kernel(cfg: FA3BwdConfig):

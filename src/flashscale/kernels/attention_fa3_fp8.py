@@ -63,6 +63,7 @@ import torch
 
 from flashscale.kernels.attention_fa3 import _num_sms, head_group
 from flashscale.kernels.attention_tune import capability
+from flashscale.kernels.hadamard import padded_len
 
 try:  # Gluon is experimental: absent from older Tritons, and its API moves between releases
     import triton
@@ -409,16 +410,17 @@ if HAS_GLUON:
     prmt.b32 $O1, $I0, $I1, 0x7632;
     """
 
-    def _acc_to_a_perm_asm(pack: int) -> str:
+    def _pairs(pair: str, pack: int) -> str:
+        """`pair` once for each register pair of a call: outputs $0..$n-1, inputs $n..$2n-1 (n 32-bit registers)."""
         n = pack // 4
-        return "{" + "".join(_ACC_TO_A_PERM_PAIR.replace("$I0", f"${n + 2 * k}").replace("$I1", f"${n + 2 * k + 1}")
-                             .replace("$O0", f"${2 * k}").replace("$O1", f"${2 * k + 1}") for k in range(n // 2)) + "}"
+        return "".join(pair.replace("$I0", f"${n + 2 * k}").replace("$I1", f"${n + 2 * k + 1}")
+                       .replace("$O0", f"${2 * k}").replace("$O1", f"${2 * k + 1}") for k in range(n // 2))
 
     def _acc_to_a_asm(pack: int) -> str:
-        n = pack // 4  # 32-bit registers a call: outputs $0..$n-1, inputs $n..$2n-1
-        pairs = "".join(_ACC_TO_A_PAIR.replace("$I0", f"${n + 2 * k}").replace("$I1", f"${n + 2 * k + 1}")
-                        .replace("$O0", f"${2 * k}").replace("$O1", f"${2 * k + 1}") for k in range(n // 2))
-        return _ACC_TO_A_ASM.replace("PAIRS", pairs)
+        return _ACC_TO_A_ASM.replace("PAIRS", _pairs(_ACC_TO_A_PAIR, pack))
+
+    def _acc_to_a_perm_asm(pack: int) -> str:
+        return "{" + _pairs(_ACC_TO_A_PERM_PAIR, pack) + "}"
 
     # module globals a kernel reads must be constexpr
     _ACC_TO_A_16 = gl.constexpr(_acc_to_a_asm(16))
@@ -853,8 +855,8 @@ def unsupported(q8, k8, v8, q_descale=None, k_descale=None, v_descale=None, *, c
     if any(t.data_ptr() % 16 for t in (q8, k8, v8)):
         return "fa3 fp8 needs 16-byte aligned q8, k8, v8"
     cfg = config or default_config(D, block_n, causal)
-    if cfg.v_perm and v8.shape[3] < -(-Sk // 32) * 32:
-        return (f"v_perm: v8 must hold whole 32-key groups (permute_v_keys), >= {-(-Sk // 32) * 32} keys; got "
+    if cfg.v_perm and v8.shape[3] < padded_len(Sk, 32):
+        return (f"v_perm: v8 must hold whole 32-key groups (permute_v_keys), >= {padded_len(Sk, 32)} keys; got "
                 f"{v8.shape[3]}")
     return config_error(D, cfg, quant_block_n=block_n, out_dtype=out_dtype)
 
@@ -869,7 +871,7 @@ def v_key_of_slot(k):
 def permute_v_keys(v8: torch.Tensor, seqlen_k: int) -> torch.Tensor:
     """v8 (B, Hkv, D, >= seqlen_k) in natural key order -> (B, Hkv, D, seqlen_k rounded up to 32) with column k
     holding key v_key_of_slot(k) (zeros for keys >= seqlen_k): the V^T a v_perm config reads."""
-    n = -(-seqlen_k // 32) * 32
+    n = padded_len(seqlen_k, 32)
     nat = torch.zeros((*v8.shape[:3], n), dtype=v8.dtype, device=v8.device)
     nat[..., :seqlen_k] = v8[..., :seqlen_k]
     src = v_key_of_slot(torch.arange(n, device=v8.device))
@@ -938,7 +940,7 @@ def _launch(q8, k8, v8, qd, kd, vd, out, lse, causal, softmax_scale, block_m, bl
                               _layout([1, cfg.block_n, D], E4M3))
     # V^T as a 2-D (B * Hkv * D, Sk) view: columns >= Sk (the padding) read as zeros. With v_perm the keys of the
     # last 32-key group sit anywhere in it: the view spans the whole group (permute_v_keys zero-fills the padding)
-    v_cols = -(-Sk // 32) * 32 if cfg.v_perm else Sk
+    v_cols = padded_len(Sk, 32) if cfg.v_perm else Sk
     v_desc = TensorDescriptor(v8, [B * Hkv * D, v_cols], [v8.stride(2), 1], [D, cfg.block_n],
                               _layout([D, cfg.block_n], E4M3))
     n_m = triton.cdiv(Sq, cfg.block_m)

@@ -113,9 +113,10 @@ def _hadamard_quant_kernel(
     tl.store(DESCALE + b * stride_db + h * stride_dh + blk, tl.math.div_rn(amax, tl.full([], _E4M3_MAX, tl.float32)))
 
 
-def padded_len(s: int) -> int:
-    """Sequence length of the transposed V layout: a multiple of 16 (16-byte aligned rows for TMA)."""
-    return -(-s // 16) * 16
+def padded_len(s: int, multiple: int = 16) -> int:
+    """Sequence length of the transposed V layout: a multiple of 16 (16-byte aligned rows for TMA; 32 with key_perm,
+    whole groups of the permutation)."""
+    return -(-s // multiple) * multiple
 
 
 def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0, transpose: bool = False,
@@ -140,7 +141,7 @@ def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0
         raise ValueError("key_perm permutes V's transposed layout: it needs transpose=True")
     nb = triton.cdiv(S, block)
     if transpose:
-        sp = -(-S // 32) * 32 if key_perm else padded_len(S)
+        sp = padded_len(S, 32 if key_perm else 16)
         y = torch.empty((B, H, D, sp), dtype=out_dtype, device=x.device)
         tail = S // 32 * 32 if key_perm else S  # (key_perm: the last group's padding slots lie anywhere in it)
         if sp > S:

@@ -34,7 +34,8 @@ if _ENV not in ("0", "1"):
     raise ValueError(f"FLASHSCALE_LAUNCH_CACHE={_ENV!r}: takes 1 (launch compiled kernels from a per-specialization "
                      "cache, the default) or 0 (always through kernel[grid])")
 ENABLED = _ENV == "1"
-# The Hopper backward's three launches (delta, the Gluon kernel, the dQ cast) through the cache too: written in
+# The backward's launches through the cache too (the Hopper backward's three: delta, shared with FA2's backward, the
+# Gluon kernel and the dQ cast): written in
 # session 26 after its grids timed the short backward cells 1.5-2x slower than the kernels' own sweep, NOT yet run on
 # a GPU, so off unless FLASHSCALE_LAUNCH_CACHE_BWD=1 (and ENABLED).
 _ENV_BWD = os.environ.get("FLASHSCALE_LAUNCH_CACHE_BWD", "0")

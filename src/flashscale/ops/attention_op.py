@@ -146,7 +146,7 @@ def bwd_impl(dout, q, k, v, out, lse, dlse, cu_q, cu_k, alibi, seed: int, max_q,
         from flashscale.kernels.attention_fa3_bwd import attention_fa3_bwd
 
         PATHS["bwd", "fa3"] += 1
-        delta = bwd_delta(out, dout, lse, dlse, cached=True)  # dLSE folds into delta
+        delta = bwd_delta(out, dout, lse, dlse)  # dLSE folds into delta
         return attention_fa3_bwd(dout, q.contiguous(), k.contiguous(), v.contiguous(), out, lse, causal=wr == 0,
                                  softmax_scale=scale, delta=delta)
     if use_triton(q, impl):
