@@ -107,4 +107,7 @@ def test_env_switch_is_checked():
     env = {k: v for k, v in os.environ.items() if k != "FLASHSCALE_LAUNCH_CACHE_BWD"}
     r = subprocess.run([sys.executable, "-c", "import flashscale.kernels.launch as L; print(L.BWD_ENABLED)"],
                        capture_output=True, text=True, env=env)
-    assert r.stdout.strip() == "False"  # off until the backward's first GPU run through the cache
+    assert r.stdout.strip() == "True"  # on by default since session 27's GPU run
+    r = subprocess.run([sys.executable, "-c", "import flashscale.kernels.launch as L; print(L.BWD_ENABLED)"],
+                       capture_output=True, text=True, env={**env, "FLASHSCALE_LAUNCH_CACHE_BWD": "0"})
+    assert r.stdout.strip() == "False"

@@ -35,13 +35,14 @@ if _ENV not in ("0", "1"):
                      "cache, the default) or 0 (always through kernel[grid])")
 ENABLED = _ENV == "1"
 # The backward's launches through the cache too (the Hopper backward's three: delta, shared with FA2's backward, the
-# Gluon kernel and the dQ cast): written in
-# session 26 after its grids timed the short backward cells 1.5-2x slower than the kernels' own sweep, NOT yet run on
-# a GPU, so off unless FLASHSCALE_LAUNCH_CACHE_BWD=1 (and ENABLED).
-_ENV_BWD = os.environ.get("FLASHSCALE_LAUNCH_CACHE_BWD", "0")
+# Gluon kernel and the dQ cast), its descriptors built unchecked. Session 27 on the H200: its GPU tests pass with it
+# on (63), and the d128 causal 1k backward's queued-call time 0.71-0.89 ms -> 0.54 ms = the kernel's own (the host
+# had been the bottleneck there; benchmarks/results/attention-host-bwd-h200.json). On by default since;
+# FLASHSCALE_LAUNCH_CACHE_BWD=0 sends the backward through kernel[grid] with checked descriptors.
+_ENV_BWD = os.environ.get("FLASHSCALE_LAUNCH_CACHE_BWD", "1")
 if _ENV_BWD not in ("0", "1"):
     raise ValueError(f"FLASHSCALE_LAUNCH_CACHE_BWD={_ENV_BWD!r}: takes 1 (the Hopper backward's launches through the "
-                     "cache too) or 0 (through kernel[grid], the default until its first GPU run)")
+                     "cache too, the default) or 0 (through kernel[grid])")
 BWD_ENABLED = _ENV_BWD == "1"
 
 
