@@ -90,8 +90,8 @@ def _compile_worker(jobs):
         x = xs[(hdim, qbn)]
         t0 = time.time()
         try:
-            fp8.precompile(x.q8, x.k8, x.v8, x.q_descale, x.k_descale, x.v_descale, causal=causal, block_n=qbn,
-                           config=cfg)
+            fp8.precompile(*x.args(), causal=causal, block_n=qbn, config=cfg,
+                           v_key_perm=cfg.v_perm)  # (256 keys: whole 32-key groups; the order does not matter here)
             _emit(event="compiled", hdim=hdim, causal=causal, variant=name, s=round(time.time() - t0, 2))
         except Exception as e:  # noqa: BLE001 - any failure is a result of the sweep
             _emit(event="compile_error", hdim=hdim, causal=causal, variant=name,
@@ -142,9 +142,9 @@ def _bench_worker(groups, tol, warmup, rep):
                 xs[qbn] = quantize_fp8(q, k, v, block_n=qbn)
             return xs[qbn]
 
-        def permuted_v(qbn):  # V^T with its keys in a v_perm config's order
+        def quantized_perm(qbn):  # V^T with its keys in a v_perm config's order, as the pre-pass writes it
             if ("perm", qbn) not in xs:
-                xs["perm", qbn] = fp8.permute_v_keys(quantized(qbn).v8, seqlen)
+                xs["perm", qbn] = quantize_fp8(q, k, v, block_n=qbn, v_key_perm=True)
             return xs["perm", qbn]
 
         def emulation(qbn, tile):
@@ -200,16 +200,14 @@ def _bench_worker(groups, tol, warmup, rep):
             qbn = _quant_block_n(cfg)
 
             def ours(x=None, cfg=cfg, qbn=qbn):
-                if x is None:  # kernel alone: inputs quantized (and, for v_perm, V^T's keys permuted) beforehand
-                    x = quantized(qbn)
-                    v8 = permuted_v(qbn) if cfg.v_perm else x.v8
-                else:  # end to end: a v_perm config's permutation in torch, unfused (the pre-pass could fuse it)
-                    v8 = fp8.permute_v_keys(x.v8, seqlen) if cfg.v_perm else x.v8
-                return fp8.attention_fa3_fp8_fwd(x.q8, x.k8, v8, x.q_descale, x.k_descale, x.v_descale,
-                                                 causal=causal, block_n=qbn, config=cfg)[0]
+                if x is None:  # kernel alone: inputs quantized beforehand (in the V^T key order cfg reads)
+                    x = quantized_perm(qbn) if cfg.v_perm else quantized(qbn)
+                return fp8.attention_fa3_fp8_fwd(*x.args(), causal=causal, block_n=qbn, config=cfg,
+                                                 v_key_perm=x.v_key_perm)[0]
 
-            check_and_time(IMPL, name, dataclasses.asdict(cfg), qbn, cfg.block_n, ours,
-                           lambda ours=ours, qbn=qbn: ours(quantize_fp8(q, k, v, block_n=qbn)))
+            check_and_time(IMPL, name, dataclasses.asdict(cfg), qbn, cfg.block_n, ours,  # end to end: the pre-pass
+                           lambda ours=ours, qbn=qbn, p=cfg.v_perm: ours(quantize_fp8(q, k, v, block_n=qbn,
+                                                                                       v_key_perm=p)))
         del q, k, v, qt, kt, vt, ref, xs, emus
         torch.cuda.empty_cache()
     _emit(event="done")

@@ -56,9 +56,9 @@ def build(target: str):
 
         cfg = fp8.default_config(128)
         q, k, v = _attn(16384, 16, 128, gen)
-        x = quantize_fp8(q, k, v, block_n=max(128, cfg.block_n))
-        return lambda: fp8.attention_fa3_fp8_fwd(x.q8, x.k8, x.v8, x.q_descale, x.k_descale, x.v_descale,
-                                                 block_n=max(128, cfg.block_n), config=cfg)
+        x = quantize_fp8(q, k, v, block_n=max(128, cfg.block_n), v_key_perm=cfg.v_perm)
+        return lambda: fp8.attention_fa3_fp8_fwd(*x.args(), block_n=max(128, cfg.block_n), config=cfg,
+                                                 v_key_perm=x.v_key_perm)
     if target in ("dec_8192", "gemm_1024"):
         sys.path.insert(0, "benchmarks")
         from w4a16 import random_packed

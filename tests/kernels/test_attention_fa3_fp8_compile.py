@@ -113,7 +113,13 @@ def compiled(tmp_path_factory):
     return get
 
 
-def _check_machine_code(ptx, meta, head_dim, cfg):
+# Spills the defaults may have (bytes stored, loaded), measured faster than their spill-free alternatives on the H200
+# (session 27): D 256 at 128-key tiles with V^T's keys permuted, 4 B full, 76 / 92 B causal (the diagonal's mask);
+# the 64-key tiles that were D 256 causal's spill-free default ran 15-25 % slower. A regression guard: more fails.
+SPILL_ALLOWANCE = {(256, False): (4, 4), (256, True): (76, 92)}
+
+
+def _check_machine_code(ptx, meta, head_dim, cfg, spills=(0, 0)):
     stats = meta["stats"]
     assert meta["cubin_bytes"] > 0, "no cubin"
     kinds = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k(\d+)\.f32\.(\w+)\.(\w+)", ptx))
@@ -133,7 +139,7 @@ def _check_machine_code(ptx, meta, head_dim, cfg):
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx), "producer keeps its registers"
     consumer_regs = 240 if cfg.consumers <= 2 else 160
     assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{consumer_regs};", ptx), "consumers get no registers"
-    assert stats["spill_stores"] == 0 and stats["spill_loads"] == 0, stats["log"]
+    assert stats["spill_stores"] <= spills[0] and stats["spill_loads"] <= spills[1], stats["log"]
     assert meta["shared"] <= SMEM_PER_BLOCK, f"{meta['shared']} B of shared memory"
     assert meta["shared"] >= fp8.smem_bytes(head_dim, cfg) - 8 * 64, "Q, O tiles + K/V ring not all in shared memory"
     # the FP8 A-operand fix-up: quad shuffles of whole registers, no shared-memory round trip for P (v_perm: byte
@@ -145,11 +151,11 @@ def _check_machine_code(ptx, meta, head_dim, cfg):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", fp8.HEAD_DIMS)
-def test_compiles_to_fp8_wgmma_and_tma_without_spills(compiled, head_dim, causal):
+def test_defaults_compile_to_fp8_wgmma_and_tma_within_their_spills(compiled, head_dim, causal):
     cfg = fp8.DEFAULT_CONFIGS[(head_dim, causal)]
     assert cfg.pingpong and cfg.block_n <= 128, "defaults: ping-pong, tiles dividing the default 128-key blocks"
     ptx, meta = compiled(f"d{head_dim}_{'causal' if causal else 'full'}")
-    _check_machine_code(ptx, meta, head_dim, cfg)
+    _check_machine_code(ptx, meta, head_dim, cfg, SPILL_ALLOWANCE.get((head_dim, causal), (0, 0)))
 
 
 @pytest.mark.parametrize("name", sorted(EXTRA))

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from flashscale.reference.attention import attention_ref
-from flashscale.reference.attention_fp8 import Fp8Inputs, attention_fp8_quantized_ref
+from flashscale.reference.attention_fp8 import Fp8Inputs, attention_fp8_quantized_ref, unpermute_v_keys
 
 fp8 = pytest.importorskip("flashscale.kernels.attention_fa3_fp8")
 pytestmark = pytest.mark.gpu
@@ -36,7 +36,7 @@ def _rmse(a, b):
     return (a.double() - b.double()).pow(2).mean().sqrt().item()
 
 
-def _inputs(B, Sq, Sk, H, Hkv, D, *, block_m=128, block_n=128, seed=0, zero_v_blocks=()):
+def _inputs(B, Sq, Sk, H, Hkv, D, *, block_m=128, block_n=128, seed=0, zero_v_blocks=(), v_key_perm=False):
     from flashscale.ops import quantize_fp8
 
     g = torch.Generator(device=CUDA).manual_seed(seed)
@@ -45,11 +45,12 @@ def _inputs(B, Sq, Sk, H, Hkv, D, *, block_m=128, block_n=128, seed=0, zero_v_bl
     v = torch.randn(B, Sk, Hkv, D, device=CUDA, dtype=torch.bfloat16, generator=g)
     for blk in zero_v_blocks:  # all-zero V quantization blocks: descale 2^-64 / 448
         v[:, blk * block_n:(blk + 1) * block_n] = 0
-    return q, k, v, quantize_fp8(q, k, v, block_m=block_m, block_n=block_n)
+    return q, k, v, quantize_fp8(q, k, v, block_m=block_m, block_n=block_n, v_key_perm=v_key_perm)
 
 
 def _emulation(x, Sk, causal, tile, scale=None):
-    xi = Fp8Inputs(q8=x.q8, k8=x.k8, v8=x.v8[..., :Sk].permute(0, 3, 1, 2), q_descale=x.q_descale,
+    v8 = unpermute_v_keys(x.v8, Sk) if x.v_key_perm else x.v8
+    xi = Fp8Inputs(q8=x.q8, k8=x.k8, v8=v8[..., :Sk].permute(0, 3, 1, 2), q_descale=x.q_descale,
                    k_descale=x.k_descale, v_descale=x.v_descale, block_m=x.block_m, block_n=x.block_n)
     return attention_fp8_quantized_ref(xi, causal=causal, softmax_scale=scale, tile_n=tile, return_lse=True)
 
@@ -62,12 +63,14 @@ def _check(B, Sq, Sk, H, Hkv, D, causal, *, config=None, block_m=128, block_n=12
            zero_v_blocks=()):
     """Run the kernel, check it against the emulation / float64 / the Triton FP8 kernel; returns (out, lse, x)."""
     _hopper()
-    q, k, v, x = _inputs(B, Sq, Sk, H, Hkv, D, block_m=block_m, block_n=block_n, zero_v_blocks=zero_v_blocks)
-    assert fp8.supported(*_args(x), causal=causal, block_m=block_m, block_n=block_n, config=config)
+    cfg = config or fp8.default_config(D, block_n, causal)  # quantized in the V^T key order cfg reads
+    q, k, v, x = _inputs(B, Sq, Sk, H, Hkv, D, block_m=block_m, block_n=block_n, zero_v_blocks=zero_v_blocks,
+                         v_key_perm=cfg.v_perm)
+    assert fp8.supported(*_args(x), causal=causal, block_m=block_m, block_n=block_n, config=config,
+                         v_key_perm=x.v_key_perm)
     out, lse = fp8.attention_fa3_fp8_fwd(*_args(x), causal=causal, softmax_scale=scale, block_m=block_m,
-                                         block_n=block_n, config=config)
+                                         block_n=block_n, config=config, v_key_perm=x.v_key_perm)
     torch.cuda.synchronize()
-    cfg = config or fp8.default_config(D, block_n, causal)
     emu, emu_lse = _emulation(x, Sk, causal, cfg.block_n, scale)
     exact = attention_ref(q.double(), k.double(), v.double(), causal=causal, softmax_scale=scale)
     assert out.shape == (B, Sq, H, D) and out.dtype == torch.bfloat16 and torch.isfinite(out).all()
@@ -88,7 +91,7 @@ def _check(B, Sq, Sk, H, Hkv, D, causal, *, config=None, block_m=128, block_n=12
         tri_m = min(128, block_m)
         tri_cfg = Fp8Config(block_m=tri_m, block_n=cfg.block_n, num_warps=8 if tri_m == 128 else 4, num_stages=2)
         tri = attention_fp8_quantized(*_args(x), causal=causal, softmax_scale=scale, block_m=block_m,
-                                      block_n=block_n, config=tri_cfg)
+                                      block_n=block_n, config=tri_cfg, v_key_perm=x.v_key_perm)
         e_tri = _rmse(tri, exact)
         assert e_out <= 1.1 * e_tri + 1e-6, (cfg, e_out, e_tri)
         assert _rmse(out, tri) <= 0.5 * e_emu, (cfg, _rmse(out, tri), e_emu)
@@ -273,14 +276,25 @@ def test_v_perm_against_the_default(D, causal):
     ref, ref_lse = fp8.attention_fa3_fp8_fwd(*_args(x), causal=causal, config=table["pp"])
     args = list(_args(x))
     args[2] = fp8.permute_v_keys(args[2], Sk)
-    out, lse = fp8.attention_fa3_fp8_fwd(*args, causal=causal, config=table["pp_vperm"])
+    out, lse = fp8.attention_fa3_fp8_fwd(*args, causal=causal, config=table["pp_vperm"], v_key_perm=True)
     emu, _ = _emulation(x, Sk, causal, 128)
     e_fp8 = _rmse(emu, attention_ref(q.double(), k.double(), v.double(), causal=causal))
     assert torch.isfinite(out).all()
     assert _rmse(out, ref) <= 0.05 * e_fp8, (_rmse(out, ref), e_fp8)
     assert torch.equal(lse, ref_lse)  # S and the softmax statistics do not involve V
     short = args[2][..., :1500]  # >= Sk keys but not the last group whole (a view: rows stay 1504 keys apart)
-    assert "v_perm" in fp8.unsupported(args[0], args[1], short, *args[3:], causal=causal, config=table["pp_vperm"])
+    assert "32-key groups" in fp8.unsupported(args[0], args[1], short, *args[3:], causal=causal,
+                                              config=table["pp_vperm"], v_key_perm=True)
+    # a config and a layout that disagree are refused, not run
+    assert "v_key_perm=False" in fp8.unsupported(*args, causal=causal, config=table["pp_vperm"])
+    assert "v_key_perm=True" in fp8.unsupported(*args, causal=causal, config=table["pp"], v_key_perm=True)
+    # the pre-pass writes that order itself, and the default config for a permuted V^T is a v_perm one
+    x2 = _inputs(2, 1500, Sk, 8, 2, D, v_key_perm=True)[3]
+    assert torch.equal(x2.v8.view(torch.uint8), args[2].view(torch.uint8))
+    out2, _ = fp8.attention_fa3_fp8_fwd(*_args(x2), causal=causal, v_key_perm=True)
+    assert fp8.default_config(D, 128, causal, v_perm=True).v_perm
+    assert torch.equal(out2, fp8.attention_fa3_fp8_fwd(*args, causal=causal, v_key_perm=True,
+                                                       config=fp8.default_config(D, 128, causal, v_perm=True))[0])
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -304,3 +318,27 @@ def test_ops_dispatch_takes_the_gluon_kernel(causal):
     emu = attention_fp8_quantized(*args, causal=causal, impl="emulation")
     for out in (auto, attention_fp8_quantized(*args, causal=causal, impl="triton")):
         assert _rmse(out, exact) <= 1.1 * _rmse(emu, exact) + 1e-6
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_ops_at_d256_take_v_keys_permuted(causal):
+    """D 256's default config reads V^T's keys permuted: attention_fp8 quantizes in that order and runs it (bitwise
+    the kernel on quantize_fp8(..., v_key_perm=True)); the permuted tensors through the Triton kernel and the
+    emulation (which restore the natural order first) give what the natural ones give."""
+    _hopper()
+    from flashscale.ops import attention_fp8, attention_fp8_quantized, quantize_fp8
+
+    assert fp8.default_config(256, 128, causal).v_perm
+    torch.manual_seed(0)
+    q = torch.randn(2, 1000, 8, 256, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 999, 2, 256, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    xp, xn = quantize_fp8(q, k, v, v_key_perm=True), quantize_fp8(q, k, v)
+    direct, _ = fp8.attention_fa3_fp8_fwd(*xp.args(), causal=causal, v_key_perm=True)
+    assert torch.equal(attention_fp8(q, k, v, causal=causal), direct)
+    assert torch.equal(attention_fp8_quantized(*xp.args(), causal=causal, v_key_perm=True), direct)
+    for impl in ("triton", "emulation"):
+        assert torch.equal(attention_fp8_quantized(*xp.args(), causal=causal, v_key_perm=True, impl=impl),
+                           attention_fp8_quantized(*xn.args(), causal=causal, impl=impl)), impl
+    exact = attention_ref(q.double(), k.double(), v.double(), causal=causal)
+    emu = attention_fp8_quantized(*xn.args(), causal=causal, impl="emulation")
+    assert _rmse(direct, exact) <= 1.1 * _rmse(emu, exact) + 1e-6

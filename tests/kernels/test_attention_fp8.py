@@ -37,6 +37,34 @@ def test_kernel_matches_emulation(shape, causal):
         assert torch.all(out[:, :Sq - Sk] == 0)
 
 
+@pytest.mark.parametrize("impl", ["triton", "emulation"])
+def test_v_keys_permuted_round_trip(impl):
+    """quantize_fp8(..., v_key_perm=True): V^T's keys permuted within 32-key groups (the Gluon kernel's v_perm order,
+    whole groups, zero padding), bitwise the natural layout permuted (the Triton pre-pass writes it, the reference
+    permutes after); attention_fp8_quantized(..., v_key_perm=True) restores the order for the Triton kernel and the
+    emulation: the same output as the natural tensors'."""
+    from flashscale.reference.attention_fp8 import permute_v_keys, unpermute_v_keys, v_key_of_slot
+
+    B, S, H, Hkv, D = 2, 45, 4, 2, 16  # 45 keys: one whole 32-key group and a ragged one
+    q = torch.randn(B, S, H, D, dtype=torch.float16)
+    k, v = (torch.randn(B, S, Hkv, D, dtype=torch.float16) for _ in range(2))
+    xn = quantize_fp8(q, k, v, block_m=16, block_n=16, impl=impl)
+    xp = quantize_fp8(q, k, v, block_m=16, block_n=16, impl=impl, v_key_perm=True)
+    assert xp.v_key_perm and not xn.v_key_perm and xp.v8.shape[-1] == 64 and xn.v8.shape[-1] == 48
+    assert torch.equal(xp.v8.view(torch.uint8), permute_v_keys(xn.v8, S).view(torch.uint8))
+    assert any(v_key_of_slot(j) != j for j in range(32))  # a real permutation, so the test can fail
+    assert not torch.equal(xp.v8[..., :S].view(torch.uint8), xn.v8[..., :S].view(torch.uint8))
+    assert torch.equal(unpermute_v_keys(xp.v8, S).view(torch.uint8), xn.v8.view(torch.uint8))
+    kw = dict(causal=True, block_m=16, block_n=16, out_dtype=torch.float32, impl=impl,
+              config=TILE if impl == "triton" else None)
+    assert torch.equal(attention_fp8_quantized(*xp.args(), v_key_perm=True, **kw),
+                       attention_fp8_quantized(*xn.args(), **kw))
+    with pytest.raises(ValueError, match="whole 32-key groups"):
+        attention_fp8_quantized(*xp.args()[:2], xp.v8[..., :48], *xp.args()[3:], v_key_perm=True, **kw)
+    with pytest.raises(TypeError, match="v_key_perm must be a bool"):
+        quantize_fp8(q, k, v, v_key_perm=1)
+
+
 def _bound(q, k, v, scale):
     """Worst-case error of the FP8 forward, from e4m3's relative step u = 2^-4 (round to nearest, 3
     mantissa bits) on q, k, v and P: a score moves by at most eps = scale * (2u + u^2) * sum|q_i k_i|,

@@ -64,6 +64,7 @@ import torch
 from flashscale.kernels.attention_fa3 import _num_sms, head_group
 from flashscale.kernels.attention_tune import capability
 from flashscale.kernels.hadamard import padded_len
+from flashscale.reference.attention_fp8 import permute_v_keys, unpermute_v_keys, v_key_of_slot  # noqa: F401
 
 try:  # Gluon is experimental: absent from older Tritons, and its API moves between releases
     import triton
@@ -157,7 +158,8 @@ class FA3Fp8Config:
     # V^T's keys permuted within every 32-key group (v8 from permute_v_keys): then P's e4m3 bytes are already in the
     # threads the FP8 A operand wants and only two PRMT a register pair move them (no SHFL / SEL: _ACC_TO_A's
     # shuffles were ~11 % of the D 128 loop, docs/attention_fp8.md "SASS audit"); the PV wgmma pairs slot k of a group
-    # with key v_key_of_slot(k), which is what v8 holds there. Opt-in until its first GPU run.
+    # with key v_key_of_slot(k), which is what v8 holds there (quantize_fp8(..., v_key_perm=True) writes it). Session
+    # 27 on the H200: D 256 +2-9 % (the default there since), D 128 -0.3-2.5 % (not taken).
     v_perm: bool = False
 
     @property
@@ -224,18 +226,25 @@ TUNING_CONFIGS = {
         "pp_vperm": _C(block_m=128, block_n=128, stages=2, v_perm=True),  # as at D 128
     },
 }
-# Defaults, (head dim, causal) -> config, for the default quantization (128-row K/V blocks): spill-free (the compile
-# test checks), not yet timed (the sweep picks). D 256 causal takes 64-key tiles: 128 spills in the mask.
+# Defaults, (head dim, causal) -> config, for the default quantization (128-row K/V blocks), from the sweeps. D 256
+# takes V^T's keys permuted, 128-key tiles causal too: session 27's sweep (attention-fa3-fp8-sweep-vperm-h200.json)
+# had pp_vperm 2-9 % over pp, and every sweep since 2026-11-29 had pp causal 15-25 % over the 64-key tiles that
+# were the causal default for being spill-free; ptxas spills 4 B (full) / 76 B (causal, the diagonal's mask) there,
+# which the compile test holds them to (SPILL_ALLOWANCE).
 DEFAULT_CONFIGS = {(64, False): TUNING_CONFIGS[64]["pp"], (64, True): TUNING_CONFIGS[64]["pp"],
                    (128, False): TUNING_CONFIGS[128]["pp"], (128, True): TUNING_CONFIGS[128]["pp"],
-                   (256, False): TUNING_CONFIGS[256]["pp"], (256, True): TUNING_CONFIGS[256]["pp_n64_s3"]}
+                   (256, False): TUNING_CONFIGS[256]["pp_vperm"], (256, True): TUNING_CONFIGS[256]["pp_vperm"]}
 
 
-def default_config(head_dim: int, quant_block_n: int = 128, causal: bool = False) -> FA3Fp8Config:
-    """The default config whose key tile divides the quantization block (e.g. 64 -> 64-key tiles)."""
+def default_config(head_dim: int, quant_block_n: int = 128, causal: bool = False,
+                   v_perm: bool | None = None) -> FA3Fp8Config:
+    """The default config whose key tile divides the quantization block (e.g. 64 -> 64-key tiles). v_perm: the
+    layout of the V^T at hand (True: keys permuted, False: natural order; None: the default's own)."""
     cfg = DEFAULT_CONFIGS[(head_dim, bool(causal))]
     if quant_block_n % cfg.block_n:
         cfg = replace(cfg, block_n=quant_block_n)
+    if v_perm is not None and cfg.v_perm != v_perm:
+        cfg = replace(cfg, v_perm=bool(v_perm))
     return cfg
 
 
@@ -822,7 +831,7 @@ def _layout(shape, dtype: torch.dtype):
 
 def unsupported(q8, k8, v8, q_descale=None, k_descale=None, v_descale=None, *, causal: bool = False,
                 block_m: int = 128, block_n: int = 128, out_dtype: torch.dtype = torch.bfloat16,
-                config: FA3Fp8Config | None = None) -> str | None:
+                config: FA3Fp8Config | None = None, v_key_perm: bool = False) -> str | None:
     """Why attention_fa3_fp8_fwd cannot run these inputs, or None. Shapes and dtypes beyond what this
     kernel needs are validated by flashscale.ops.attention_fp8_quantized."""
     if not all(isinstance(t, torch.Tensor) for t in (q8, k8, v8)):
@@ -854,28 +863,14 @@ def unsupported(q8, k8, v8, q_descale=None, k_descale=None, v_descale=None, *, c
         return "fa3 fp8 needs v8 (B, Hkv, D, Sk_pad) row-major with rows 16-byte aligned (Sk_pad % 16 == 0)"
     if any(t.data_ptr() % 16 for t in (q8, k8, v8)):
         return "fa3 fp8 needs 16-byte aligned q8, k8, v8"
-    cfg = config or default_config(D, block_n, causal)
+    cfg = config or default_config(D, block_n, causal, v_perm=bool(v_key_perm))
+    if cfg.v_perm != bool(v_key_perm):
+        return (f"config.v_perm={cfg.v_perm} reads V^T's keys {'permuted' if cfg.v_perm else 'in natural order'} "
+                f"but v_key_perm={bool(v_key_perm)} says v8 holds them {'permuted' if v_key_perm else 'in order'}")
     if cfg.v_perm and v8.shape[3] < padded_len(Sk, 32):
-        return (f"v_perm: v8 must hold whole 32-key groups (permute_v_keys), >= {padded_len(Sk, 32)} keys; got "
+        return (f"v_key_perm: v8 must hold whole 32-key groups (permute_v_keys), >= {padded_len(Sk, 32)} keys; got "
                 f"{v8.shape[3]}")
     return config_error(D, cfg, quant_block_n=block_n, out_dtype=out_dtype)
-
-
-def v_key_of_slot(k):
-    """The key a permuted V^T (FA3Fp8Config.v_perm) holds at column k: within each 32-key group, slot 4t + i of a
-    16-key half holds key 2t + (i & 1) + 8 (i >> 1) of that half (the accumulator columns of lane t's registers).
-    Works on ints and integer tensors."""
-    return (k & ~15) | (((k >> 2) & 3) << 1) | (k & 1) | (((k >> 1) & 1) << 3)
-
-
-def permute_v_keys(v8: torch.Tensor, seqlen_k: int) -> torch.Tensor:
-    """v8 (B, Hkv, D, >= seqlen_k) in natural key order -> (B, Hkv, D, seqlen_k rounded up to 32) with column k
-    holding key v_key_of_slot(k) (zeros for keys >= seqlen_k): the V^T a v_perm config reads."""
-    n = padded_len(seqlen_k, 32)
-    nat = torch.zeros((*v8.shape[:3], n), dtype=v8.dtype, device=v8.device)
-    nat[..., :seqlen_k] = v8[..., :seqlen_k]
-    src = v_key_of_slot(torch.arange(n, device=v8.device))
-    return nat[..., src].contiguous()
 
 
 def supported(q8, k8, v8, q_descale=None, k_descale=None, v_descale=None, **kw) -> bool:
@@ -885,14 +880,17 @@ def supported(q8, k8, v8, q_descale=None, k_descale=None, v_descale=None, **kw) 
 
 def attention_fa3_fp8_fwd(q8, k8, v8, q_descale, k_descale, v_descale, *, causal: bool = False,
                           softmax_scale: float | None = None, block_m: int = 128, block_n: int = 128,
-                          out_dtype: torch.dtype = torch.bfloat16, config: FA3Fp8Config | None = None):
+                          out_dtype: torch.dtype = torch.bfloat16, config: FA3Fp8Config | None = None,
+                          v_key_perm: bool = False):
     """out (B, Sq, H, D) in out_dtype and lse (B, H, Sq) fp32 of the FP8 forward (module docstring).
 
     Arguments as flashscale.ops.attention_fp8_quantized: q8 (B, Sq, H, D), k8 (B, Sk, Hkv, D), v8 transposed
     (B, Hkv, D, Sk_pad) e4m3; q_descale (B, H, ceil(Sq / block_m)), k/v_descale (B, Hkv, ceil(Sk / block_n))
-    fp32; block_m / block_n the quantization blocks. config: an FA3Fp8Config (default_config(D, block_n, causal))."""
+    fp32; block_m / block_n the quantization blocks. config: an FA3Fp8Config (default_config(D, block_n, causal,
+    v_key_perm)). v_key_perm: v8's keys permuted within 32-key groups (permute_v_keys; quantize_fp8(...,
+    v_key_perm=True)), which configs with v_perm read and the others do not."""
     why = unsupported(q8, k8, v8, q_descale, k_descale, v_descale, causal=causal, block_m=block_m,
-                      block_n=block_n, out_dtype=out_dtype, config=config)
+                      block_n=block_n, out_dtype=out_dtype, config=config, v_key_perm=v_key_perm)
     if why is not None:
         raise ValueError(f"attention_fa3_fp8_fwd: {why}")
     B, Sq, H, D = q8.shape
@@ -903,24 +901,24 @@ def attention_fa3_fp8_fwd(q8, k8, v8, q_descale, k_descale, v_descale, *, causal
     if k8.shape[1] == 0:  # no keys: every row is empty (and a TMA box needs a non-empty tensor)
         return out.zero_(), lse.fill_(float("-inf"))
     grid, args, constexprs = _launch(q8, k8, v8, q_descale, k_descale, v_descale, out, lse, causal, softmax_scale,
-                                     block_m, block_n, config)
+                                     block_m, block_n, config or default_config(D, block_n, causal, bool(v_key_perm)))
     _fa3_fp8_fwd_kernel[grid](*args, **constexprs)
     return out, lse
 
 
 def precompile(q8, k8, v8, q_descale, k_descale, v_descale, *, causal: bool = False, block_m: int = 128,
                block_n: int = 128, out_dtype: torch.dtype = torch.bfloat16,
-               config: FA3Fp8Config | None = None) -> None:
+               config: FA3Fp8Config | None = None, v_key_perm: bool = False) -> None:
     """Compile (into Triton's cache, without launching) the kernel attention_fa3_fp8_fwd would run."""
     why = unsupported(q8, k8, v8, q_descale, k_descale, v_descale, causal=causal, block_m=block_m,
-                      block_n=block_n, out_dtype=out_dtype, config=config)
+                      block_n=block_n, out_dtype=out_dtype, config=config, v_key_perm=v_key_perm)
     if why is not None:
         raise ValueError(f"precompile: {why}")
     B, Sq, H, D = q8.shape
     out = torch.empty((B, Sq, H, D), dtype=out_dtype, device=q8.device)
     lse = torch.empty((B, H, Sq), device=q8.device, dtype=torch.float32)
     grid, args, constexprs = _launch(q8, k8, v8, q_descale, k_descale, v_descale, out, lse, causal, None, block_m,
-                                     block_n, config)
+                                     block_n, config or default_config(D, block_n, causal, bool(v_key_perm)))
     _fa3_fp8_fwd_kernel.warmup(*args, grid=grid, **constexprs)
 
 
@@ -929,7 +927,7 @@ def _launch(q8, k8, v8, qd, kd, vd, out, lse, causal, softmax_scale, block_m, bl
     B, Sq, H, D = q8.shape
     Sk, Hkv = k8.shape[1], k8.shape[2]
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D)
-    cfg = config or default_config(D, block_n, causal)
+    cfg = config
     sub = cfg.sub_m
     # (B, S, heads * D) views: the box (1, rows, D) at [b, row, head * D] stays inside batch b, so TMA
     # zero-fills rows past this sequence's end and clips stores there.

@@ -6,8 +6,9 @@
 
 Layouts: q (B, Sq, H, D), k/v (B, Sk, Hkv, D) with H % Hkv == 0 (GQA/MQA); D a power of 2 in [16, 256]
 (64, 128 and 256 are the tuned sizes). Pre-quantized: q8 (B, Sq, H, D), k8 (B, Sk, Hkv, D) e4m3, v8
-TRANSPOSED (B, Hkv, D, Sk_pad >= Sk) e4m3 (the FP8 tensor cores' K-major layout, see kernels/hadamard.py);
-descales float32 (B, H, ceil(Sq / block_m)) and (B, Hkv, ceil(Sk / block_n)), dequantized x = x8 * descale.
+TRANSPOSED (B, Hkv, D, Sk_pad >= Sk) e4m3 (the FP8 tensor cores' K-major layout, see kernels/hadamard.py), its
+keys in natural order or, with v_key_perm=True, permuted within 32-key groups (reference.attention_fp8.permute_v_keys:
+the order the Gluon kernel's v_perm configs read, which quantize_fp8 writes at no cost); descales float32 (B, H, ceil(Sq / block_m)) and (B, Hkv, ceil(Sk / block_n)), dequantized x = x8 * descale.
 Causal is aligned bottom-right. Forward only in FP8: attention_fp8 is differentiable through the
 training recipe below, attention_fp8_quantized is not.
 
@@ -31,7 +32,8 @@ from dataclasses import dataclass
 import torch
 
 from flashscale.reference.attention_fp8 import (DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, E4M3, Fp8Inputs,
-                                                attention_fp8_quantized_ref, quantize_qkv_ref)
+                                                attention_fp8_quantized_ref, permute_v_keys, quantize_qkv_ref,
+                                                unpermute_v_keys)
 
 _IN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _IMPLS = ("auto", "fa3", "triton", "emulation")
@@ -40,7 +42,8 @@ _IMPLS = ("auto", "fa3", "triton", "emulation")
 @dataclass(frozen=True, kw_only=True)
 class Fp8QKV:
     """The pre-pass's output, in the kernel's layout: q8 (B, Sq, H, D), k8 (B, Sk, Hkv, D), v8 transposed
-    (B, Hkv, D, Sk_pad) e4m3; descales float32 (B, H, nq) / (B, Hkv, nk); the quantization blocks."""
+    (B, Hkv, D, Sk_pad) e4m3 (v_key_perm: its keys permuted within 32-key groups); descales float32 (B, H, nq) /
+    (B, Hkv, nk); the quantization blocks."""
 
     q8: torch.Tensor
     k8: torch.Tensor
@@ -50,6 +53,11 @@ class Fp8QKV:
     v_descale: torch.Tensor
     block_m: int
     block_n: int
+    v_key_perm: bool = False
+
+    def args(self) -> tuple:
+        """(q8, k8, v8, q_descale, k_descale, v_descale): attention_fp8_quantized's positional arguments."""
+        return self.q8, self.k8, self.v8, self.q_descale, self.k_descale, self.v_descale
 
 
 def _use_kernel(t: torch.Tensor, impl: str) -> bool:
@@ -107,10 +115,12 @@ def _scale(softmax_scale, D: int) -> float:
 
 
 def quantize_fp8(q, k, v, *, hadamard: bool = True, block_quant: bool = True, seed: int = 0,
-                 block_m: int = DEFAULT_BLOCK_M, block_n: int = DEFAULT_BLOCK_N, impl: str = "auto") -> Fp8QKV:
+                 block_m: int = DEFAULT_BLOCK_M, block_n: int = DEFAULT_BLOCK_N, impl: str = "auto",
+                 v_key_perm: bool = False) -> Fp8QKV:
     """The pre-pass: random-sign Hadamard on Q and K (hadamard=True; the same seeded signs for both, so
     Q K^T is unchanged), then e4m3 with one scale per block_m rows of Q / block_n rows of K and V per head
-    (block_quant=False: one scale a tensor, FA3's baseline). V comes back transposed."""
+    (block_quant=False: one scale a tensor, FA3's baseline). V comes back transposed, with v_key_perm=True its keys
+    permuted within 32-key groups (the Gluon kernel's v_perm order; pass the flag on to attention_fp8_quantized)."""
     _check_shapes(q, k, v)
     if v.shape != k.shape:
         raise ValueError(f"v must have k's shape {tuple(k.shape)}; got {tuple(v.shape)}")
@@ -120,32 +130,37 @@ def quantize_fp8(q, k, v, *, hadamard: bool = True, block_quant: bool = True, se
     block_m, block_n = _check_block("block_m", block_m), _check_block("block_n", block_n)
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
         raise ValueError(f"seed must be an int in [0, 2**63); got {seed!r}")
+    if not isinstance(v_key_perm, bool):
+        raise TypeError(f"v_key_perm must be a bool; got {type(v_key_perm).__name__}")
     if _use_kernel(q, impl):
         from flashscale.kernels.hadamard import hadamard_quant  # kernels load on first use
 
         pt = not block_quant
         q8, qd = hadamard_quant(q, block=block_m, hadamard=hadamard, seed=seed, per_tensor=pt)
         k8, kd = hadamard_quant(k, block=block_n, hadamard=hadamard, seed=seed, per_tensor=pt)
-        v8, vd = hadamard_quant(v, block=block_n, hadamard=False, transpose=True, per_tensor=pt)
+        v8, vd = hadamard_quant(v, block=block_n, hadamard=False, transpose=True, per_tensor=pt, key_perm=v_key_perm)
         return Fp8QKV(q8=q8, k8=k8, v8=v8, q_descale=qd, k_descale=kd, v_descale=vd, block_m=block_m,
-                      block_n=block_n)
+                      block_n=block_n, v_key_perm=v_key_perm)
     x = quantize_qkv_ref(q, k, v, hadamard=hadamard, block_quant=block_quant, seed=seed, block_m=block_m,
                          block_n=block_n)
     sp = -(-k.shape[1] // 16) * 16
     vt = torch.zeros((*x.v8.shape[:1], x.v8.shape[2], x.v8.shape[3], sp), dtype=E4M3, device=v.device)
     vt[..., :k.shape[1]] = x.v8.permute(0, 2, 3, 1)  # (B, Hkv, D, Sk): the kernel's layout
+    if v_key_perm:
+        vt = permute_v_keys(vt, k.shape[1])
     return Fp8QKV(q8=x.q8, k8=x.k8, v8=vt, q_descale=x.q_descale, k_descale=x.k_descale, v_descale=x.v_descale,
-                  block_m=block_m, block_n=block_n)
+                  block_m=block_m, block_n=block_n, v_key_perm=v_key_perm)
 
 
 def attention_fp8_quantized(q8, k8, v8, q_descale, k_descale, v_descale, *, causal: bool = False,
                             softmax_scale: float | None = None, block_m: int = DEFAULT_BLOCK_M,
                             block_n: int = DEFAULT_BLOCK_N, out_dtype: torch.dtype = torch.bfloat16,
-                            return_lse: bool = False, impl: str = "auto", config=None):
+                            return_lse: bool = False, impl: str = "auto", config=None, v_key_perm: bool = False):
     """FP8 attention on pre-quantized inputs (layouts in the module docstring). Returns out (B, Sq, H, D)
     in out_dtype [, lse (B, H, Sq) float32]. softmax_scale defaults to 1/sqrt(head_dim). Not differentiable.
     config: a kernels.attention_fa3_fp8.FA3Fp8Config or a kernels.attention_fp8.Fp8Config (the kernel it picks;
-    tiles dividing the blocks) for tests and tuning."""
+    tiles dividing the blocks) for tests and tuning. v_key_perm: v8's keys are permuted within 32-key groups
+    (quantize_fp8(..., v_key_perm=True)); the Gluon kernel reads them so, the other paths restore the order first."""
     if not isinstance(v8, torch.Tensor):
         raise TypeError(f"v8 must be a torch.Tensor; got {type(v8).__name__}")
     B, Sq, H, D, Sk, Hkv = _check_shapes(q8, k8, v8.transpose(-1, -2) if v8.dim() == 4 else v8,
@@ -155,9 +170,13 @@ def attention_fp8_quantized(q8, k8, v8, q_descale, k_descale, v_descale, *, caus
             raise TypeError(f"{n}.dtype must be torch.float8_e4m3fn; got {t.dtype}")
         if t.stride(-1) != 1 and t.shape[-1] > 1:
             raise ValueError(f"{n} must have a contiguous last dimension (stride 1); got stride {t.stride(-1)}")
-    if v8.shape[0] != B or v8.shape[1] != Hkv or v8.shape[2] != D or v8.shape[3] < Sk:
-        raise ValueError(f"v8 must be transposed (batch={B}, kv_heads={Hkv}, head_dim={D}, seqlen_k_padded>={Sk})"
-                         f" (quantize_fp8's layout); got {tuple(v8.shape)}")
+    if not isinstance(v_key_perm, bool):
+        raise TypeError(f"v_key_perm must be a bool; got {type(v_key_perm).__name__}")
+    min_cols = -(-Sk // 32) * 32 if v_key_perm else Sk
+    if v8.shape[0] != B or v8.shape[1] != Hkv or v8.shape[2] != D or v8.shape[3] < min_cols:
+        raise ValueError(f"v8 must be transposed (batch={B}, kv_heads={Hkv}, head_dim={D}, seqlen_k_padded>="
+                         f"{min_cols}{', whole 32-key groups with v_key_perm' if v_key_perm else ''}) "
+                         f"(quantize_fp8's layout); got {tuple(v8.shape)}")
     block_m, block_n = _check_block("block_m", block_m), _check_block("block_n", block_n)
     for n, t, shape in (("q_descale", q_descale, (B, H, -(-Sq // block_m))),
                         ("k_descale", k_descale, (B, Hkv, -(-Sk // block_n))),
@@ -176,15 +195,17 @@ def attention_fp8_quantized(q8, k8, v8, q_descale, k_descale, v_descale, *, caus
 
         fa3_config = config if isinstance(config, fa3.FA3Fp8Config) else None
         why = (fa3.unsupported(q8, k8, v8, q_descale, k_descale, v_descale, causal=bool(causal), block_m=block_m,
-                               block_n=block_n, out_dtype=out_dtype, config=fa3_config)
+                               block_n=block_n, out_dtype=out_dtype, config=fa3_config, v_key_perm=v_key_perm)
                if config is None or fa3_config is not None else "config is a Triton Fp8Config")
         if why is None:
             out, lse = fa3.attention_fa3_fp8_fwd(q8, k8, v8, q_descale, k_descale, v_descale, causal=bool(causal),
                                                  softmax_scale=scale, block_m=block_m, block_n=block_n,
-                                                 out_dtype=out_dtype, config=fa3_config)
+                                                 out_dtype=out_dtype, config=fa3_config, v_key_perm=v_key_perm)
             return (out, lse) if return_lse else out
         if impl == "fa3":
             raise ValueError(f"impl='fa3' cannot take these inputs: {why}; use impl='auto' or 'triton'")
+    if v_key_perm:  # the Triton kernel and the emulation read V^T's keys in natural order
+        v8 = unpermute_v_keys(v8, Sk)
     if _use_kernel(q8, impl):
         from flashscale.kernels.attention_fp8 import attention_fp8_fwd
 
@@ -201,12 +222,23 @@ def attention_fp8_quantized(q8, k8, v8, q_descale, k_descale, v_descale, *, caus
     return (out, lse) if return_lse else out
 
 
+def _wants_key_perm(q: torch.Tensor, causal: bool, impl: str) -> bool:
+    """Whether the Gluon kernel's default config for these inputs reads V^T's keys permuted (so the pre-pass
+    should write them so)."""
+    if impl not in ("auto", "fa3") or not _use_kernel(q, impl):
+        return False
+    from flashscale.kernels import attention_fa3_fp8 as fa3
+
+    D = q.shape[-1]
+    return D in fa3.HEAD_DIMS and fa3.default_config(D, DEFAULT_BLOCK_N, causal).v_perm
+
+
 def _fp8_forward(q, k, v, causal, scale, hadamard, block_quant, seed, impl):
-    x = quantize_fp8(q, k, v, hadamard=hadamard, block_quant=block_quant, seed=seed, impl=impl)
+    x = quantize_fp8(q, k, v, hadamard=hadamard, block_quant=block_quant, seed=seed, impl=impl,
+                     v_key_perm=_wants_key_perm(q, causal, impl))
     out_dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.float32
-    return attention_fp8_quantized(x.q8, x.k8, x.v8, x.q_descale, x.k_descale, x.v_descale, causal=causal,
-                                   softmax_scale=scale, block_m=x.block_m, block_n=x.block_n, out_dtype=out_dtype,
-                                   impl=impl)
+    return attention_fp8_quantized(*x.args(), causal=causal, softmax_scale=scale, block_m=x.block_m,
+                                   block_n=x.block_n, out_dtype=out_dtype, impl=impl, v_key_perm=x.v_key_perm)
 
 
 class Fp8AttentionFunction(torch.autograd.Function):

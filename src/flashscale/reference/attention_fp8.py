@@ -108,6 +108,35 @@ def dequantize_blocks_ref(x8: torch.Tensor, descale: torch.Tensor, block: int) -
     return x8.to(torch.float32) * d
 
 
+def v_key_of_slot(k):
+    """The key a key-permuted V^T (the FA3 FP8 kernel's v_perm layout) holds at column k: within each 32-key group,
+    slot 4t + i of a 16-key half holds key 2t + (i & 1) + 8 (i >> 1) of that half (the wgmma accumulator columns of
+    lane t's registers, so P reaches the FP8 A operand without shuffles). Works on ints and integer tensors."""
+    return (k & ~15) | (((k >> 2) & 3) << 1) | (k & 1) | (((k >> 1) & 1) << 3)
+
+
+def permute_v_keys(vt: torch.Tensor, seqlen_k: int) -> torch.Tensor:
+    """vt (..., >= seqlen_k) in natural key order -> (..., seqlen_k rounded up to 32) with column k holding key
+    v_key_of_slot(k) (zeros for keys >= seqlen_k): the key-permuted V^T."""
+    n = -(-seqlen_k // 32) * 32
+    nat = torch.zeros((*vt.shape[:-1], n), dtype=vt.dtype, device=vt.device)
+    nat[..., :seqlen_k] = vt[..., :seqlen_k]
+    return nat[..., v_key_of_slot(torch.arange(n, device=vt.device))].contiguous()
+
+
+def unpermute_v_keys(vt: torch.Tensor, seqlen_k: int) -> torch.Tensor:
+    """Inverse of permute_v_keys: a key-permuted V^T (..., >= seqlen_k rounded up to 32) -> natural key order
+    (..., seqlen_k rounded up to 16), zeros past seqlen_k (the layout quantize_fp8 writes without key permutation)."""
+    n = -(-seqlen_k // 32) * 32
+    if vt.shape[-1] < n:
+        raise ValueError(f"a key-permuted V^T holds whole 32-key groups: >= {n} columns for seqlen_k={seqlen_k}; "
+                         f"got {vt.shape[-1]}")
+    slot_of_key = torch.argsort(v_key_of_slot(torch.arange(n, device=vt.device)))
+    out = torch.zeros((*vt.shape[:-1], -(-seqlen_k // 16) * 16), dtype=vt.dtype, device=vt.device)
+    out[..., :seqlen_k] = vt[..., slot_of_key[:seqlen_k]]
+    return out
+
+
 @dataclass(frozen=True, kw_only=True)
 class Fp8Inputs:
     """Quantized Q, K, V in the emulation's layout: q8 (B, Sq, H, D), k8/v8 (B, Sk, Hkv, D) e4m3;
