@@ -58,6 +58,9 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fp8v27    # ~5 min: FP8 with V^T's keys permuted (unrun)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh diag27    # ~9 min: the backward's launch cache (tests),
 #                                                                  # the d128 short cells' swings (unrun)
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fp8d27    # ~4 min: FP8 D 256 default with V^T's keys permuted
+#                                                                  # + backward launch cache: GPU tests, FP8 grid
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid27    # ~7 min: the grid, backward launch cache on
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -117,6 +120,18 @@ case "${1:-}" in
     step api 60 "$PY" -m pytest -q -p no:cacheprovider -n 4 tests/kernels/test_attention_api.py
     seed_attention_configs
     step attention 420 "$PY" benchmarks/attention.py --deterministic --out "$OUT" ;;
+  fp8d27)  # session 27: D 256's FP8 default reads V^T's keys permuted (pp_vperm, causal too) and the pre-pass writes
+    # them so (quantize_fp8(..., v_key_perm=True)); the Hopper backward's launch cache on by default. GPU tests of
+    # both (FP8 files whole, the API file, the launch cache), then the FP8 grid
+    step fp8_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_fp8_gpu.py \
+      tests/kernels/test_attention_fp8_gpu.py tests/kernels/test_attention_api.py tests/kernels/test_launch.py
+    step fp8 200 "$PY" benchmarks/attention_fp8.py --out "$OUT" ;;
+  grid27)  # session 27: the grid with the backward's launch cache on (fwd / bwd with the deterministic rows, then
+    # fwd_bwd alone), as grid26b
+    seed_attention_configs
+    step attention 270 "$PY" benchmarks/attention.py --deterministic --passes fwd,bwd --out "$OUT"
+    mkdir -p "$OUT/fb"
+    step fwd_bwd 170 "$PY" benchmarks/attention.py --passes fwd_bwd --out "$OUT/fb" ;;
   diag27)  # next (written in session 26): why our d128 512 / 1k cells swung 1.5-2x between rounds of grid26 / grid26b
     # (cuDNN's within 1 %; the same cells with FLASHSCALE_FA3=1 and --seqlens 512 alone were fast). First the
     # backward's launches through kernels.launch (FLASHSCALE_LAUNCH_CACHE_BWD=1, written in session 26, not yet run):
