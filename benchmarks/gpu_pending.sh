@@ -61,6 +61,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fp8d27    # ~4 min: FP8 D 256 default with V^T's keys permuted
 #                                                                  # + backward launch cache: GPU tests, FP8 grid
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid27    # ~7 min: the grid, backward launch cache on
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fp8r27    # ~4 min: the FP8 grid in 3 rounds, host cProfile
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -126,6 +127,10 @@ case "${1:-}" in
     step fp8_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_fp8_gpu.py \
       tests/kernels/test_attention_fp8_gpu.py tests/kernels/test_attention_api.py tests/kernels/test_launch.py
     step fp8 200 "$PY" benchmarks/attention_fp8.py --out "$OUT" ;;
+  fp8r27)  # session 27, last: the FP8 grid with every cell the median of 3 rounds (its rates moved ~10 % between runs),
+    # then where the forward's host time goes now (cProfile; the d128 causal 512 cells still host-bound at times)
+    step fp8 330 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT"
+    step host_profile 120 "$PY" benchmarks/attention_host.py --profile ;;
   grid27)  # session 27: the grid with the backward's launch cache on (fwd / bwd with the deterministic rows, then
     # fwd_bwd alone), as grid26b
     seed_attention_configs
