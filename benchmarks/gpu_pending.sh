@@ -62,6 +62,8 @@
 #                                                                  # + backward launch cache: GPU tests, FP8 grid
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid27    # ~7 min: the grid, backward launch cache on
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fp8r27    # ~4 min: the FP8 grid in 3 rounds, host cProfile
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh docs27    # ~5 min: the Llama's document masking on the GPU
+#                                                                  # (varlen kernels, compile), then fp8r27
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -127,6 +129,12 @@ case "${1:-}" in
     step fp8_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_fp8_gpu.py \
       tests/kernels/test_attention_fp8_gpu.py tests/kernels/test_attention_api.py tests/kernels/test_launch.py
     step fp8 200 "$PY" benchmarks/attention_fp8.py --out "$OUT" ;;
+  docs27)  # session 27: the Llama's document masking through the varlen kernels (FA2 and the Hopper varlen forward,
+    # torch.compile fullgraph), then fp8r27
+    step docs_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 2 tests/kernels/test_attention_gpu.py \
+      -k "document_masking or llama_runs or torch_compile"
+    step fp8 240 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT"
+    step host_profile 60 "$PY" benchmarks/attention_host.py --profile ;;
   fp8r27)  # session 27, last: the FP8 grid with every cell the median of 3 rounds (its rates moved ~10 % between runs),
     # then where the forward's host time goes now (cProfile; the d128 causal 512 cells still host-bound at times)
     step fp8 330 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT"

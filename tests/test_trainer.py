@@ -231,3 +231,24 @@ def test_time_budget_fits_the_schedule_and_stops(cache, tmp_path):
     last = [r for r in read_jsonl(tmp_path / "log.jsonl") if "loss" in r][-1]
     assert last["step"] == result.steps  # the last step is logged
     assert last["lr"] <= 3e-4 + 0.25 * (3e-3 - 3e-4)  # the cosine was re-fitted to end with the budget
+
+
+def test_document_masking_trains_on_the_corpus_documents(cache, tmp_path):
+    """train.document_masking: the model cuts attention at the corpus's end-of-document tokens (a row across a
+    boundary gives other logits than without the mask), and the loss falls as without it."""
+    ov = overrides(cache, **{"train.steps": "30", "data.seq_len": "256", "train.batch_size": "4",
+                             "checkpoint.every": "0", "log.every": "10", "train.document_masking": "true"})
+    tr = Trainer(load_config("tiny", ov), out_dir=tmp_path, progress=False, quiet=True)
+    tr.setup()
+    train = torch.from_numpy(tr.data.train[:].astype("int64"))
+    at = int(torch.nonzero(train == tr.data.eos_id)[0])  # a row across the first document boundary
+    model, x = tr.engine.model, train[max(0, at - 128):][:256][None]
+    assert model.document_masking and (x == tr.data.eos_id).any()
+    with torch.no_grad():
+        masked = model(x)
+        model.document_masking = False
+        plain = model(x)
+        model.document_masking = True
+    assert not torch.allclose(masked, plain, atol=1e-4)
+    result = tr.fit()
+    assert sum(result.losses[-5:]) / 5 < sum(result.losses[:5]) / 5 - 0.5, result.losses

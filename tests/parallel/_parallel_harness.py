@@ -41,7 +41,12 @@ MODELS = {
     # vocab and every unit's size divisible by 2 and 4: no padding, so bytes follow the formula exactly
     "even": dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64),
+    # document masking (attention within documents cut at eos 3, positions restarting): batches() makes every
+    # fourth token or so an eos for this one, so rows hold several documents, some of length 1
+    "gqa_docs": dict(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=5,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, eos_token_id=3),
 }
+DOC_MODELS = {"gqa_docs"}  # built with model.document_masking = True
 SEED = 1
 BATCH, SEQ, STEPS = 8, 8, 20
 
@@ -57,6 +62,8 @@ def batches(cfg: LlamaConfig, steps: int, *, batch: int = BATCH, seq: int = SEQ,
     for _ in range(steps):
         x = torch.randint(0, cfg.vocab_size, (batch, seq + 1), generator=g)
         x[:, 1:] = torch.where(torch.rand(batch, seq, generator=g) < 0.5, (x[:, :-1] + 1) % cfg.vocab_size, x[:, 1:])
+        if cfg.eos_token_id is not None:
+            x = torch.where(torch.rand(x.shape, generator=g) < 0.25, torch.full_like(x, cfg.eos_token_id), x)
         out.append((x[:, :-1].contiguous(), x[:, 1:].contiguous()))
     return out
 
@@ -75,7 +82,9 @@ def reference_run(model_name: str, steps: int, *, max_grad_norm: float | None, s
     from flashscale.train.engine import OptimConfig, SingleDeviceEngine
 
     cfg = model_config(model_name)
-    eng = SingleDeviceEngine(Llama(cfg).init_weights(SEED), OptimConfig(), dtype="float32")
+    model = Llama(cfg).init_weights(SEED)
+    model.document_masking = model_name in DOC_MODELS
+    eng = SingleDeviceEngine(model, OptimConfig(), dtype="float32")
     losses, norms = [], []
     for step, (x, y) in enumerate(batches(cfg, steps)):
         out = eng.train_step(x, y, lr=lr_at(step, steps), micro_batches=1, max_grad_norm=max_grad_norm)

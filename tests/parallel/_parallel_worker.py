@@ -37,7 +37,9 @@ def build(layout: dict, *, model=None) -> ParallelEngine:
     cfg = H.model_config(layout["model"])
     pc = parallel_config(layout)
     mesh = ParallelMesh(pc, cfg, rank=dist.get_rank(), world_size=dist.get_world_size())
-    model = model if model is not None else Llama(cfg).init_weights(H.SEED)
+    if model is None:
+        model = Llama(cfg).init_weights(H.SEED)
+        model.document_masking = layout["model"] in H.DOC_MODELS
     return ParallelEngine(cfg, pc, OptimConfig(), model=model, mesh=mesh, dtype=layout.get("dtype", "float32"))
 
 

@@ -29,7 +29,7 @@ RESHARD_AT = 3
 
 # The CI subset: every axis alone and in pairs, every ZeRO stage, every schedule, sequence parallelism,
 # replicated kv heads, tied embeddings across stages, activation checkpointing, the odd vocabulary (61)
-# and the uneven automatic split (5 layers over 2 stages: 3 + 2; over 4 chunks: 2 + 1 + 1 + 1).
+# and the uneven automatic split (5 layers over 2 stages: 3 + 2; over 4 chunks: 2 + 1 + 1 + 1); document masking.
 W2 = [
     dict(model="gqa", dp=2, zero=0, schedule="1f1b"),
     dict(model="mqa_tied", dp=2, zero=1, schedule="gpipe", activation_checkpointing="full", max_grad_norm=None),
@@ -41,11 +41,14 @@ W2 = [
     dict(model="mqa_tied", pp=2, zero=2, schedule="gpipe"),
     dict(model="gqa", pp=2, zero=3, schedule="interleaved", virtual_stages=2),
     dict(model="mqa_tied", pp=2, zero=0, schedule="interleaved", virtual_stages=2, activation_checkpointing="full"),
+    # document masking (varlen attention within documents, positions restarting): tensor + sequence parallel
+    dict(model="gqa_docs", tp=2, zero=1, sequence_parallel=True, activation_checkpointing="attention"),
 ]
 W4 = [
     dict(model="gqa", dp=2, tp=2, zero=2, sequence_parallel=True),
     dict(model="mqa_tied", pp=2, dp=2, zero=3, schedule="1f1b"),
     dict(model="gqa", pp=2, tp=2, zero=1, schedule="interleaved", virtual_stages=2, sequence_parallel=True),
+    dict(model="gqa_docs", pp=2, dp=2, zero=2, schedule="1f1b", activation_checkpointing="full"),
 ]
 # bf16 engines on an "even" model (no padding anywhere), one step, then the bytes held per rank
 MEM_W2 = [dict(model="even", dp=2, zero=z, dtype="bfloat16", grad_dtype="param") for z in range(4)] + \

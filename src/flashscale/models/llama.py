@@ -6,7 +6,13 @@ so checkpoints map by a prefix. Parallelism is applied from outside (flashscale.
 never imports torch.distributed.
 
 Shapes: B batch, S sequence (this call), T total cached length, H query heads, G kv heads, D head_dim,
-E hidden size, V vocab.
+E hidden size, V vocab, N documents.
+
+Document masking (Megatron's reset_attention_mask + reset_position_ids): with `cu_seqlens` (int32 (N + 1,), the
+document boundaries over the B * S tokens flattened row by row; `document_spans` cuts at every eos token and row
+end) attention runs in the varlen layout, a token sees only earlier tokens of its own document, and RoPE positions
+restart at 0 in each (`positions`). `model.document_masking = True` makes forward compute both from
+config.eos_token_id; the engines compute them outside a compiled forward (nonzero has a data-dependent size).
 """
 
 from __future__ import annotations
@@ -65,6 +71,24 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
+def document_spans(input_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids (B, S) -> (cu_seqlens int32 (N + 1,), positions int64 (B, S)): documents end after every eos_id
+    token and at every row's end; positions count from 0 within each document. One host sync (the count N)."""
+    if input_ids.dim() != 2 or input_ids.is_floating_point():
+        raise ValueError(f"input_ids must be (batch, seq_len) integer ids; got {input_ids.dtype} {tuple(input_ids.shape)}")
+    if not isinstance(eos_id, int) or isinstance(eos_id, bool) or eos_id < 0:
+        raise ValueError(f"eos_id must be a token id (int >= 0); got {eos_id!r}")
+    B, S = input_ids.shape
+    ends = torch.cat([input_ids[:, :-1] == eos_id, torch.ones_like(input_ids[:, :1], dtype=torch.bool)], dim=1)
+    cut = torch.nonzero(ends.flatten()).flatten() + 1  # (N,): exclusive ends over the flattened tokens
+    cu_seqlens = torch.cat([cut.new_zeros(1), cut]).to(torch.int32)
+    # a token starts a document at its row's start or right after an eos; positions count from the last start
+    starts = torch.cat([torch.ones_like(ends[:, :1]), ends[:, :-1]], dim=1)
+    t = torch.arange(S, device=input_ids.device).expand(B, S)
+    positions = t - torch.cummax(torch.where(starts, t, torch.zeros_like(t)), dim=1).values
+    return cu_seqlens, positions
+
+
 @dataclass
 class KVCache:
     """A contiguous per-layer cache: k/v (B, T_max, G, D). `length` tokens are filled."""
@@ -96,7 +120,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=bias)
 
-    def forward(self, x, cos, sin, cache: KVCache | None = None, layer: int = 0):
+    def forward(self, x, cos, sin, cache: KVCache | None = None, layer: int = 0, cu_seqlens=None):
         B, S, _ = x.shape
         # -1 for heads, not n_heads: a tensor-parallel wrapper shards the projections and the head count.
         q = self.q_proj(x).view(B, S, -1, self.head_dim)  # (B, S, H, D)
@@ -108,7 +132,12 @@ class Attention(nn.Module):
             cache.k[layer][:, t0:t0 + S] = k
             cache.v[layer][:, t0:t0 + S] = v
             k, v = cache.k[layer][:, :t0 + S], cache.v[layer][:, :t0 + S]  # (B, T, G, D)
-        out = attention(q, k, v, causal=True)  # bottom-right causal: right for prefill and decode alike
+        if cu_seqlens is not None:  # documents packed row by row: (B * S, heads, D), causal within each
+            out = attention(q.reshape(B * S, -1, self.head_dim), k.reshape(B * S, -1, self.head_dim),
+                            v.reshape(B * S, -1, self.head_dim), causal=True, cu_seqlens_q=cu_seqlens,
+                            cu_seqlens_k=cu_seqlens, max_seqlen_q=S, max_seqlen_k=S)  # S bounds every document
+        else:
+            out = attention(q, k, v, causal=True)  # bottom-right causal: right for prefill and decode alike
         return self.o_proj(out.reshape(B, S, -1))
 
 
@@ -132,8 +161,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, cache: KVCache | None = None, layer: int = 0):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer)
+    def forward(self, x, cos, sin, cache: KVCache | None = None, layer: int = 0, cu_seqlens=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, cu_seqlens)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -152,6 +181,8 @@ class Llama(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
         # "none" | "full" (every block) | "attention" (only the attention sub-layer's inputs kept)
         self.activation_checkpointing = "none"
+        # attention within documents (cut at config.eos_token_id), positions restarting in each (module docstring)
+        self.document_masking = False
 
     def init_weights(self, seed: int | None = None) -> "Llama":
         """HF's initialization: normal(0, initializer_range) for linears/embeddings, ones for norms.
@@ -179,25 +210,41 @@ class Llama(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype)[:, :, None, :], emb.sin().to(dtype)[:, :, None, :]
 
+    def document_spans(self, input_ids: torch.Tensor) -> dict:
+        """{} unless document_masking is on; else forward's cu_seqlens / positions for these ids."""
+        if not self.document_masking:
+            return {}
+        if self.config.eos_token_id is None:
+            raise ValueError("document_masking needs config.eos_token_id (the token that ends a document)")
+        cu_seqlens, positions = document_spans(input_ids, self.config.eos_token_id)
+        return {"cu_seqlens": cu_seqlens, "positions": positions}
+
     def forward(self, input_ids: torch.Tensor, *, cache: KVCache | None = None,
-                positions: torch.Tensor | None = None, hidden_only: bool = False) -> torch.Tensor:
+                positions: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
+                hidden_only: bool = False) -> torch.Tensor:
         B, S = input_ids.shape
         start = cache.length if cache is not None else 0
         if cache is not None and start + S > cache.capacity:
             raise ValueError(f"KV cache holds {cache.capacity} tokens; {start} + {S} requested")
+        if cu_seqlens is None and self.document_masking and cache is None:
+            spans = self.document_spans(input_ids)
+            cu_seqlens, positions = spans["cu_seqlens"], positions if positions is not None else spans["positions"]
+        if cu_seqlens is not None and cache is not None:
+            raise ValueError("cu_seqlens (document masking) is for training / scoring whole sequences, not with a "
+                             "KV cache")
         if positions is None:
             positions = torch.arange(start, start + S, device=input_ids.device)[None]  # (1, S)
         x = self.embed_tokens(input_ids)  # (B, S, E)
         cos, sin = self.rope(positions, x.dtype)
         for i, block in enumerate(self.layers):
             if self.activation_checkpointing == "full" and self.training and cache is None:
-                x = checkpoint(block, x, cos, sin, use_reentrant=False)
+                x = checkpoint(block, x, cos, sin, None, i, cu_seqlens, use_reentrant=False)
             elif self.activation_checkpointing == "attention" and self.training and cache is None:
-                x = x + checkpoint(lambda h, b=block: b.self_attn(b.input_layernorm(h), cos, sin),
+                x = x + checkpoint(lambda h, b=block: b.self_attn(b.input_layernorm(h), cos, sin, None, i, cu_seqlens),
                                    x, use_reentrant=False)
                 x = x + block.mlp(block.post_attention_layernorm(x))
             else:
-                x = block(x, cos, sin, cache, i)
+                x = block(x, cos, sin, cache, i, cu_seqlens)
         if cache is not None:
             cache.length = start + S
         x = self.norm(x)

@@ -173,7 +173,7 @@ class ParallelEngine:
             elif train:
                 inp = inp.detach().requires_grad_()
             with self._autocast():
-                out = stage.forward_chunk(c, inp, seq)
+                out = stage.forward_chunk(c, inp, seq, ids=xs[mb])
             if cid == last:
                 loss = vocab_parallel_cross_entropy(out, ys[mb], vocab_start=v0, vocab_stop=v1, axis=mesh.tp)
                 total = total + loss.detach()

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from flashscale.models.llama import Llama
+from flashscale.models.llama import Llama, document_spans
 
 
 class UnitHooks(Protocol):
@@ -53,6 +53,7 @@ class PipelineStage(nn.Module):
             self.tied_head_copy = True
         self.register_buffer("inv_freq", model.inv_freq.detach().clone(), persistent=False)
         self.checkpointing = "none"  # "none" | "full" | "attention"
+        self.document_masking = model.document_masking  # attention within documents (models.llama docstring)
         self.checkpoint_layers: set[int] | None = None  # None: all layers
         self.sequence_parallel = False
         self.tp_size = 1
@@ -79,10 +80,11 @@ class PipelineStage(nn.Module):
                     for n, p in self.lm_head.named_parameters()]
         return [(f"{key}.{n}", p) for n, p in self.layers[key.split(".")[1]].named_parameters()]
 
-    def rope(self, seq_len: int, dtype: torch.dtype):
-        """cos, sin (1, S, 1, D) for positions 0..S-1 (the model's own formula)."""
-        positions = torch.arange(seq_len, device=self.inv_freq.device)[None]  # (1, S)
-        freqs = positions[..., None].float() * self.inv_freq.float()  # (1, S, D/2)
+    def rope(self, seq_len: int, dtype: torch.dtype, positions: torch.Tensor | None = None):
+        """cos, sin (1 or B, S, 1, D) for positions 0..S-1 or the given (B, S) (the model's own formula)."""
+        if positions is None:
+            positions = torch.arange(seq_len, device=self.inv_freq.device)[None]  # (1, S)
+        freqs = positions[..., None].float() * self.inv_freq.float()  # (1 or B, S, D/2)
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype)[:, :, None, :], emb.sin().to(dtype)[:, :, None, :]
 
@@ -93,26 +95,36 @@ class PipelineStage(nn.Module):
         h.pre_forward(key)
         return h.post_forward(key, fn(*args))
 
-    def _block(self, i: int, x: torch.Tensor, cos, sin) -> torch.Tensor:
+    def _block(self, i: int, x: torch.Tensor, cos, sin, cu_seqlens=None) -> torch.Tensor:
         block = self.layers[str(i)]
         mode = self.checkpointing
         if mode == "none" or not (self.training and torch.is_grad_enabled()) or \
                 (self.checkpoint_layers is not None and i not in self.checkpoint_layers):
-            return block(x, cos, sin)
+            return block(x, cos, sin, None, i, cu_seqlens)
         if mode == "full":
-            return checkpoint(block, x, cos, sin, use_reentrant=False)
+            return checkpoint(block, x, cos, sin, None, i, cu_seqlens, use_reentrant=False)
         # "attention": keep only the attention sub-layer's input; its activations are recomputed
-        x = x + checkpoint(lambda h: block.self_attn(block.input_layernorm(h), cos, sin), x, use_reentrant=False)
+        x = x + checkpoint(lambda h: block.self_attn(block.input_layernorm(h), cos, sin, None, i, cu_seqlens), x,
+                           use_reentrant=False)
         return x + block.mlp(block.post_attention_layernorm(x))
 
-    def forward_chunk(self, chunk: int, x: torch.Tensor, seq_len: int) -> torch.Tensor:
+    def forward_chunk(self, chunk: int, x: torch.Tensor, seq_len: int,
+                      ids: torch.Tensor | None = None) -> torch.Tensor:
         """Local chunk `chunk`: ids (B, S) -> ... -> hidden (B, S or S/tp, E) or local logits (B, S, Vl)
-        float32 on the last chunk. seq_len: the full sequence length S."""
+        float32 on the last chunk. seq_len: the full sequence length S. ids: this micro-batch's token ids (B, S),
+        which every stage holds: with document_masking the document spans come from them."""
+        cu_seqlens = positions = None
+        if self.document_masking:
+            if ids is None:
+                raise ValueError("document_masking: forward_chunk needs the micro-batch's token ids (ids=)")
+            if self.config.eos_token_id is None:
+                raise ValueError("document_masking needs config.eos_token_id (the token that ends a document)")
+            cu_seqlens, positions = document_spans(ids, self.config.eos_token_id)
         if self.chunk_ids[chunk] == 0:
             x = self._unit("embed", self.embed_tokens, x)  # (B, S or S/tp, E)
-        cos, sin = self.rope(seq_len, x.dtype)
+        cos, sin = self.rope(seq_len, x.dtype, positions)
         for i in self.chunk_layers[chunk]:
-            x = self._unit(f"layers.{i}", self._block, i, x, cos, sin)
+            x = self._unit(f"layers.{i}", self._block, i, x, cos, sin, cu_seqlens)
         if self.chunk_ids[chunk] == self.num_chunks - 1:
             x = self._unit("norm", self.norm, x)  # (B, S, E): gathered / entered into the tp region
             x = self._unit("head", lambda h: self.lm_head(h).float(), x)  # (B, S, Vl)
@@ -126,7 +138,7 @@ class PipelineStage(nn.Module):
                                "pipeline parallelism use ParallelEngine.eval_loss")
         x = input_ids
         for c in range(len(self.chunk_ids)):
-            x = self.forward_chunk(c, x, input_ids.shape[1])
+            x = self.forward_chunk(c, x, input_ids.shape[1], ids=input_ids)
         if self.tp_size > 1:
             x = self._gather_vocab(x)
         return x[..., : self.config.vocab_size]

@@ -115,6 +115,9 @@ class TrainSection:
     dtype: Literal["float32", "bfloat16"] = "float32"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     activation_checkpointing: Literal["none", "full", "attention"] = "none"
+    # attention within documents (a sequence is cut after each eos token, RoPE positions restart at 0 in each:
+    # Megatron's reset_attention_mask + reset_position_ids), through the varlen attention kernels
+    document_masking: bool = False
     compile: bool = False  # torch.compile the model's forward
     # torch.use_deterministic_algorithms + fixed cuBLAS workspace: a rerun gives the same losses
     deterministic: bool = True

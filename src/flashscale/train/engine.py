@@ -128,6 +128,12 @@ class SingleDeviceEngine:
         self._forward = torch.compile(model) if compile else model
 
     # ------------------------------------------------------------------------------------------ step
+    def _spans(self, x: torch.Tensor) -> dict:
+        """The document masking's cu_seqlens / positions (Llama.document_spans), computed here, outside a compiled
+        forward: their count is data-dependent. {} for models without it or with it off."""
+        spans = getattr(self.model, "document_spans", None)
+        return spans(x) if spans is not None else {}
+
     def _autocast(self):
         if self.dtype == torch.float32:
             return torch.autocast(self.device.type, enabled=False)
@@ -150,7 +156,7 @@ class SingleDeviceEngine:
         total = torch.zeros((), device=self.device, dtype=torch.float32)
         for xm, ym in zip(x.chunk(micro_batches), y.chunk(micro_batches)):  # (B/m, S) each
             with self._autocast():
-                logits = self._forward(xm)  # (B/m, S, V) float32
+                logits = self._forward(xm, **self._spans(xm))  # (B/m, S, V) float32
             loss = lm_loss(logits, ym)  # equal-sized micro-batches: the mean of means is the batch mean
             (loss / micro_batches).backward()
             total += loss.detach()
@@ -176,7 +182,8 @@ class SingleDeviceEngine:
         self.model.eval()
         try:
             with self._autocast():
-                logits = self._forward(x.to(self.device))  # (B, S, V) float32
+                x = x.to(self.device)
+                logits = self._forward(x, **self._spans(x))  # (B, S, V) float32
             return lm_loss(logits, y.to(self.device)).float()
         finally:
             self.model.train(was_training)

@@ -108,6 +108,7 @@ class Trainer:
         seed_everything(c.train.seed)
         model = Llama(self.model_config).init_weights(seed=c.train.seed)
         model.activation_checkpointing = c.train.activation_checkpointing
+        model.document_masking = c.train.document_masking
         optim = OptimConfig(weight_decay=c.train.weight_decay, betas=c.train.betas, eps=c.train.eps)
         self.engine = self.engine_factory(model, optim, device=self.device, dtype=c.train.dtype,
                                           compile=c.train.compile)
