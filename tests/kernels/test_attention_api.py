@@ -3,6 +3,8 @@ breaks), autocast, and the reference path as the CPU default. No kernel launches
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -381,3 +383,29 @@ def test_eager_calls_skip_the_custom_op(monkeypatch):
     q, k, v = _qkv(B=1, S=5, H=2, Hkv=1, D=8, requires_grad=True)
     out, lse = attention(q, k, v, causal=True, return_lse=True)
     torch.autograd.grad((out, lse), (q, k, v), (torch.randn_like(out), torch.randn_like(lse)))
+
+
+def test_cu_seqlens_values_checked_once_per_tensor_version(monkeypatch):
+    """A model calls attention once a layer with one cu_seqlens: its values are read (a host sync) on the first
+    call only; a tensor changed in place is read, and refused, again."""
+    q, k, v = (torch.randn(7, 2, 16, dtype=torch.float64) for _ in range(3))
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    reads = []
+    real = torch.Tensor.tolist
+
+    def tolist(t):  # count the reads of the validation only (the CPU reference reads the offsets too)
+        if sys._getframe(1).f_code.co_name == "_check_cu_seqlens":
+            reads.append(t.numel())
+        return real(t)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
+    first = attention(q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    n = len(reads)
+    again = attention(q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    assert n >= 1 and len(reads) == n and torch.equal(first, again)
+    cu[1] = 9  # in place: now decreasing
+    with pytest.raises(ValueError, match="never decrease"):
+        attention(q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    other = torch.tensor([0, 3, 7], dtype=torch.int32)  # equal values, another tensor: read once more
+    attention(q, k, v, causal=True, cu_seqlens_q=other, cu_seqlens_k=other)
+    assert len(reads) > n

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 
 import torch
 
@@ -104,6 +105,13 @@ def _check_tensor(name: str, t: torch.Tensor, rank: int, layout: str) -> None:
                          f"{t.stride(-1)} (call .contiguous())")
 
 
+# The last cu_seqlens tensors whose values passed the checks below: (weak reference, its version counter, total,
+# max_seqlen given) -> the max_seqlen returned. A model calls attention once a layer with the same cu_seqlens
+# (document masking); re-reading its values every layer costs a host sync each. A tensor changed in place (its
+# _version moves) or freed (the weak reference dies) is checked again.
+_CHECKED_CU: list = []
+
+
 def _check_cu_seqlens(name: str, cu, q: torch.Tensor, total: int, max_seqlen, max_name: str) -> int:
     if not isinstance(cu, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor; got {type(cu).__name__}")
@@ -120,6 +128,9 @@ def _check_cu_seqlens(name: str, cu, q: torch.Tensor, total: int, max_seqlen, ma
         if max_seqlen is None:
             raise ValueError(f"{max_name} is required under torch.compile (it sizes the launch grid)")
         return max_seqlen
+    for ref, version, tot, given, result in _CHECKED_CU:
+        if ref() is cu and version == cu._version and tot == total and given == max_seqlen:
+            return result
     offs = cu.tolist()  # one small device-to-host copy: the checks below guard against out-of-bounds reads
     lengths = [b - a for a, b in zip(offs, offs[1:])]
     if offs[0] != 0 or min(lengths) < 0:
@@ -127,11 +138,12 @@ def _check_cu_seqlens(name: str, cu, q: torch.Tensor, total: int, max_seqlen, ma
     if offs[-1] != total:
         raise ValueError(f"{name}[-1] must equal the number of packed tokens {total}; got {offs[-1]}")
     longest = max(lengths)
-    if max_seqlen is None:
-        return longest
-    if max_seqlen < longest:
+    if max_seqlen is not None and max_seqlen < longest:
         raise ValueError(f"{max_name}={max_seqlen} is shorter than the longest sequence in {name} ({longest})")
-    return max_seqlen
+    result = longest if max_seqlen is None else max_seqlen
+    _CHECKED_CU[:] = [e for e in _CHECKED_CU[-3:] if e[0]() is not None] + [
+        (weakref.ref(cu), cu._version, total, max_seqlen, result)]
+    return result
 
 
 def _sdpa_cpu(q, k, v, *, causal: bool, softmax_scale: float) -> torch.Tensor:
