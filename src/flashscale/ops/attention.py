@@ -140,7 +140,9 @@ def _check_cu_seqlens(name: str, cu, q: torch.Tensor, total: int, max_seqlen, ma
     longest = max(lengths)
     if max_seqlen is not None and max_seqlen < longest:
         raise ValueError(f"{max_name}={max_seqlen} is shorter than the longest sequence in {name} ({longest})")
-    result = longest if max_seqlen is None else max_seqlen
+    # the longest sequence, even where a larger bound was given (a model passes its row length): launch grids and
+    # the fa3 rule then follow the lengths there are
+    result = longest
     _CHECKED_CU[:] = [e for e in _CHECKED_CU[-3:] if e[0]() is not None] + [
         (weakref.ref(cu), cu._version, total, max_seqlen, result)]
     return result
