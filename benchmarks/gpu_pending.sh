@@ -64,6 +64,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fp8r27    # ~4 min: the FP8 grid in 3 rounds, host cProfile
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh docs27    # ~5 min: the Llama's document masking on the GPU
 #                                                                  # (varlen kernels, compile), then fp8r27
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fp8n28    # ~4 min: D 128 FP8 at 128 x 256, no overlap, v_perm
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -129,6 +130,12 @@ case "${1:-}" in
     step fp8_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_fp8_gpu.py \
       tests/kernels/test_attention_fp8_gpu.py tests/kernels/test_attention_api.py tests/kernels/test_launch.py
     step fp8 200 "$PY" benchmarks/attention_fp8.py --out "$OUT" ;;
+  fp8n28)  # written in session 27, after docs27: D 128 FP8 at 256-key tiles without overlap, V^T's keys permuted
+    # (FA3's D 128 FP8 tile is 128 x 224): its GPU tests (test_variants runs every TUNING config), then the sweep
+    step fp8_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_fp8_gpu.py \
+      -k "d128 and (n256 or vperm)"
+    step fp8_sweep 200 "$PY" benchmarks/attention_fa3_fp8_sweep.py --hdims 128 --seqlens 4096,8192,16384 \
+      --variants pp,pp_n256_serial,pp_n256_serial_vperm --out "$OUT/attention-fa3-fp8-sweep-n256-h200.json" ;;
   docs27)  # session 27: the Llama's document masking through the varlen kernels (FA2 and the Hopper varlen forward,
     # torch.compile fullgraph), then fp8r27
     step docs_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 2 tests/kernels/test_attention_gpu.py \

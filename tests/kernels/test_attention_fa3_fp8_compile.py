@@ -92,6 +92,7 @@ EXTRA = {
     # V^T's keys permuted: P reaches the A operand without shuffles
     "vperm_d128_full": (128, False, dict(block_m=128, block_n=128, stages=3, v_perm=True)),
     "vperm_d128_causal": (128, True, dict(block_m=128, block_n=128, stages=3, v_perm=True)),
+    "n256_serial_vperm_d128_causal": (128, True, dict(block_m=128, block_n=256, stages=2, overlap=False, v_perm=True)),
 }
 
 
