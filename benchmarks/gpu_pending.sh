@@ -65,6 +65,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh docs27    # ~5 min: the Llama's document masking on the GPU
 #                                                                  # (varlen kernels, compile), then fp8r27
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fp8n28    # ~4 min: D 128 FP8 at 128 x 256, no overlap, v_perm
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fa3f28    # ~4 min: D 256 bf16 forward, folded scale
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -130,6 +131,11 @@ case "${1:-}" in
     step fp8_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_fp8_gpu.py \
       tests/kernels/test_attention_fp8_gpu.py tests/kernels/test_attention_api.py tests/kernels/test_launch.py
     step fp8 200 "$PY" benchmarks/attention_fp8.py --out "$OUT" ;;
+  fa3f28)  # written in session 27: the D 256 forward with the folded softmax scale (pp_fold; spill-free), tests + sweep
+    step fa3_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \
+      -k "tuning_configs and pp_fold-256"
+    step fa3_sweep 200 "$PY" benchmarks/attention_fa3_sweep.py --hdims 256 --variants pp,pp_fold --budget 180 \
+      --out "$OUT/attention-fa3-sweep-fold256-h200.json" ;;
   fp8n28)  # written in session 27, after docs27: D 128 FP8 at 256-key tiles without overlap, V^T's keys permuted
     # (FA3's D 128 FP8 tile is 128 x 224): its GPU tests (test_variants runs every TUNING config), then the sweep
     step fp8_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_fp8_gpu.py \
