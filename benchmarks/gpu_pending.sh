@@ -2,7 +2,9 @@
 # GPU steps of sessions 18-27 (2026-12-02/03), kept runnable. Session 27 ran `diag27`, `fp8v27`, `fp8d27`, `grid27`
 # and the FA2 / backward / model GPU tests; its device time ran out (three refused starts) before `docs27`. Next
 # session: `docs27` first (the Llama's document masking through the varlen kernels on the GPU: the FA2 issue's last
-# unverified point), its FP8 grid in 3 rounds after it. One `run` per step, back to back; each step's commands
+# unverified point), its FP8 grid in 3 rounds after it; then `fa3f28` (D 256 forward, folded scale) and `fp8n28`
+# (FP8 D 128 at 128 x 256 with V^T's keys permuted), both written after the device time was spent; then a grid if
+# a default changes. One `run` per step, back to back; each step's commands
 # have their own timeouts so one hang costs only its share. Outputs go to $OUT (at most 8 files come back).
 #
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: backward dispatch GPU tests, FA2's
