@@ -75,7 +75,8 @@ def document_spans(input_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, 
     """input_ids (B, S) -> (cu_seqlens int32 (N + 1,), positions int64 (B, S)): documents end after every eos_id
     token and at every row's end; positions count from 0 within each document. One host sync (the count N)."""
     if input_ids.dim() != 2 or input_ids.is_floating_point():
-        raise ValueError(f"input_ids must be (batch, seq_len) integer ids; got {input_ids.dtype} {tuple(input_ids.shape)}")
+        raise ValueError(f"input_ids must be (batch, seq_len) integer ids; got {input_ids.dtype} "
+                         f"{tuple(input_ids.shape)}")
     if not isinstance(eos_id, int) or isinstance(eos_id, bool) or eos_id < 0:
         raise ValueError(f"eos_id must be a token id (int >= 0); got {eos_id!r}")
     B, S = input_ids.shape
@@ -240,8 +241,8 @@ class Llama(nn.Module):
             if self.activation_checkpointing == "full" and self.training and cache is None:
                 x = checkpoint(block, x, cos, sin, None, i, cu_seqlens, use_reentrant=False)
             elif self.activation_checkpointing == "attention" and self.training and cache is None:
-                x = x + checkpoint(lambda h, b=block: b.self_attn(b.input_layernorm(h), cos, sin, None, i, cu_seqlens),
-                                   x, use_reentrant=False)
+                x = x + checkpoint(lambda h, b=block, i=i: b.self_attn(b.input_layernorm(h), cos, sin, None, i,
+                                                                     cu_seqlens), x, use_reentrant=False)
                 x = x + block.mlp(block.post_attention_layernorm(x))
             else:
                 x = block(x, cos, sin, cache, i, cu_seqlens)

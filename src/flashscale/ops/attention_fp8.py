@@ -8,7 +8,8 @@ Layouts: q (B, Sq, H, D), k/v (B, Sk, Hkv, D) with H % Hkv == 0 (GQA/MQA); D a p
 (64, 128 and 256 are the tuned sizes). Pre-quantized: q8 (B, Sq, H, D), k8 (B, Sk, Hkv, D) e4m3, v8
 TRANSPOSED (B, Hkv, D, Sk_pad >= Sk) e4m3 (the FP8 tensor cores' K-major layout, see kernels/hadamard.py), its
 keys in natural order or, with v_key_perm=True, permuted within 32-key groups (reference.attention_fp8.permute_v_keys:
-the order the Gluon kernel's v_perm configs read, which quantize_fp8 writes at no cost); descales float32 (B, H, ceil(Sq / block_m)) and (B, Hkv, ceil(Sk / block_n)), dequantized x = x8 * descale.
+the order the Gluon kernel's v_perm configs read, which quantize_fp8 writes at no cost); descales float32
+(B, H, ceil(Sq / block_m)) and (B, Hkv, ceil(Sk / block_n)), dequantized x = x8 * descale.
 Causal is aligned bottom-right. Forward only in FP8: attention_fp8 is differentiable through the
 training recipe below, attention_fp8_quantized is not.
 
