@@ -409,3 +409,9 @@ def test_cu_seqlens_values_checked_once_per_tensor_version(monkeypatch):
     other = torch.tensor([0, 3, 7], dtype=torch.int32)  # equal values, another tensor: read once more
     attention(q, k, v, causal=True, cu_seqlens_q=other, cu_seqlens_k=other)
     assert len(reads) > n
+    with torch.inference_mode():  # inference tensors keep no version counter: read on every call, no error
+        cu_inf = torch.tensor([0, 3, 7], dtype=torch.int32)
+        n = len(reads)
+        for _ in range(2):
+            assert torch.equal(attention(q, k, v, causal=True, cu_seqlens_q=cu_inf, cu_seqlens_k=cu_inf), first)
+        assert len(reads) >= n + 2

@@ -128,7 +128,8 @@ def _check_cu_seqlens(name: str, cu, q: torch.Tensor, total: int, max_seqlen, ma
         if max_seqlen is None:
             raise ValueError(f"{max_name} is required under torch.compile (it sizes the launch grid)")
         return max_seqlen
-    for ref, version, tot, given, result in _CHECKED_CU:
+    cacheable = not cu.is_inference()  # inference tensors keep no version counter: checked every call
+    for ref, version, tot, given, result in _CHECKED_CU if cacheable else ():
         if ref() is cu and version == cu._version and tot == total and given == max_seqlen:
             return result
     offs = cu.tolist()  # one small device-to-host copy: the checks below guard against out-of-bounds reads
@@ -143,8 +144,9 @@ def _check_cu_seqlens(name: str, cu, q: torch.Tensor, total: int, max_seqlen, ma
     # the longest sequence, even where a larger bound was given (a model passes its row length): launch grids and
     # the fa3 rule then follow the lengths there are
     result = longest
-    _CHECKED_CU[:] = [e for e in _CHECKED_CU[-3:] if e[0]() is not None] + [
-        (weakref.ref(cu), cu._version, total, max_seqlen, result)]
+    if cacheable:
+        _CHECKED_CU[:] = [e for e in _CHECKED_CU[-3:] if e[0]() is not None] + [
+            (weakref.ref(cu), cu._version, total, max_seqlen, result)]
     return result
 
 
