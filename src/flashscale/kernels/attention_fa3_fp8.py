@@ -63,8 +63,8 @@ import torch
 
 from flashscale.kernels.attention_fa3 import _num_sms, head_group
 from flashscale.kernels.attention_tune import capability
-from flashscale.kernels.hadamard import padded_len
-from flashscale.reference.attention_fp8 import permute_v_keys, unpermute_v_keys, v_key_of_slot  # noqa: F401
+from flashscale.reference.attention_fp8 import (padded_len, permute_v_keys, unpermute_v_keys,  # noqa: F401
+                                                v_key_of_slot)
 
 try:  # Gluon is experimental: absent from older Tritons, and its API moves between releases
     import triton
@@ -905,7 +905,7 @@ def attention_fa3_fp8_fwd(q8, k8, v8, q_descale, k_descale, v_descale, *, causal
     if k8.shape[1] == 0:  # no keys: every row is empty (and a TMA box needs a non-empty tensor)
         return out.zero_(), lse.fill_(float("-inf"))
     grid, args, constexprs = _launch(q8, k8, v8, q_descale, k_descale, v_descale, out, lse, causal, softmax_scale,
-                                     block_m, block_n, config or default_config(D, block_n, causal, bool(v_key_perm)))
+                                     block_m, block_n, config, v_key_perm)
     _fa3_fp8_fwd_kernel[grid](*args, **constexprs)
     return out, lse
 
@@ -922,16 +922,16 @@ def precompile(q8, k8, v8, q_descale, k_descale, v_descale, *, causal: bool = Fa
     out = torch.empty((B, Sq, H, D), dtype=out_dtype, device=q8.device)
     lse = torch.empty((B, H, Sq), device=q8.device, dtype=torch.float32)
     grid, args, constexprs = _launch(q8, k8, v8, q_descale, k_descale, v_descale, out, lse, causal, None, block_m,
-                                     block_n, config or default_config(D, block_n, causal, bool(v_key_perm)))
+                                     block_n, config, v_key_perm)
     _fa3_fp8_fwd_kernel.warmup(*args, grid=grid, **constexprs)
 
 
-def _launch(q8, k8, v8, qd, kd, vd, out, lse, causal, softmax_scale, block_m, block_n, config):
+def _launch(q8, k8, v8, qd, kd, vd, out, lse, causal, softmax_scale, block_m, block_n, config, v_key_perm):
     """(grid, arguments, constexprs) of the kernel for non-empty inputs."""
     B, Sq, H, D = q8.shape
     Sk, Hkv = k8.shape[1], k8.shape[2]
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D)
-    cfg = config
+    cfg = config or default_config(D, block_n, causal, bool(v_key_perm))
     sub = cfg.sub_m
     # (B, S, heads * D) views: the box (1, rows, D) at [b, row, head * D] stays inside batch b, so TMA
     # zero-fills rows past this sequence's end and clips stores there.

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashscale.reference.attention_fp8 import E4M3_MAX, FLOOR, random_signs
+from flashscale.reference.attention_fp8 import E4M3_MAX, FLOOR, padded_len, random_signs
 
 _METHODS = ("mma", "butterfly")
 # globals a kernel reads must be constexpr instances (the interpreter does not check this; the compiler does)
@@ -111,12 +111,6 @@ def _hadamard_quant_kernel(
     tl.store(Y + b * stride_yb + h * stride_yh + dst[:, None].to(tl.int64) * stride_ys
              + offs_d[None, :].to(tl.int64) * stride_yd, q, mask=ok)
     tl.store(DESCALE + b * stride_db + h * stride_dh + blk, tl.math.div_rn(amax, tl.full([], _E4M3_MAX, tl.float32)))
-
-
-def padded_len(s: int, multiple: int = 16) -> int:
-    """Sequence length of the transposed V layout: a multiple of 16 (16-byte aligned rows for TMA; 32 with key_perm,
-    whole groups of the permutation)."""
-    return -(-s // multiple) * multiple
 
 
 def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0, transpose: bool = False,

@@ -71,9 +71,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
-def document_spans(input_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def document_spans(input_ids: torch.Tensor, eos_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """input_ids (B, S) -> (cu_seqlens int32 (N + 1,), positions int64 (B, S)): documents end after every eos_id
     token and at every row's end; positions count from 0 within each document. One host sync (the count N)."""
+    if eos_id is None:
+        raise ValueError("document_masking needs config.eos_token_id (the token that ends a document)")
     if input_ids.dim() != 2 or input_ids.is_floating_point():
         raise ValueError(f"input_ids must be (batch, seq_len) integer ids; got {input_ids.dtype} "
                          f"{tuple(input_ids.shape)}")
@@ -215,10 +217,7 @@ class Llama(nn.Module):
         """{} unless document_masking is on; else forward's cu_seqlens / positions for these ids."""
         if not self.document_masking:
             return {}
-        if self.config.eos_token_id is None:
-            raise ValueError("document_masking needs config.eos_token_id (the token that ends a document)")
-        cu_seqlens, positions = document_spans(input_ids, self.config.eos_token_id)
-        return {"cu_seqlens": cu_seqlens, "positions": positions}
+        return dict(zip(("cu_seqlens", "positions"), document_spans(input_ids, self.config.eos_token_id)))
 
     def forward(self, input_ids: torch.Tensor, *, cache: KVCache | None = None,
                 positions: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
@@ -228,8 +227,8 @@ class Llama(nn.Module):
         if cache is not None and start + S > cache.capacity:
             raise ValueError(f"KV cache holds {cache.capacity} tokens; {start} + {S} requested")
         if cu_seqlens is None and self.document_masking and cache is None:
-            spans = self.document_spans(input_ids)
-            cu_seqlens, positions = spans["cu_seqlens"], positions if positions is not None else spans["positions"]
+            cu_seqlens, doc_positions = document_spans(input_ids, self.config.eos_token_id)
+            positions = doc_positions if positions is None else positions
         if cu_seqlens is not None and cache is not None:
             raise ValueError("cu_seqlens (document masking) is for training / scoring whole sequences, not with a "
                              "KV cache")

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import torch
 
 from flashscale.reference.attention_fp8 import (DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, E4M3, Fp8Inputs,
-                                                attention_fp8_quantized_ref, permute_v_keys, quantize_qkv_ref,
-                                                unpermute_v_keys)
+                                                attention_fp8_quantized_ref, padded_len, permute_v_keys,
+                                                quantize_qkv_ref, unpermute_v_keys)
 
 _IN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _IMPLS = ("auto", "fa3", "triton", "emulation")
@@ -144,7 +144,7 @@ def quantize_fp8(q, k, v, *, hadamard: bool = True, block_quant: bool = True, se
                       block_n=block_n, v_key_perm=v_key_perm)
     x = quantize_qkv_ref(q, k, v, hadamard=hadamard, block_quant=block_quant, seed=seed, block_m=block_m,
                          block_n=block_n)
-    sp = -(-k.shape[1] // 16) * 16
+    sp = padded_len(k.shape[1])
     vt = torch.zeros((*x.v8.shape[:1], x.v8.shape[2], x.v8.shape[3], sp), dtype=E4M3, device=v.device)
     vt[..., :k.shape[1]] = x.v8.permute(0, 2, 3, 1)  # (B, Hkv, D, Sk): the kernel's layout
     if v_key_perm:
@@ -173,7 +173,7 @@ def attention_fp8_quantized(q8, k8, v8, q_descale, k_descale, v_descale, *, caus
             raise ValueError(f"{n} must have a contiguous last dimension (stride 1); got stride {t.stride(-1)}")
     if not isinstance(v_key_perm, bool):
         raise TypeError(f"v_key_perm must be a bool; got {type(v_key_perm).__name__}")
-    min_cols = -(-Sk // 32) * 32 if v_key_perm else Sk
+    min_cols = padded_len(Sk, 32) if v_key_perm else Sk
     if v8.shape[0] != B or v8.shape[1] != Hkv or v8.shape[2] != D or v8.shape[3] < min_cols:
         raise ValueError(f"v8 must be transposed (batch={B}, kv_heads={Hkv}, head_dim={D}, seqlen_k_padded>="
                          f"{min_cols}{', whole 32-key groups with v_key_perm' if v_key_perm else ''}) "

@@ -81,12 +81,11 @@ class PipelineStage(nn.Module):
         return [(f"{key}.{n}", p) for n, p in self.layers[key.split(".")[1]].named_parameters()]
 
     def rope(self, seq_len: int, dtype: torch.dtype, positions: torch.Tensor | None = None):
-        """cos, sin (1 or B, S, 1, D) for positions 0..S-1 or the given (B, S) (the model's own formula)."""
+        """cos, sin (1 or B, S, 1, D) for positions 0..S-1 or the given (B, S): Llama.rope on this stage's copy of
+        inv_freq."""
         if positions is None:
             positions = torch.arange(seq_len, device=self.inv_freq.device)[None]  # (1, S)
-        freqs = positions[..., None].float() * self.inv_freq.float()  # (1 or B, S, D/2)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype)[:, :, None, :], emb.sin().to(dtype)[:, :, None, :]
+        return Llama.rope(self, positions, dtype)
 
     def _unit(self, key: str, fn, *args):
         h = self.hooks
@@ -117,8 +116,6 @@ class PipelineStage(nn.Module):
         if self.document_masking:
             if ids is None:
                 raise ValueError("document_masking: forward_chunk needs the micro-batch's token ids (ids=)")
-            if self.config.eos_token_id is None:
-                raise ValueError("document_masking needs config.eos_token_id (the token that ends a document)")
             cu_seqlens, positions = document_spans(ids, self.config.eos_token_id)
         if self.chunk_ids[chunk] == 0:
             x = self._unit("embed", self.embed_tokens, x)  # (B, S or S/tp, E)

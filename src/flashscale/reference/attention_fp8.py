@@ -108,6 +108,12 @@ def dequantize_blocks_ref(x8: torch.Tensor, descale: torch.Tensor, block: int) -
     return x8.to(torch.float32) * d
 
 
+def padded_len(s: int, multiple: int = 16) -> int:
+    """Sequence length of the transposed V layout: a multiple of 16 (16-byte aligned rows for TMA; 32 with the keys
+    permuted, whole groups of the permutation)."""
+    return -(-s // multiple) * multiple
+
+
 def v_key_of_slot(k):
     """The key a key-permuted V^T (the FA3 FP8 kernel's v_perm layout) holds at column k: within each 32-key group,
     slot 4t + i of a 16-key half holds key 2t + (i & 1) + 8 (i >> 1) of that half (the wgmma accumulator columns of
@@ -118,7 +124,7 @@ def v_key_of_slot(k):
 def permute_v_keys(vt: torch.Tensor, seqlen_k: int) -> torch.Tensor:
     """vt (..., >= seqlen_k) in natural key order -> (..., seqlen_k rounded up to 32) with column k holding key
     v_key_of_slot(k) (zeros for keys >= seqlen_k): the key-permuted V^T."""
-    n = -(-seqlen_k // 32) * 32
+    n = padded_len(seqlen_k, 32)
     nat = torch.zeros((*vt.shape[:-1], n), dtype=vt.dtype, device=vt.device)
     nat[..., :seqlen_k] = vt[..., :seqlen_k]
     return nat[..., v_key_of_slot(torch.arange(n, device=vt.device))].contiguous()
@@ -127,12 +133,12 @@ def permute_v_keys(vt: torch.Tensor, seqlen_k: int) -> torch.Tensor:
 def unpermute_v_keys(vt: torch.Tensor, seqlen_k: int) -> torch.Tensor:
     """Inverse of permute_v_keys: a key-permuted V^T (..., >= seqlen_k rounded up to 32) -> natural key order
     (..., seqlen_k rounded up to 16), zeros past seqlen_k (the layout quantize_fp8 writes without key permutation)."""
-    n = -(-seqlen_k // 32) * 32
+    n = padded_len(seqlen_k, 32)
     if vt.shape[-1] < n:
         raise ValueError(f"a key-permuted V^T holds whole 32-key groups: >= {n} columns for seqlen_k={seqlen_k}; "
                          f"got {vt.shape[-1]}")
     slot_of_key = torch.argsort(v_key_of_slot(torch.arange(n, device=vt.device)))
-    out = torch.zeros((*vt.shape[:-1], -(-seqlen_k // 16) * 16), dtype=vt.dtype, device=vt.device)
+    out = torch.zeros((*vt.shape[:-1], padded_len(seqlen_k)), dtype=vt.dtype, device=vt.device)
     out[..., :seqlen_k] = vt[..., slot_of_key[:seqlen_k]]
     return out
 
