@@ -68,6 +68,8 @@
 #                                                                  # (varlen kernels, compile), then fp8r27
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fp8n28    # ~4 min: D 128 FP8 at 128 x 256, no overlap, v_perm
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fa3f28    # ~4 min: D 256 bf16 forward, folded scale
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s28       # ~9 min: docs27's, fa3f28's, fp8n28's tests at once,
+#                                                                  # then the two sweeps
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -133,6 +135,22 @@ case "${1:-}" in
     step fp8_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_fp8_gpu.py \
       tests/kernels/test_attention_fp8_gpu.py tests/kernels/test_attention_api.py tests/kernels/test_launch.py
     step fp8 200 "$PY" benchmarks/attention_fp8.py --out "$OUT" ;;
+  s28)  # session 28: docs27's document-masking tests, fa3f28's and fp8n28's tests side by side (compile-bound), then
+    # their two sweeps on a quiet GPU; one call instead of three (each start costs ~100 s of device time)
+    mkdir -p /tmp/s28
+    timeout 170 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 2 tests/kernels/test_attention_gpu.py \
+      -k "document_masking or llama_runs or torch_compile" > /tmp/s28/docs.log 2>&1 &
+    timeout 170 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 3 tests/kernels/test_attention_fa3_gpu.py \
+      -k "tuning_configs and pp_fold-256" > /tmp/s28/fa3.log 2>&1 &
+    timeout 170 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 6 tests/kernels/test_attention_fa3_fp8_gpu.py \
+      -k "d128 and (n256 or vperm)" > /tmp/s28/fp8.log 2>&1 &
+    wait
+    for f in docs fa3 fp8; do echo "=== $f"; tail -n 40 /tmp/s28/$f.log; done > "$OUT/tests.log"
+    grep -h -E 'passed|failed|error' /tmp/s28/*.log | tail -n 6
+    step fa3_sweep 180 "$PY" benchmarks/attention_fa3_sweep.py --hdims 256 --variants pp,pp_fold --budget 150 \
+      --out "$OUT/attention-fa3-sweep-fold256-h200.json"
+    step fp8_sweep 180 "$PY" benchmarks/attention_fa3_fp8_sweep.py --hdims 128 --seqlens 4096,8192,16384 \
+      --variants pp,pp_n256_serial,pp_n256_serial_vperm --budget 150 --out "$OUT/attention-fa3-fp8-sweep-n256-h200.json" ;;
   fa3f28)  # written in session 27: the D 256 forward with the folded softmax scale (pp_fold; spill-free), tests + sweep
     step fa3_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \
       -k "tuning_configs and pp_fold-256"
