@@ -8,6 +8,7 @@ must be masked), Sq > Sk under causal (leading rows see no key: out 0, lse -inf)
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -208,6 +209,26 @@ def test_ops_attention_fa3_path_forward_and_fa2_backward(causal, monkeypatch):
         else:
             ours = run(lambda q, k, v: attention(q, k, v, causal=causal, return_lse=True, impl="fa3"), dtype)
         assert_close_rule({"ours": ours, "oracle": oracle, "base": low})
+
+
+def test_ops_attention_fa3_copies_misaligned_inputs():
+    """Contiguous views 2 bytes off a 16-byte boundary (TMA's requirement): ops.attention(impl="fa3") takes them
+    (its decision reads no data pointer, so torch.compile traces it) and the op copies them: bitwise the output of
+    aligned copies."""
+    if not _hopper():
+        pytest.skip("needs an sm_90 GPU and Gluon")
+    from flashscale.ops import attention
+    from flashscale.ops.attention_op import PATHS
+
+    torch.manual_seed(0)
+    shape = (1, 256, 4, 64)
+    n = math.prod(shape)
+    q, k, v = (torch.randn(n + 1, device=CUDA, dtype=torch.bfloat16)[1:].view(shape) for _ in range(3))
+    assert all(t.is_contiguous() and t.data_ptr() % 16 for t in (q, k, v))
+    before = PATHS["fwd", "fa3"]
+    out = attention(q, k, v, causal=True, impl="fa3")
+    assert PATHS["fwd", "fa3"] == before + 1
+    assert torch.equal(out, attention(q.clone(), k.clone(), v.clone(), causal=True, impl="fa3"))
 
 
 # ---- varlen: packed q (Tq, H, D), k/v (Tk, Hkv, D) with int32 cu_seqlens (ping-pong path only) -------------

@@ -1058,9 +1058,11 @@ def tile_layout(block_rows: int, head_dim: int, dtype: torch.dtype):
 
 
 def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, need_contiguous: bool = True,
-                varlen: bool = False) -> str | None:
+                varlen: bool = False, need_aligned: bool = True) -> str | None:
     """Why attention_fa3_fwd cannot run these inputs, or None (dense, or with varlen the packed layout; 16-bit,
-    Hopper, D in 64/128/256, 16-byte aligned as TMA reads them, and with need_contiguous: contiguous)."""
+    Hopper, D in 64/128/256, with need_contiguous: contiguous, with need_aligned: 16-byte aligned as TMA reads
+    them). need_aligned=False is for a caller that copies misaligned tensors itself, and reads no data pointer, so
+    torch.compile traces it (ops.attention decides there)."""
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         return "q, k, v must be tensors"
     if varlen:
@@ -1087,7 +1089,7 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, need_conti
         return "fa3 needs triton.experimental.gluon with warp_specialize (Triton >= 3.6)"
     if need_contiguous and not all(t.is_contiguous() for t in (q, k, v)):
         return "fa3 needs contiguous q, k, v"
-    if any(t.is_contiguous() and t.data_ptr() % 16 for t in (q, k, v)):  # a contiguous one is used as it is
+    if need_aligned and any(t.is_contiguous() and t.data_ptr() % 16 for t in (q, k, v)):  # used as it is
         return "fa3 needs 16-byte aligned q, k, v"
     return None
 

@@ -90,8 +90,9 @@ def fa3_unsupported(q, k, v, *, varlen: bool, left: int, right: int, causal: boo
         return f"dropout_p={dropout_p}: runs on the FA2 kernels"
     from flashscale.kernels.attention_fa3 import unsupported
 
-    # the op copies non-contiguous ones (copies are aligned)
-    return unsupported(q, k, v, need_contiguous=False, varlen=varlen)
+    # the op copies non-contiguous and misaligned ones (attention_op.fwd_impl); no data pointer is read here, so
+    # torch.compile traces this decision without a graph break
+    return unsupported(q, k, v, need_contiguous=False, varlen=varlen, need_aligned=False)
 
 
 
