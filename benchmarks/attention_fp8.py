@@ -48,15 +48,26 @@ def check_group(hdim, causal, seqlen=1024, batch=2):
     q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
                for _ in range(3))
     from flashscale.kernels import attention_fa3_fp8 as fa3
-    x = quantize_fp8(q, k, v, v_key_perm=fa3.default_config(hdim, 128, causal).v_perm)  # as ops.attention_fp8 does
-    out = attention_fp8_quantized(*x.args(), causal=causal, v_key_perm=x.v_key_perm)
+    bn = fa3.quant_block_n(hdim, causal)  # as ops.attention_fp8 quantizes for its kernel's default
+    x = quantize_fp8(q, k, v, block_n=bn, v_key_perm=fa3.default_config(hdim, bn, causal).v_perm)
+    out = attention_fp8_quantized(*x.args(), causal=causal, block_n=bn, v_key_perm=x.v_key_perm)
     from flashscale.kernels.attention_fp8 import fp8_candidates
     tile = fp8_candidates(hdim, gpu=True)[0]
-    emu = attention_fp8_quantized(*x.args(), causal=causal, impl="emulation", config=tile, v_key_perm=x.v_key_perm)
+    emu = attention_fp8_quantized(*x.args(), causal=causal, block_n=bn, impl="emulation", config=tile,
+                                  v_key_perm=x.v_key_perm)
     exact = attention_ref(q.double(), k.double(), v.double(), causal=causal)
     rm = lambda a, b: (a.double() - b.double()).pow(2).mean().sqrt().item()  # noqa: E731
     e_out, e_emu = rm(out, exact), rm(emu, exact)
     return dict(rmse=e_out, emulation_rmse=e_emu, ok=bool(e_out <= 1.1 * e_emu + 1e-6))
+
+
+def _quant_blocks(hdims) -> dict:
+    """Q / K-V quantization block rows: the Gluon kernel's (flashscale_fp8 rows: its default config's, as
+    ops.attention_fp8 takes) and the Triton kernel's."""
+    from flashscale.kernels import attention_fa3_fp8 as fa3
+    return {"flashscale_fp8": {f"d{d}{'_causal' if c else ''}": [128, fa3.quant_block_n(d, c)]
+                               for d in hdims for c in (False, True)},
+            "flashscale_fp8_triton": [128, 128]}
 
 
 def time_group(hdim, causal, seqlen, impls, rep, warmup, tune):
@@ -93,18 +104,19 @@ def time_group(hdim, causal, seqlen, impls, rep, warmup, tune):
     # the Gluon FA3-style kernel, what ops.attention_fp8 runs on Hopper (its default config for this shape, V^T in
     # the key order that config reads, written so by the pre-pass)
     from flashscale.kernels import attention_fa3_fp8 as fa3
-    cfg = fa3.default_config(hdim, 128, causal)
-    xp = quantize_fp8(q, k, v, v_key_perm=cfg.v_perm)
-    if fa3.supported(*xp.args(), causal=causal, config=cfg, v_key_perm=cfg.v_perm):
+    bn = fa3.quant_block_n(hdim, causal)
+    cfg = fa3.default_config(hdim, bn, causal)
+    xp = quantize_fp8(q, k, v, block_n=bn, v_key_perm=cfg.v_perm)
+    if fa3.supported(*xp.args(), causal=causal, block_n=bn, config=cfg, v_key_perm=cfg.v_perm):
         try:
-            res["flashscale_fp8"] = (bench(lambda: fa3.attention_fa3_fp8_fwd(*xp.args(), causal=causal, config=cfg,
-                                                                              v_key_perm=cfg.v_perm)), cfg)
+            res["flashscale_fp8"] = (bench(lambda: fa3.attention_fa3_fp8_fwd(*xp.args(), causal=causal, block_n=bn,
+                                                                              config=cfg, v_key_perm=cfg.v_perm)), cfg)
         except Exception as e:
             print(f"fa3 fp8 {cfg} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
     elif best is not None:
         res["flashscale_fp8"] = res["flashscale_fp8_triton"]
     if "flashscale_fp8" in res:
-        prepass = lambda: quantize_fp8(q, k, v, v_key_perm=xp.v_key_perm)  # noqa: E731
+        prepass = lambda: quantize_fp8(q, k, v, block_n=bn, v_key_perm=xp.v_key_perm)  # noqa: E731
         res["prepass"] = (bench(prepass), None)
         res["flashscale_fp8_e2e"] = (res["flashscale_fp8"][0] + res["prepass"][0], res["flashscale_fp8"][1])
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
@@ -218,7 +230,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     result = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  setting=dict(tokens=TOKENS, hidden=HIDDEN, quant_blocks=[128, 128], tuned=args.tune,
+                  setting=dict(tokens=TOKENS, hidden=HIDDEN, quant_blocks=_quant_blocks(args.hdims), tuned=args.tune,
                                flops="4*B*S^2*H*D (/2 causal)",
                                timing=f"do_bench median; the median of {args.rounds} rounds a cell"),
                   rows=rows, checks=checks, errors=errors)

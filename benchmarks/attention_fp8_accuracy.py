@@ -58,6 +58,11 @@ def run(args) -> dict:
         return ((o.double() - ref) ** 2).mean().sqrt().item()
 
     fp8_engine = "triton" if kernel else "emulation"
+    if kernel:  # attention_fp8 quantizes K/V in the blocks its kernel's default config reads
+        from flashscale.kernels.attention_fa3_fp8 import quant_block_n
+        block_n = quant_block_n(args.hdim, args.causal)
+    else:
+        block_n = 128
     methods = [
         ("bf16", "triton" if cuda else "reference", lambda: attention(q, k, v, causal=args.causal)),
         ("fp8_per_tensor", fp8_engine, dict(hadamard=False, block_quant=False)),
@@ -85,7 +90,7 @@ def run(args) -> dict:
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 setting=dict(batch=args.batch, seqlen=args.seqlen, heads=args.heads, hdim=args.hdim,
                              causal=args.causal, seed=args.seed, inputs="bf16(N(0,1) + N(0,100)*Bernoulli(0.001))",
-                             reference="float64 attention of the bf16 inputs", block_m=128, block_n=128,
+                             reference="float64 attention of the bf16 inputs", block_m=128, block_n=block_n,
                              rms_ref=ref.pow(2).mean().sqrt().item()),
                 rows=rows)
 

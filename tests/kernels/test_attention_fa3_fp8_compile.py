@@ -92,7 +92,9 @@ EXTRA = {
     # V^T's keys permuted: P reaches the A operand without shuffles
     "vperm_d128_full": (128, False, dict(block_m=128, block_n=128, stages=3, v_perm=True)),
     "vperm_d128_causal": (128, True, dict(block_m=128, block_n=128, stages=3, v_perm=True)),
-    "n256_serial_vperm_d128_causal": (128, True, dict(block_m=128, block_n=256, stages=2, overlap=False, v_perm=True)),
+    # the 128-key default before session 28 (still the one for 128-row K/V blocks): the knobs' baseline below
+    "pp_d128_full": (128, False, dict(block_m=128, block_n=128, stages=3)),
+    "pp_d128_causal": (128, True, dict(block_m=128, block_n=128, stages=3)),
 }
 
 
@@ -154,7 +156,8 @@ def _check_machine_code(ptx, meta, head_dim, cfg, spills=(0, 0)):
 @pytest.mark.parametrize("head_dim", fp8.HEAD_DIMS)
 def test_defaults_compile_to_fp8_wgmma_and_tma_within_their_spills(compiled, head_dim, causal):
     cfg = fp8.DEFAULT_CONFIGS[(head_dim, causal)]
-    assert cfg.pingpong and cfg.block_n <= 128, "defaults: ping-pong, tiles dividing the default 128-key blocks"
+    assert cfg.pingpong and fp8.quant_block_n(head_dim, causal) % cfg.block_n == 0, \
+        "defaults: ping-pong, tiles dividing the K/V quantization blocks ops.attention_fp8 asks for"
     ptx, meta = compiled(f"d{head_dim}_{'causal' if causal else 'full'}")
     _check_machine_code(ptx, meta, head_dim, cfg, SPILL_ALLOWANCE.get((head_dim, causal), (0, 0)))
 
@@ -167,8 +170,8 @@ def test_alternative_configs_compile_without_spills(compiled, name):
 
 
 # exp2_fma: per consumer thread and key block, (exp2_fma / 8) of P's BLOCK_M / 2 * BLOCK_N / 128 exp2 leave the MUFU
-# for the polynomial (3 FFMA each); the default config of the same (head dim, causal) is the reference
-FMA_CASES = {"fma2_d128_full": "d128_full", "late_fma3_d128_causal": "d128_causal"}
+# for the polynomial (3 FFMA each); the 128-key pp config of the same (head dim, causal) is the reference
+FMA_CASES = {"fma2_d128_full": "pp_d128_full", "late_fma3_d128_causal": "pp_d128_causal"}
 
 
 @pytest.mark.parametrize("name", sorted(FMA_CASES))
@@ -202,9 +205,9 @@ def test_late_pv_wait_runs_the_softmax_under_the_pv_product(compiled, name):
 
 
 def test_tree_max_shortens_the_row_max_chain(compiled):
-    # the default folds a row's 32 in-thread scores with 32 dependent FMNMX; tree_max halves the columns 4 times
+    # pp folds a row's 32 in-thread scores with 32 dependent FMNMX; tree_max halves the columns 4 times
     # (independent FMNMX), then 2 in the thread + 2 after the shuffles: same instruction count, a shallow chain
-    _, base = compiled("d128_causal")
+    _, base = compiled("pp_d128_causal")
     _, meta = compiled("tree_d128_causal")
     assert len(meta["key_loops"]) == len(base["key_loops"]) == 2
     for lb, lt in zip(base["key_loops"], meta["key_loops"]):
@@ -345,8 +348,10 @@ def test_v_key_of_slot_is_a_permutation_within_32_key_groups():
 
 
 def test_config_errors():
-    for (d, _), cfg in fp8.DEFAULT_CONFIGS.items():
-        assert fp8.config_error(d, cfg, quant_block_n=128) is None, (d, cfg)
+    for (d, causal), cfg in fp8.DEFAULT_CONFIGS.items():
+        assert fp8.config_error(d, cfg, quant_block_n=fp8.quant_block_n(d, causal)) is None, (d, cfg)
+        small = fp8.default_config(d, 128, causal)  # the ops default before session 28: still a tile that divides
+        assert fp8.config_error(d, small, quant_block_n=128) is None, (d, small)
     for d, table in fp8.TUNING_CONFIGS.items():
         for name, cfg in table.items():
             assert fp8.config_error(d, cfg, quant_block_n=max(128, cfg.block_n)) is None, (d, name)
@@ -358,7 +363,10 @@ def test_config_errors():
     assert "shared memory" in fp8.config_error(256, C(block_n=256, stages=3), quant_block_n=256)
     import torch
     assert "shared memory" in fp8.config_error(256, C(block_n=128, stages=2), out_dtype=torch.float32)
-    assert fp8.default_config(128, 256).block_n == 128 and fp8.default_config(128, 64).block_n == 64
+    assert fp8.quant_block_n(128) == 256 and fp8.default_config(128, 256) == fp8.DEFAULT_CONFIGS[(128, False)]
+    assert fp8.default_config(128, 128) == fp8.TUNING_CONFIGS[128]["pp"]  # 128-row blocks: the 128-key default
+    assert fp8.default_config(128, 64).block_n == 64 and fp8.default_config(256, 256).block_n == 128
+    assert fp8.quant_block_n(64) == fp8.quant_block_n(256, True) == 128
     assert "exp2_fma" in fp8.config_error(128, C(exp2_fma=9))
     assert "overlap" in fp8.config_error(128, C(late_pv_wait=True, overlap=False))
     for (d, _), cfg in fp8.DEFAULT_CONFIGS.items():  # the new knobs are opt-in

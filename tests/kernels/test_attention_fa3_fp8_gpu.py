@@ -313,11 +313,18 @@ def test_ops_dispatch_takes_the_gluon_kernel(causal):
     auto = attention_fp8_quantized(*args, causal=causal)
     direct, _ = attention_fa3_fp8_fwd(*args, causal=causal)
     assert torch.equal(auto, direct)
-    assert torch.equal(attention_fp8(q, k, v, causal=causal), auto)  # the same pre-pass and kernel
     exact = attention_ref(q.double(), k.double(), v.double(), causal=causal)
     emu = attention_fp8_quantized(*args, causal=causal, impl="emulation")
     for out in (auto, attention_fp8_quantized(*args, causal=causal, impl="triton")):
         assert _rmse(out, exact) <= 1.1 * _rmse(emu, exact) + 1e-6
+    # attention_fp8 quantizes K/V in the blocks its kernel's default reads (D 128: 256 rows, V^T's keys permuted)
+    bn = fp8.quant_block_n(128, causal)
+    assert bn == 256 and fp8.default_config(128, bn, causal) == fp8.DEFAULT_CONFIGS[(128, causal)]
+    x2 = quantize_fp8(q, k, v, block_n=bn, v_key_perm=fp8.DEFAULT_CONFIGS[(128, causal)].v_perm)
+    direct2, _ = attention_fa3_fp8_fwd(*x2.args(), causal=causal, block_n=bn, v_key_perm=x2.v_key_perm)
+    assert torch.equal(attention_fp8(q, k, v, causal=causal), direct2)  # the same pre-pass and kernel
+    emu2 = attention_fp8_quantized(*x2.args(), causal=causal, block_n=bn, impl="emulation", v_key_perm=x2.v_key_perm)
+    assert _rmse(direct2, exact) <= 1.1 * _rmse(emu2, exact) + 1e-6
 
 
 @pytest.mark.parametrize("causal", [False, True])

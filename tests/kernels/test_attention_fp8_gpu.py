@@ -93,9 +93,10 @@ def test_per_tensor_scales_through_the_kernel():
     from flashscale.reference.attention_fp8 import attention_fp8_ref
     q, k, v = (torch.randn(1, 1024, 8, 128, device=CUDA, dtype=torch.bfloat16) for _ in range(3))
     exact = attention_ref(q.double(), k.double(), v.double())
+    from flashscale.kernels.attention_fa3_fp8 import quant_block_n
     for kw in (dict(block_quant=False, hadamard=False), dict(block_quant=True, hadamard=True)):
         out = attention_fp8(q, k, v, **kw)
-        emu = attention_fp8_ref(q, k, v, **kw)
+        emu = attention_fp8_ref(q, k, v, block_n=quant_block_n(128), **kw)  # the blocks attention_fp8 took
         assert _rmse(out, exact) <= 1.1 * _rmse(emu, exact) + 1e-6, kw
 
 

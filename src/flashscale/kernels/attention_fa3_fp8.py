@@ -230,21 +230,37 @@ TUNING_CONFIGS = {
         "pp_vperm": _C(block_m=128, block_n=128, stages=2, v_perm=True),  # as at D 128
     },
 }
-# Defaults, (head dim, causal) -> config, for the default quantization (128-row K/V blocks), from the sweeps. D 256
-# takes V^T's keys permuted, 128-key tiles causal too: session 27's sweep (attention-fa3-fp8-sweep-vperm-h200.json)
-# had pp_vperm 2-9 % over pp, and every sweep since 2026-11-29 had pp causal 15-25 % over the 64-key tiles that
-# were the causal default for being spill-free; ptxas spills 4 B (full) / 76 B (causal, the diagonal's mask) there,
-# which the compile test holds them to (SPILL_ALLOWANCE).
+# Defaults, (head dim, causal) -> config, from the sweeps. D 256 takes V^T's keys permuted, 128-key tiles causal
+# too: session 27's sweep (attention-fa3-fp8-sweep-vperm-h200.json) had pp_vperm 2-9 % over pp, and every sweep
+# since 2026-11-29 had pp causal 15-25 % over the 64-key tiles that were the causal default for being spill-free;
+# ptxas spills 4 B (full) / 76 B (causal, the diagonal's mask) there, which the compile test holds them to
+# (SPILL_ALLOWANCE). D 128 takes 256-key tiles without overlap, V^T's keys permuted (session 28's sweep,
+# attention-fa3-fp8-sweep-n256-h200.json: full 4k / 8k / 16k 808 / 840 / 850 TFLOP/s against pp's 764 / 798 / 816,
+# causal 650 / 743 / 827 against 648 / 724 / 812); those need K/V quantized in 256-row blocks (QUANT_BLOCK_N).
 DEFAULT_CONFIGS = {(64, False): TUNING_CONFIGS[64]["pp"], (64, True): TUNING_CONFIGS[64]["pp"],
-                   (128, False): TUNING_CONFIGS[128]["pp"], (128, True): TUNING_CONFIGS[128]["pp"],
+                   (128, False): TUNING_CONFIGS[128]["pp_n256_serial_vperm"],
+                   (128, True): TUNING_CONFIGS[128]["pp_n256_serial_vperm"],
                    (256, False): TUNING_CONFIGS[256]["pp_vperm"], (256, True): TUNING_CONFIGS[256]["pp_vperm"]}
+# For K/V quantization blocks the default's key tile does not divide (D 128 at 128-row blocks, the ops default
+# before session 28): the best config of 128-key tiles, its block_n cut further to the block where needed.
+SMALL_BLOCK_CONFIGS = {(128, False): TUNING_CONFIGS[128]["pp"], (128, True): TUNING_CONFIGS[128]["pp"]}
+
+
+def quant_block_n(head_dim: int, causal: bool = False) -> int:
+    """The K/V quantization block (rows per scale) the default config wants: its key tile, at least 128
+    (ops.quantize_fp8's default)."""
+    cfg = DEFAULT_CONFIGS.get((head_dim, bool(causal)))
+    return max(128, cfg.block_n) if cfg is not None else 128
 
 
 def default_config(head_dim: int, quant_block_n: int = 128, causal: bool = False,
                    v_perm: bool | None = None) -> FA3Fp8Config:
     """The default config whose key tile divides the quantization block (e.g. 64 -> 64-key tiles). v_perm: the
     layout of the V^T at hand (True: keys permuted, False: natural order; None: the default's own)."""
-    cfg = DEFAULT_CONFIGS[(head_dim, bool(causal))]
+    key = (head_dim, bool(causal))
+    cfg = DEFAULT_CONFIGS[key]
+    if quant_block_n % cfg.block_n:
+        cfg = SMALL_BLOCK_CONFIGS.get(key, cfg)
     if quant_block_n % cfg.block_n:
         cfg = replace(cfg, block_n=quant_block_n)
     if v_perm is not None and cfg.v_perm != v_perm:

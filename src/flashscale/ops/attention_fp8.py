@@ -223,20 +223,24 @@ def attention_fp8_quantized(q8, k8, v8, q_descale, k_descale, v_descale, *, caus
     return (out, lse) if return_lse else out
 
 
-def _wants_key_perm(q: torch.Tensor, causal: bool, impl: str) -> bool:
-    """Whether the Gluon kernel's default config for these inputs reads V^T's keys permuted (so the pre-pass
-    should write them so)."""
+def _kernel_layout(q: torch.Tensor, causal: bool, impl: str) -> tuple[int, bool]:
+    """(K/V quantization block, V^T's keys permuted) for the Gluon kernel's default config on these inputs (what
+    the pre-pass should write); (DEFAULT_BLOCK_N, False) where another path runs."""
     if impl not in ("auto", "fa3") or not _use_kernel(q, impl):
-        return False
+        return DEFAULT_BLOCK_N, False
     from flashscale.kernels import attention_fa3_fp8 as fa3
 
     D = q.shape[-1]
-    return D in fa3.HEAD_DIMS and fa3.default_config(D, DEFAULT_BLOCK_N, causal).v_perm
+    if D not in fa3.HEAD_DIMS:
+        return DEFAULT_BLOCK_N, False
+    block_n = fa3.quant_block_n(D, causal)
+    return block_n, fa3.default_config(D, block_n, causal).v_perm
 
 
 def _fp8_forward(q, k, v, causal, scale, hadamard, block_quant, seed, impl):
-    x = quantize_fp8(q, k, v, hadamard=hadamard, block_quant=block_quant, seed=seed, impl=impl,
-                     v_key_perm=_wants_key_perm(q, causal, impl))
+    block_n, key_perm = _kernel_layout(q, causal, impl)
+    x = quantize_fp8(q, k, v, hadamard=hadamard, block_quant=block_quant, seed=seed, impl=impl, block_n=block_n,
+                     v_key_perm=key_perm)
     out_dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.float32
     return attention_fp8_quantized(*x.args(), causal=causal, softmax_scale=scale, block_m=x.block_m,
                                    block_n=x.block_n, out_dtype=out_dtype, impl=impl, v_key_perm=x.v_key_perm)
