@@ -6,9 +6,10 @@ Rows (impl): flashscale_fp8 (the kernel ops.attention_fp8 runs, on pre-quantized
 FA3-style kernel, kernels.attention_fa3_fp8, default config), flashscale_fp8_e2e (Hadamard/quantization
 pre-pass + that kernel, from bf16), flashscale_fp8_triton (the Triton FP8 kernel, best tile),
 flashscale_bf16 (our bf16 attention), sdpa_cudnn, sdpa_flash (bf16).
-Also the pre-pass alone (ms, GB/s) for both Hadamard methods. Times: triton.testing.do_bench medians, each cell
-timed in --rounds rounds (default 3, one after another) and the median kept (ms_rounds: all of them): the FP8 rates
-moved ~10 % between runs of the same kernel (docs/attention_fp8.md, sessions 23 and 27).
+Also the pre-pass alone (ms, GB/s): both Hadamard methods, and 128- / 256-row blocks in pieces or whole.
+Times: triton.testing.do_bench medians, each cell timed in --rounds rounds (default 3, one after another) and the
+median kept (ms_rounds: all of them): the FP8 rates moved ~10 % between runs of the same kernel
+(docs/attention_fp8.md, sessions 23 and 27).
 Correctness first, per (head dim, causal) group at seqlen 1024: kernel vs emulation (as the GPU tests).
 
     python benchmarks/attention_fp8.py [--quick] [--tune] [--rounds N] [--out DIR]
@@ -138,14 +139,22 @@ def prepass_rows(hdim, rep, warmup):
     heads = HIDDEN // hdim
     x = torch.randn(1, TOKENS, heads, hdim, device="cuda", dtype=torch.bfloat16)
     rows = []
-    for method in ("mma", "butterfly"):
+    # (name, keyword arguments): both Hadamard methods on Q at 128-row blocks, then the default (mma) path as K
+    # and V^T take it in 128- and 256-row blocks, each in pieces (auto_chunk) and whole (chunk=0)
+    cases = [(f"hadamard_quant_{m}", dict(block=128, hadamard=True, method=m)) for m in ("mma", "butterfly")]
+    for bn in (128, 256):
+        for chunk, tag in ((None, ""), (0, "_whole")):
+            cases += [(f"hadamard_quant_mma_b{bn}{tag}", dict(block=bn, hadamard=True, chunk=chunk)),
+                      (f"quant_vt_perm_b{bn}{tag}", dict(block=bn, hadamard=False, transpose=True, key_perm=True,
+                                                         chunk=chunk))]
+    for name, kw in cases:
         try:
-            ms = triton.testing.do_bench(lambda: hadamard_quant(x, block=128, hadamard=True, method=method),
-                                         warmup=warmup, rep=rep, return_mode="median")
+            ms = triton.testing.do_bench(lambda: hadamard_quant(x, **kw), warmup=warmup, rep=rep,
+                                         return_mode="median")
         except Exception as e:
-            rows.append(dict(impl=f"hadamard_quant_{method}", hdim=hdim, error=f"{type(e).__name__}: {str(e)[:120]}"))
+            rows.append(dict(impl=name, hdim=hdim, error=f"{type(e).__name__}: {str(e)[:120]}"))
             continue
-        rows.append(dict(impl=f"hadamard_quant_{method}", hdim=hdim, ms=ms, gbps=x.numel() * 3 / ms * 1e-6))
+        rows.append(dict(impl=name, hdim=hdim, ms=ms, gbps=x.numel() * 3 / ms * 1e-6))
     return rows
 
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# GPU steps of sessions 18-27 (2026-12-02/03), kept runnable. Session 27 ran `diag27`, `fp8v27`, `fp8d27`, `grid27`
-# and the FA2 / backward / model GPU tests; its device time ran out (three refused starts) before `docs27`. Next
-# session: `docs27` first (the Llama's document masking through the varlen kernels on the GPU: the FA2 issue's last
-# unverified point), its FP8 grid in 3 rounds after it; then `fa3f28` (D 256 forward, folded scale) and `fp8n28`
-# (FP8 D 128 at 128 x 256 with V^T's keys permuted), both written after the device time was spent; then a grid if
-# a default changes. One `run` per step, back to back; each step's commands
+# GPU steps of sessions 18-28 (2026-12-02/03), kept runnable. Session 28 ran `s28` (docs27's, fa3f28's and fp8n28's
+# tests, then their sweeps), `s28b`, `s28c`, `gputests` and `s28d`; its device time ran out before the FP8 grid
+# could be re-run with the final pre-pass rule (auto_chunk: V^T in pieces past 128 x 128 values, Q/K whole up to
+# 128 x 256) and before test_prepass_in_pieces's rewrite (reference-based at D 256 x 256 rows)
+# ran. Next session: `s29` first (those two), then the open performance points (#4 forward at D 256, #5 D 128,
+# #7 decode). One `run` per step, back to back; each step's commands
 # have their own timeouts so one hang costs only its share. Outputs go to $OUT (at most 8 files come back).
 #
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s29       # ~4 min: the pre-pass GPU tests, the FP8 grid
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: backward dispatch GPU tests, FA2's
 #                                                                  # GPU tests, the attention API file
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh refresh   # ~4 min: the attention grid (FA2 configs seeded
@@ -73,6 +74,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s28b      # ~8 min: doc masking + FP8 GPU tests, FP8 grid,
 #                                                                  # accuracy (D 128 FP8 default: 256-key tiles)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s28c      # ~4 min: FA2 + model + trainer GPU tests, fa3 ops
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s28d      # ~4 min: FP8 GPU tests, the FP8 grid (pre-pass in pieces)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -178,6 +180,18 @@ case "${1:-}" in
     wait
     for f in fa2 fa3; do echo "=== $f"; grep -v -E '^(DEBUG|INFO) ' /tmp/s28c/$f.log | tail -n 60; done > "$OUT/tests.log"
     grep -h -E '(passed|failed|error)( |$)' /tmp/s28c/*.log | tail -n 4 ;;
+  s28d)  # session 28, last: the pre-pass in pieces (auto_chunk: spill-free, where whole 128-row blocks spilled 188 B
+    # at D 128 and 256-row blocks ~1 KB; s28b's grid had D 128's pre-pass at 0.84 ms on 256-row blocks against 0.27
+    # on 128): the FP8 GPU files whole, then the FP8 grid (its pre-pass rows: pieces against whole blocks)
+    step fp8_tests 130 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
+      tests/kernels/test_attention_fa3_fp8_gpu.py tests/kernels/test_attention_fp8_gpu.py
+    step fp8 180 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT" ;;
+  s29)  # written in session 28 after its device time was spent: the pre-pass tests as rewritten (pieces against the
+    # reference at D 256 x 256 rows, where a whole block does not compile), the FP8 files whole, then the FP8 grid
+    # with auto_chunk's measured rule (copy it over results/attention-fp8-h200.json with a note; make_tables.py)
+    step fp8_tests 130 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
+      tests/kernels/test_attention_fa3_fp8_gpu.py tests/kernels/test_attention_fp8_gpu.py
+    step fp8 180 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT" ;;
   fa3f28)  # written in session 27: the D 256 forward with the folded softmax scale (pp_fold; spill-free), tests + sweep
     step fa3_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \
       -k "tuning_configs and pp_fold-256"

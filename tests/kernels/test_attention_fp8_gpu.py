@@ -51,6 +51,35 @@ def test_prepass_matches_reference(d, method):
     assert torch.equal(yp.view(torch.uint8), permute_v_keys(yt, 1000).view(torch.uint8))
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("block", [128, 256])
+def test_prepass_in_pieces(d, block):
+    """The pre-pass in pieces of 8192 // D rows (the block read twice; auto_chunk's choice for V^T past 128 x 128
+    values and for Q/K past 128 x 256), ragged last block: V^T (keys permuted) the same bytes and descales as
+    whole blocks (chunk=0); Q/K (Hadamard) against the reference as test_prepass_matches_reference allows (descales
+    within 1e-6, values within one e4m3 step on under 1 % of them), and whole blocks the same way where they
+    compile (up to 128 x 256 values; past that chunk=0 is refused)."""
+    _hopper()
+    from flashscale.kernels.hadamard import hadamard_quant
+    x = torch.randn(2, 1000, 4, d, device=CUDA, dtype=torch.bfloat16)
+    x[1, 700, 2, 5] = 80.0
+    rows = min(block, 8192 // d)
+    whole = hadamard_quant(x, block=block, chunk=0, hadamard=False, transpose=True, key_perm=True)
+    auto = hadamard_quant(x, block=block, chunk=rows, hadamard=False, transpose=True, key_perm=True)
+    assert torch.equal(auto[1], whole[1]) and torch.equal(auto[0].view(torch.uint8), whole[0].view(torch.uint8))
+    r8, rd = quantize_blocks_ref(hadamard_ref(x, random_signs(d, 3, device=CUDA)), block)
+    outs = [hadamard_quant(x, block=block, chunk=rows, hadamard=True, seed=3)]
+    if block * d > 128 * 256:
+        with pytest.raises(ValueError, match="does not compile"):
+            hadamard_quant(x, block=block, chunk=0, hadamard=True, seed=3)
+    else:
+        outs.append(hadamard_quant(x, block=block, chunk=0, hadamard=True, seed=3))
+    for y, desc in outs:
+        assert torch.allclose(desc, rd, rtol=1e-6, atol=0)
+        diff = (y.float() - r8.float()).abs()
+        assert torch.all(diff <= 2.0 ** -3 * r8.float().abs() + 2.0 ** -9) and (diff > 0).float().mean() < 0.01
+
+
 CASES = [  # (B, Sq, Sk, H, Hkv, D, causal)
     (2, 1024, 1024, 16, 16, 128, False),
     (2, 1024, 1024, 16, 4, 128, True),

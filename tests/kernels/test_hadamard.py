@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from flashscale.kernels.hadamard import hadamard_quant, padded_len
+from flashscale.kernels.hadamard import auto_chunk, hadamard_quant, padded_len
 from flashscale.reference.attention_fp8 import (E4M3, E4M3_MAX, FLOOR, dequantize_blocks_ref, hadamard_matrix,
                                                 hadamard_ref, quantize_blocks_ref, random_signs)
 
@@ -141,3 +141,27 @@ def test_kernel_writes_v_in_the_fp8_kernels_permuted_key_order(S):
     assert not torch.equal(perm[..., k], nat[..., k])  # it does move keys
     with pytest.raises(ValueError, match="transpose=True"):
         hadamard_quant(x, block=16, hadamard=False, key_perm=True)
+
+
+@pytest.mark.parametrize("kw", [dict(hadamard=True), dict(hadamard=False, transpose=True, key_perm=True),
+                                dict(hadamard=True, per_tensor=True)], ids=["hadamard", "vt_perm", "per_tensor"])
+def test_chunked_blocks_give_the_same_bits(kw):
+    """A block read in pieces (the amax over all of them first, then each piece quantized) gives the whole
+    block's descales bit for bit and its values (ragged last block included): bitwise without the transform; with
+    it within a few fp32 roundings (the interpreter's matmul may sum a 16-row piece in another order than 64 rows;
+    the GPU test checks the bits). Bad chunks are refused by name."""
+    x = torch.randn(2, 150, 2, 32, dtype=torch.float16) * 3
+    x[1, 70, 0, 3] = 60.0  # an outlier in the second piece of a block
+    whole = hadamard_quant(x, block=64, chunk=0, out_dtype=torch.float32, **kw)
+    for chunk in (16, 32):
+        pieces = hadamard_quant(x, block=64, chunk=chunk, out_dtype=torch.float32, **kw)
+        assert torch.equal(pieces[1], whole[1]), chunk
+        if kw["hadamard"]:
+            torch.testing.assert_close(pieces[0], whole[0], rtol=2.0 ** -20, atol=0)  # a few fp32 roundings
+        else:
+            assert torch.equal(pieces[0], whole[0]), chunk
+    assert auto_chunk(256, 128, transpose=True) == 64 and auto_chunk(128, 256, transpose=True) == 32
+    assert auto_chunk(256, 128) == 0 and auto_chunk(256, 256) == 32 and auto_chunk(128, 128, transpose=True) == 0
+    for bad in (24, 128, -16, 8):
+        with pytest.raises(ValueError, match="chunk"):
+            hadamard_quant(x, block=64, chunk=bad, **kw)

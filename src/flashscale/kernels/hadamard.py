@@ -50,11 +50,11 @@ _E4M3_MAX = tl.constexpr(E4M3_MAX)
 def _hadamard_mma(x, D: tl.constexpr, LOG2D: tl.constexpr):
     """x (R, D) in fp16/bf16/fp32 -> x @ H_D (unnormalized) in fp32, on the tensor cores."""
     offs = tl.arange(0, D)
-    bits = offs[:, None] & offs[None, :]
-    parity = tl.zeros([D, D], dtype=tl.int32)
-    for b in tl.static_range(LOG2D):
-        parity = parity ^ ((bits >> b) & 1)
-    h = (1 - 2 * parity).to(x.dtype)
+    p = offs[:, None] & offs[None, :]  # H[i, j] = (-1)^popcount(i & j); i & j < 256: fold 8 bits into bit 0,
+    p = p ^ (p >> 4)                   # one (D, D) integer tile live (a tile a bit kept two: 255 registers and
+    p = p ^ (p >> 2)                   # 188 B spilled at D 128, 128-row blocks, 8 warps)
+    p = p ^ (p >> 1)
+    h = (1 - 2 * (p & 1)).to(x.dtype)
     return tl.dot(x, h, input_precision="ieee" if x.dtype == tl.float32 else "tf32").to(tl.float32)
 
 
@@ -70,53 +70,88 @@ def _hadamard_butterfly(x, R: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr
 
 
 @triton.jit
-def _hadamard_quant_kernel(
-    X, Y, DESCALE, SIGNS, AMAX,
-    stride_xb, stride_xs, stride_xh, stride_yb, stride_ys, stride_yh, stride_yd, stride_db, stride_dh,
-    H, S, inv_sqrt_d,
-    D: tl.constexpr, LOG2D: tl.constexpr, BLOCK: tl.constexpr, HADAMARD: tl.constexpr, METHOD: tl.constexpr,
-    PER_TENSOR: tl.constexpr, KEY_PERM: tl.constexpr = False,
-):
-    blk = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    rows = blk * BLOCK + tl.arange(0, BLOCK)
-    offs_d = tl.arange(0, D)
+def _load_transform(X, b, h, rows, offs_d, SIGNS, stride_xb, stride_xs, stride_xh, S, inv_sqrt_d,
+                    D: tl.constexpr, LOG2D: tl.constexpr, R: tl.constexpr, HADAMARD: tl.constexpr,
+                    METHOD: tl.constexpr):
+    """Rows `rows` (R,) of one head -> (R, D) fp32: the signed, normalized Hadamard transform (HADAMARD) or the
+    values as they are; rows past S read as 0 (and raise no amax)."""
     ok = rows[:, None] < S
     x = tl.load(X + b * stride_xb + h * stride_xh + rows[:, None].to(tl.int64) * stride_xs + offs_d[None, :],
-                mask=ok, other=0.0)  # (BLOCK, D), rows past S read as 0 and raise no amax
+                mask=ok, other=0.0)
     if HADAMARD:
         signs = tl.load(SIGNS + offs_d).to(x.dtype)  # +-1: exact in every float dtype
         x = x * signs[None, :]
         if METHOD == "mma":
             y = _hadamard_mma(x, D, LOG2D)
         else:
-            y = _hadamard_butterfly(x.to(tl.float32), BLOCK, D, LOG2D)
+            y = _hadamard_butterfly(x.to(tl.float32), R, D, LOG2D)
         y = y * inv_sqrt_d
     else:
         y = x.to(tl.float32)
+    return y
+
+
+@triton.jit
+def _hadamard_quant_kernel(
+    X, Y, DESCALE, SIGNS, AMAX,
+    stride_xb, stride_xs, stride_xh, stride_yb, stride_ys, stride_yh, stride_yd, stride_db, stride_dh,
+    H, S, inv_sqrt_d,
+    D: tl.constexpr, LOG2D: tl.constexpr, BLOCK: tl.constexpr, HADAMARD: tl.constexpr, METHOD: tl.constexpr,
+    PER_TENSOR: tl.constexpr, KEY_PERM: tl.constexpr = False, CHUNK: tl.constexpr = 0,
+):
+    """One quantization block of one head. CHUNK (< BLOCK, dividing it): the block in CHUNK-row pieces, twice
+    (the amax, then the quantization; the second read mostly from L2), so a large block holds only a piece in
+    registers (a whole 256-row block spills in ptxas); 0: the block at once."""
+    blk = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_d = tl.arange(0, D)
+    R: tl.constexpr = CHUNK if CHUNK > 0 else BLOCK
     if PER_TENSOR:
         amax = tl.load(AMAX)
     else:
-        amax = tl.max(tl.max(tl.abs(y), axis=1), axis=0)
-    amax = tl.maximum(amax, _FLOOR)
-    # IEEE-rounded divisions, as torch does in the reference (Triton's "/" may be approximate on GPU)
-    inv = tl.math.div_rn(tl.full([], _E4M3_MAX, tl.float32), amax)
-    q = tl.minimum(tl.maximum(y * inv, -_E4M3_MAX), _E4M3_MAX).to(Y.dtype.element_ty)  # e4m3 (fp32: tests)
-    if KEY_PERM:  # row c of a 32-row group to slot (c & ~15) | ((c >> 1) & 3) << 2 | ((c >> 3) & 1) << 1 | (c & 1)
-        dst = (rows & ~15) | (((rows >> 1) & 3) << 2) | (((rows >> 3) & 1) << 1) | (rows & 1)
-    else:
-        dst = rows
-    tl.store(Y + b * stride_yb + h * stride_yh + dst[:, None].to(tl.int64) * stride_ys
-             + offs_d[None, :].to(tl.int64) * stride_yd, q, mask=ok)
-    tl.store(DESCALE + b * stride_db + h * stride_dh + blk, tl.math.div_rn(amax, tl.full([], _E4M3_MAX, tl.float32)))
+        amax = tl.zeros([], dtype=tl.float32)
+        if CHUNK > 0:
+            for c in tl.range(BLOCK // R, loop_unroll_factor=1):
+                rows = blk * BLOCK + c * R + tl.arange(0, R)
+                y = _load_transform(X, b, h, rows, offs_d, SIGNS, stride_xb, stride_xs, stride_xh, S, inv_sqrt_d,
+                                    D, LOG2D, R, HADAMARD, METHOD)
+                amax = tl.maximum(amax, tl.max(tl.max(tl.abs(y), axis=1), axis=0))
+    for c in tl.range(BLOCK // R, loop_unroll_factor=1):
+        rows = blk * BLOCK + c * R + tl.arange(0, R)
+        y = _load_transform(X, b, h, rows, offs_d, SIGNS, stride_xb, stride_xs, stride_xh, S, inv_sqrt_d,
+                            D, LOG2D, R, HADAMARD, METHOD)
+        if CHUNK == 0 and not PER_TENSOR:
+            amax = tl.max(tl.max(tl.abs(y), axis=1), axis=0)
+        # IEEE-rounded divisions, as torch does in the reference (Triton's "/" may be approximate on GPU)
+        inv = tl.math.div_rn(tl.full([], _E4M3_MAX, tl.float32), tl.maximum(amax, _FLOOR))
+        q = tl.minimum(tl.maximum(y * inv, -_E4M3_MAX), _E4M3_MAX).to(Y.dtype.element_ty)  # e4m3 (fp32: tests)
+        if KEY_PERM:  # row c of a 32-row group to slot (c & ~15) | ((c >> 1) & 3) << 2 | ((c >> 3) & 1) << 1 | (c & 1)
+            dst = (rows & ~15) | (((rows >> 1) & 3) << 2) | (((rows >> 3) & 1) << 1) | (rows & 1)
+        else:
+            dst = rows
+        tl.store(Y + b * stride_yb + h * stride_yh + dst[:, None].to(tl.int64) * stride_ys
+                 + offs_d[None, :].to(tl.int64) * stride_yd, q, mask=rows[:, None] < S)
+    tl.store(DESCALE + b * stride_db + h * stride_dh + blk,
+             tl.math.div_rn(tl.maximum(amax, _FLOOR), tl.full([], _E4M3_MAX, tl.float32)))
+
+
+def auto_chunk(block: int, D: int, transpose: bool = False) -> int:
+    """Rows a program of the pre-pass holds at once (0: the whole block, read once). Measured on the H200
+    (2026-12-03, results/attention-fp8-h200.json, 16k tokens x 2048): V^T's whole blocks beyond 128 x 128 values
+    spill (ptxas) and ran 0.34-0.39 ms where 8192 // D-row pieces read twice ran 0.11; the Hadamard path's whole
+    blocks were the faster up to 32768 values (D 128: 0.104 / 0.123 ms at 128 / 256 rows against 0.156 / 0.145 in
+    pieces; D 256, 128 rows: 0.168 against 0.222), and past that do not compile (D 256 x 256 rows)."""
+    if block * D <= (128 * 128 if transpose else 128 * 256):
+        return 0
+    return max(16, 8192 // D)
 
 
 def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0, transpose: bool = False,
                    per_tensor: bool = False, method: str = "mma", num_warps: int | None = None,
                    signs: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float8_e4m3fn,
-                   key_perm: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                   key_perm: bool = False, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x (B, S, H, D) fp16/bf16/fp32, D in {16, ..., 256} a power of 2 -> (y8, descale).
 
     y8: e4m3 (B, S, H, D), or with transpose=True (B, H, D, padded_len(S)) (V's layout, zero padding).
@@ -125,6 +160,9 @@ def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0
     out_dtype=float32 stores the scaled values before their e4m3 rounding (interpreter tests only).
     key_perm (with transpose): the keys of every 32-key group in the FA3 FP8 kernel's v_perm order
     (attention_fa3_fp8.permute_v_keys, written in place of the natural one at no cost), S padded to 32.
+    chunk: rows a program holds at once (a power of two dividing block; the block is then read twice: its amax,
+    then its quantization); 0: the whole block in one read; None: auto_chunk(block, D, transpose), the measured
+    faster of the two (the same descales and values either way, up to the transform's fp32 rounding).
     """
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}; got {method!r}")
@@ -149,7 +187,16 @@ def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0
         return y, descale
     if signs is None:
         signs = random_signs(D, seed, device=x.device)
-    warps = num_warps or (4 if block * D <= 64 * 64 else 8 if block * D <= 128 * 128 else 16)
+    chunk = auto_chunk(block, D, transpose) if chunk is None else chunk
+    if not isinstance(chunk, int) or chunk < 0 or (chunk and (chunk & (chunk - 1) or block % chunk or chunk < 16)):
+        raise ValueError(f"chunk must be 0 or a power of two >= 16 dividing block={block}; got {chunk!r}")
+    if chunk >= block:
+        chunk = 0
+    if chunk == 0 and hadamard and block * D > 128 * 256 and x.is_cuda:
+        raise ValueError(f"chunk=0: a whole {block} x {D} block through the Hadamard transform does not compile "
+                         "(ptxas runs out of registers); leave chunk=None (pieces) or take a smaller block")
+    rows = chunk or block
+    warps = num_warps or (4 if rows * D <= 64 * 64 else 8 if rows * D <= 128 * 128 else 16)
 
     def launch(amax=None):
         _hadamard_quant_kernel[(nb, B * H)](
@@ -157,7 +204,7 @@ def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0
             x.stride(0), x.stride(1), x.stride(2), *sy, descale.stride(0), descale.stride(1),
             H, S, 1.0 / math.sqrt(D),
             D=D, LOG2D=D.bit_length() - 1, BLOCK=block, HADAMARD=hadamard, METHOD=method,
-            PER_TENSOR=amax is not None, KEY_PERM=key_perm, num_warps=warps,
+            PER_TENSOR=amax is not None, KEY_PERM=key_perm, CHUNK=chunk, num_warps=warps,
         )
 
     launch()
