@@ -415,3 +415,18 @@ def test_cu_seqlens_values_checked_once_per_tensor_version(monkeypatch):
         for _ in range(2):
             assert torch.equal(attention(q, k, v, causal=True, cu_seqlens_q=cu_inf, cu_seqlens_k=cu_inf), first)
         assert len(reads) >= n + 2
+
+
+def test_capability_traces_under_compile_without_the_lru_cache_warning():
+    """ops.attention's Hopper decision reads the device's capability (cached: it runs on every launch); under
+    torch.compile the uncached call is traced, so compiling a model does not warn about an lru_cache wrapper."""
+    import warnings
+
+    from flashscale.kernels.attention_tune import capability
+
+    x = torch.ones(2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.compile(lambda t: t + capability(t.device)[0], backend="eager", fullgraph=True)(x)
+    assert torch.equal(out, x + capability(x.device)[0])
+    assert not [w for w in caught if "lru_cache" in str(w.message)]

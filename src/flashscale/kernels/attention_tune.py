@@ -127,9 +127,17 @@ def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
-@functools.lru_cache(maxsize=None)
-def capability(device: torch.device) -> tuple[int, int]:
+def _device_capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else (0, 0)
+
+
+_cached_capability = functools.lru_cache(maxsize=None)(_device_capability)
+
+
+def capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) of device's GPU, (0, 0) off CUDA; cached (checked on every launch), uncached under
+    torch.compile, which traces the call once and would warn at every compile about an lru_cache wrapper."""
+    return _device_capability(device) if torch.compiler.is_compiling() else _cached_capability(device)
 
 
 @functools.lru_cache(maxsize=None)  # on every launch; never written
