@@ -201,8 +201,8 @@ TUNING_CONFIGS = {
         "pp_persist": replace(_PP[256], persistent=True),
         "pp_flat": replace(_PP[256], l2_groups=False),
         "pp_persist_dyn": replace(_PP[256], persistent=True, dynamic=True),
-        # session 27 (compile-checked, spill-free full and causal; not yet run on a GPU): the folded scale was left
-        # out at D 256 as "tensor-bound", but its forward runs at 0.92-1.10x cuDNN, ~65 % of the bf16 peak
+        # session 27 (spill-free full and causal): the folded scale, left out at D 256 as "tensor-bound"; session 28
+        # measured it -7 to +2 % against pp (attention-fa3-sweep-fold256-h200.json): not the default
         "pp_fold": replace(_PP[256], fold_scale=True),
     },
 }

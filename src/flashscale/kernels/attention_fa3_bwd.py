@@ -140,8 +140,8 @@ TUNING_CONFIGS = {
          # work; 199 KB. Spills 20 / 44 B (full / causal), all outside the key loop (once a program). The default
          # since session 26 (+10-12 %, -m128-h200.json)
          "n128_m128_ws_tma": DEFAULT_CONFIGS[64],
-         # session 26 (compile-checked, not yet run on a GPU): one end-of-step barrier and arrive instead of two (3
-         # bar.sync a step, not 4; the same spills, none in the loop). (early_stats spills 52 B here, 3 in the loop)
+         # session 26: one end-of-step barrier and arrive instead of two (3 bar.sync a step, not 4; the same spills,
+         # none in the loop); measured 1-4 % slower (bwd26b). (early_stats spills 52 B here, 3 in the loop)
          "n128_m128_ws_tma_1b": replace(DEFAULT_CONFIGS[64], one_end_bar=True)},
     128: {"n128_m64": PLAIN_CONFIGS[128], "n128_m64_atom": FA3BwdConfig(block_n=128, block_m=64, red_v2=False),
           "n64_m128": FA3BwdConfig(block_n=64, block_m=128),
@@ -157,8 +157,8 @@ TUNING_CONFIGS = {
           # tiles in the two whole tiles' 64 KB. (dO single-buffered spills 36-72 B in the MMA warps at D 128, one
           # dQ slot or three: their 240 registers hold S^T and dP^T of 128 keys; so no third whole tile here)
           "n128_m64_ws_tma_q2_d4": replace(DEFAULT_CONFIGS[128], dq_split=2, dq_stages=4),
-          # session 26 (compile-checked, not yet run on a GPU): the LSE load under the S^T / dP^T wgmmas (its 8 LDS
-          # before the wait, not after; no spills), one end-of-step barrier and arrive (3 bar.sync a step), both
+          # session 26: the LSE load under the S^T / dP^T wgmmas (its 8 LDS before the wait, not after; no spills),
+          # one end-of-step barrier and arrive (3 bar.sync a step), both; measured 1-7 % slower (bwd26b), opt-in
           "n128_m64_ws_tma_es": replace(DEFAULT_CONFIGS[128], early_stats=True),
           "n128_m64_ws_tma_1b": replace(DEFAULT_CONFIGS[128], one_end_bar=True),
           "n128_m64_ws_tma_es_1b": replace(DEFAULT_CONFIGS[128], early_stats=True, one_end_bar=True)},

@@ -213,9 +213,9 @@ TUNING_CONFIGS = {
         "pp_flat": _C(block_m=128, block_n=128, stages=3, l2_groups=False),  # the tile order before 2026-12-03
         # session 26: V^T's keys permuted, no shuffles for P (session 27: -2.5 to +0.4 % here, the D 256 default)
         "pp_vperm": _C(block_m=128, block_n=128, stages=3, v_perm=True),
-        # session 27 (compile-checked, spill-free full and causal; not yet run on a GPU): FA3's FP8 D 128 tile is
-        # 128 x 224 (non-power-of-two, out of Gluon's reach); 256 keys without overlap measured +2.4 % over pp, and
-        # its P exchange per step is twice 128's, so v_perm may pay more there. (With overlap, 360 B spilled.)
+        # session 27 (spill-free full and causal): FA3's FP8 D 128 tile is 128 x 224 (non-power-of-two, out of
+        # Gluon's reach); 256 keys without overlap, V^T's keys permuted: +4-6 % over pp full in session 28's sweep,
+        # the D 128 default since (K/V in 256-row blocks). (With overlap, 360 B spilled.)
         "pp_n256_serial_vperm": _C(block_m=128, block_n=256, stages=2, overlap=False, v_perm=True),
     },
     256: {
