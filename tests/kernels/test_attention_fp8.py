@@ -165,3 +165,23 @@ def test_training_recipe_gradients():
         e_recipe = (a.double() - ref).abs().max()
         e_bf16 = (b.double() - ref).abs().max()
         assert e_recipe <= e_bf16 + 1e-12
+
+
+def test_quantization_blocks_follow_the_gluon_kernel_only_on_hopper(monkeypatch):
+    """attention_fp8 quantizes K/V in the blocks the Gluon kernel's default config reads (D 128: 256 rows, V^T's
+    keys permuted) only where that kernel runs (sm_90); elsewhere the 128-row default in natural order."""
+    import importlib
+
+    from flashscale.kernels import attention_fa3_fp8 as fa3
+    from flashscale.kernels import attention_tune
+
+    mod = importlib.import_module("flashscale.ops.attention_fp8")  # the module (the package exports the function)
+
+    q = torch.zeros(1, 8, 2, 128)
+    monkeypatch.setattr(mod, "_use_kernel", lambda t, impl: True)
+    assert mod._kernel_layout(q, False, "auto") == (128, False)  # a CPU tensor: no sm_90
+    monkeypatch.setattr(attention_tune, "capability", lambda device: (9, 0))
+    expected = (256, True) if fa3.HAS_GLUON else (128, False)
+    assert mod._kernel_layout(q, False, "auto") == mod._kernel_layout(q, True, "auto") == expected
+    assert mod._kernel_layout(q[..., :64], False, "auto") == (128, False)  # D 64's default: 128-key tiles
+    assert mod._kernel_layout(q, False, "triton") == (128, False)  # impl="triton": the Triton FP8 kernel

@@ -229,9 +229,10 @@ def _kernel_layout(q: torch.Tensor, causal: bool, impl: str) -> tuple[int, bool]
     if impl not in ("auto", "fa3") or not _use_kernel(q, impl):
         return DEFAULT_BLOCK_N, False
     from flashscale.kernels import attention_fa3_fp8 as fa3
+    from flashscale.kernels.attention_tune import capability
 
     D = q.shape[-1]
-    if D not in fa3.HEAD_DIMS:
+    if D not in fa3.HEAD_DIMS or not fa3.HAS_GLUON or capability(q.device)[0] != 9:  # the Gluon kernel: Hopper only
         return DEFAULT_BLOCK_N, False
     block_n = fa3.quant_block_n(D, causal)
     return block_n, fa3.default_config(D, block_n, causal).v_perm
