@@ -3,8 +3,9 @@
 The pre-pass of the FP8 attention (FlashAttention-3, section 3.3): each program reads one quantization
 block, `block` rows of one head of x (B, S, H, D) in bf16/fp16/fp32, once; multiplies by the seeded
 signs and the Hadamard matrix (Q and K only; V skips it), takes the block's amax, and writes the e4m3
-block plus its fp32 descale = max(amax, FLOOR) / 448 once. Per-tensor quantization (the baseline) is a
-second launch handed the global amax.
+block plus its fp32 descale = max(amax, FLOOR) / 448 once. Blocks too large for a program's registers are
+read in pieces, twice (the amax, then the quantization: `chunk`, auto_chunk). Per-tensor quantization (the
+baseline) is a second launch handed the global amax.
 
 Two ways to multiply by H_D (D = 64, 128, 256), picked by `method`:
   "mma":       y = (x * signs) @ H on the tensor cores. H is built in registers from
