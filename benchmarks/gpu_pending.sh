@@ -74,7 +74,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s28b      # ~8 min: doc masking + FP8 GPU tests, FP8 grid,
 #                                                                  # accuracy (D 128 FP8 default: 256-key tiles)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s28c      # ~4 min: FA2 + model + trainer GPU tests, fa3 ops
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s28d      # ~4 min: FP8 GPU tests, the FP8 grid (pre-pass in pieces)
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s28d      # ~4 min: FP8 GPU tests, the FP8 grid (pieces)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh timing    # ~4 min: the tuner GPU tests, then _time against
 #                                                                  # do_bench_cudagraph, one knob at a time (not run
 #                                                                  # yet, nor _time's knob refactor: written after the
@@ -155,7 +155,8 @@ case "${1:-}" in
     step fa3_sweep 180 "$PY" benchmarks/attention_fa3_sweep.py --hdims 256 --variants pp,pp_fold --budget 150 \
       --out "$OUT/attention-fa3-sweep-fold256-h200.json"
     step fp8_sweep 180 "$PY" benchmarks/attention_fa3_fp8_sweep.py --hdims 128 --seqlens 4096,8192,16384 \
-      --variants pp,pp_n256_serial,pp_n256_serial_vperm --budget 150 --out "$OUT/attention-fa3-fp8-sweep-n256-h200.json" ;;
+      --variants pp,pp_n256_serial,pp_n256_serial_vperm --budget 150 \
+      --out "$OUT/attention-fa3-fp8-sweep-n256-h200.json" ;;
   s28b)  # session 28, after s28: the document-masking test again (its fa3 case had no document long enough for the
     # Hopper varlen rule), the FP8 GPU files whole (D 128's default now 256-key tiles on 256-row K/V blocks,
     # V^T's keys permuted), then the FP8 grid in 3 rounds and the accuracy experiment
@@ -165,7 +166,8 @@ case "${1:-}" in
     timeout 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
       tests/kernels/test_attention_fa3_fp8_gpu.py tests/kernels/test_attention_fp8_gpu.py > /tmp/s28b/fp8.log 2>&1 &
     wait
-    for f in docs fp8; do echo "=== $f"; grep -v -E '^(DEBUG|INFO) ' /tmp/s28b/$f.log | tail -n 60; done > "$OUT/tests.log"
+    for f in docs fp8; do echo "=== $f"; grep -v -E '^(DEBUG|INFO) ' /tmp/s28b/$f.log | tail -n 60; done \
+      > "$OUT/tests.log"
     grep -h -E '(passed|failed|error)( |$)' /tmp/s28b/*.log | tail -n 4
     step fp8 260 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT"
     step accuracy 60 "$PY" benchmarks/attention_fp8_accuracy.py --out "$OUT" ;;
@@ -178,17 +180,13 @@ case "${1:-}" in
     timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 --show-capture=no --tb=short \
       tests/kernels/test_attention_fa3_gpu.py -k "ops_attention or varlen" > /tmp/s28c/fa3.log 2>&1 &
     wait
-    for f in fa2 fa3; do echo "=== $f"; grep -v -E '^(DEBUG|INFO) ' /tmp/s28c/$f.log | tail -n 60; done > "$OUT/tests.log"
+    for f in fa2 fa3; do echo "=== $f"; grep -v -E '^(DEBUG|INFO) ' /tmp/s28c/$f.log | tail -n 60; done \
+      > "$OUT/tests.log"
     grep -h -E '(passed|failed|error)( |$)' /tmp/s28c/*.log | tail -n 4 ;;
-  s28d)  # session 28, last: the pre-pass in pieces (auto_chunk: spill-free, where whole 128-row blocks spilled 188 B
-    # at D 128 and 256-row blocks ~1 KB; s28b's grid had D 128's pre-pass at 0.84 ms on 256-row blocks against 0.27
-    # on 128): the FP8 GPU files whole, then the FP8 grid (its pre-pass rows: pieces against whole blocks)
-    step fp8_tests 130 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
-      tests/kernels/test_attention_fa3_fp8_gpu.py tests/kernels/test_attention_fp8_gpu.py
-    step fp8 180 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT" ;;
-  s29)  # written in session 28 after its device time was spent: the pre-pass tests as rewritten (pieces against the
-    # reference at D 256 x 256 rows, where a whole block does not compile), the FP8 files whole, then the FP8 grid
-    # with auto_chunk's measured rule (copy it over results/attention-fp8-h200.json with a note; make_tables.py)
+  s28d|s29)  # session 28, last, and s29 (the next session's first: the same steps on the final auto_chunk rule and
+    # the rewritten test_prepass_in_pieces): the pre-pass in pieces (whole 128-row blocks spilled 188 B at D 128,
+    # 256-row blocks ~1 KB; s28b's grid had D 128's pre-pass at 0.84 ms on 256-row blocks against 0.27 on 128): the
+    # FP8 GPU files whole, then the FP8 grid (its pre-pass rows: pieces against whole blocks)
     step fp8_tests 130 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
       tests/kernels/test_attention_fa3_fp8_gpu.py tests/kernels/test_attention_fp8_gpu.py
     step fp8 180 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT" ;;

@@ -118,8 +118,9 @@ def test_llama_runs_through_the_kernels(monkeypatch):
 def test_llama_document_masking_through_the_varlen_kernels(seqlen, head_dim):
     """The model with document masking (attention within documents cut at eos, positions restarting) on the GPU,
     GQA through the varlen kernels: float32 logits (FA2's varlen kernels) equal to every document run alone; then a
-    bf16 training step (on sm_90 with a 1561-row document the Hopper varlen forward: ops.attention.FA3_AUTO_VARLEN_MIN_SEQLEN_Q
-    at d128 causal) eager and under torch.compile(fullgraph=True) with the spans passed in (no graph break)."""
+    bf16 training step (on sm_90 with a 1561-row document the Hopper varlen forward:
+    ops.attention.FA3_AUTO_VARLEN_MIN_SEQLEN_Q at d128 causal) eager and under torch.compile(fullgraph=True) with
+    the spans passed in (no graph break)."""
     from flashscale.models import Llama, preset
     from flashscale.models.llama import document_spans
     from flashscale.ops import attention_op
@@ -152,13 +153,13 @@ def test_llama_document_masking_through_the_varlen_kernels(seqlen, head_dim):
     compiled = torch.compile(model, fullgraph=True)
     y = torch.randint(0, cfg.vocab_size, x.shape, device=CUDA)
     losses = []
+    longest = int((spans["cu_seqlens"][1:] - spans["cu_seqlens"][:-1]).max())
     for fwd in (model, compiled):
         fa3_before = attention_op.PATHS["fwd", "fa3"]
         model.zero_grad(set_to_none=True)
         loss = torch.nn.functional.cross_entropy(fwd(x, **spans).flatten(0, 1), y.flatten())
         loss.backward()
         losses.append((loss.item(), [p.grad.float().norm() for p in model.parameters() if p.grad is not None]))
-        longest = int((spans["cu_seqlens"][1:] - spans["cu_seqlens"][:-1]).max())
         if fwd is model and seqlen >= 1536 and torch.cuda.get_device_capability()[0] == 9:
             assert attention_op.PATHS["fwd", "fa3"] > fa3_before, f"the Hopper varlen forward (longest {longest})"
     assert abs(losses[0][0] - losses[1][0]) < 1e-2 * abs(losses[0][0])

@@ -57,6 +57,7 @@ except ImportError:  # pragma: no cover - depends on the installed triton
 from flashscale.kernels.attention_bwd import bwd_delta, scale_cast
 from flashscale.kernels import launch as L
 from flashscale.kernels.attention_fa3 import HEAD_DIMS, LOG2E, SMEM_LIMIT, tile_layout, unsupported  # noqa: F401
+from flashscale.kernels.attention_tune import tma_ready
 
 NUM_WARPS = 8
 
@@ -446,9 +447,8 @@ def attention_fa3_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
     why = _bwd_unsupported(q, k, v, o, do, lse)
     if why is not None:
         raise ValueError(f"attention_fa3_bwd: {why}")
-    q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))
     # TMA reads from 16-byte aligned bases (unsupported_bwd checked q, k, v): a misaligned view of o / dO is copied
-    o, do = (t.clone() if t.data_ptr() % 16 else t for t in (o, do))
+    q, k, v, o, do = (tma_ready(t) for t in (q, k, v, o, do))
     B, Sq, H, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     dk = torch.empty_like(k)

@@ -153,6 +153,12 @@ def cache_key(kind: str, q: torch.Tensor, head_dim: int, causal: bool, seqlen: i
            f"{'causal' if causal else 'full'}|s{seqlen_bucket(seqlen)}"
 
 
+def tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """t contiguous with a 16-byte aligned base, as a Hopper kernel's TMA descriptor reads it (a copy where not)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 def tma_ok(*tensors: torch.Tensor) -> bool:
     """TMA needs 16-byte aligned bases and row strides (per sequence and head, as the kernels index).
 

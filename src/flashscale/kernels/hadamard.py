@@ -138,13 +138,19 @@ def _hadamard_quant_kernel(
              tl.math.div_rn(tl.maximum(amax, _FLOOR), tl.full([], _E4M3_MAX, tl.float32)))
 
 
+# The most values a whole block may have: past it ptxas spills V^T's kernel (as measured, pieces are faster) and runs
+# out of registers for the Hadamard transform's (it does not compile)
+_WHOLE_MAX_VT = 128 * 128
+_WHOLE_MAX_HADAMARD = 128 * 256
+
+
 def auto_chunk(block: int, D: int, transpose: bool = False) -> int:
     """Rows a program of the pre-pass holds at once (0: the whole block, read once). Measured on the H200
     (2026-12-03, results/attention-fp8-h200.json, 16k tokens x 2048): V^T's whole blocks beyond 128 x 128 values
     spill (ptxas) and ran 0.34-0.39 ms where 8192 // D-row pieces read twice ran 0.11; the Hadamard path's whole
     blocks were the faster up to 32768 values (D 128: 0.104 / 0.123 ms at 128 / 256 rows against 0.156 / 0.145 in
     pieces; D 256, 128 rows: 0.168 against 0.222), and past that do not compile (D 256 x 256 rows)."""
-    if block * D <= (128 * 128 if transpose else 128 * 256):
+    if block * D <= (_WHOLE_MAX_VT if transpose else _WHOLE_MAX_HADAMARD):
         return 0
     return max(16, 8192 // D)
 
@@ -193,7 +199,7 @@ def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0
         raise ValueError(f"chunk must be 0 or a power of two >= 16 dividing block={block}; got {chunk!r}")
     if chunk >= block:
         chunk = 0
-    if chunk == 0 and hadamard and block * D > 128 * 256 and x.is_cuda:
+    if chunk == 0 and hadamard and block * D > _WHOLE_MAX_HADAMARD and x.is_cuda:
         raise ValueError(f"chunk=0: a whole {block} x {D} block through the Hadamard transform does not compile "
                          "(ptxas runs out of registers); leave chunk=None (pieces) or take a smaller block")
     rows = chunk or block

@@ -53,19 +53,14 @@ def _ref_kwargs(cu_q, cu_k, alibi, seed, max_q, max_k, scale, wl, wr, softcap, d
                 seed=seed, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
 
 
-def _tma_ready(t: Tensor) -> Tensor:
-    """t contiguous and 16-byte aligned, as the Hopper kernels' TMA descriptors read it (a copy where not)."""
-    t = t.contiguous()
-    return t if t.data_ptr() % 16 == 0 else t.clone()
-
-
 def fwd_impl(q, k, v, cu_q, cu_k, alibi, seed: int, max_q, max_k, scale, wl, wr, softcap, dropout_p, impl):
     """-> out (like q, contiguous), lse (B, H, Sq) or (H, Tq) float32."""
     if impl in ("fa3", "auto_fa3"):
         from flashscale.kernels.attention_fa3 import fwd_unchecked  # ops.attention checked (fa3_unsupported)
+        from flashscale.kernels.attention_tune import tma_ready
 
         PATHS["fwd", "fa3"] += 1
-        q, k, v = (_tma_ready(t) for t in (q, k, v))
+        q, k, v = (tma_ready(t) for t in (q, k, v))  # misaligned ones copied (fa3_unsupported does not look)
         return fwd_unchecked(q, k, v, causal=wr == 0, softmax_scale=scale, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                              max_seqlen_q=max_q)
     if use_triton(q, impl):
