@@ -16,6 +16,9 @@ For M = 1 and 16 and the six Llama-3 shapes (K x N; group 128, bf16 activations)
            in flight): the memory ceiling of the GEMM's access pattern
   d-dec    the new stream-K tensor-core decode kernel, every config x programs per SM
   a-dec / b-dec   its loads-only (PROBE=1) and no-reduction (PROBE=2) modes at the best config
+  g-dec    the Gluon W4A16 GEMM (flashscale.kernels.w4a16_wgmma: TMA producer warp, shared-memory ring, register-A
+           wgmma on in-register dequantization; dispatched from M = 17) at decode M with 16-token tiles, every config
+           of G_DEC_SWEEP x split-K (the split column; 0 = persistent stream-K) (docs "Round 8")
   r-dec    the ring decode kernel (flashscale.kernels.w4a16_ring, docs "Round 5"): every candidate of M's token
            bucket x the programs an SM its sm_90 registers let reside at once (the split column); fp16 checked
            once on the first shape. Short kind names work in --kinds: dec (d-dec), bf16 (e-bf16), copy (e-copy),
@@ -51,7 +54,7 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -90,12 +93,23 @@ DEC_SWEEP_16 = list(W._DECODE_CANDIDATES) + [DecodeConfig(bn=256, kt=2, num_warp
                                              DecodeConfig(bn=128, kt=2)]
 
 
+# (g) the Gluon wgmma GEMM at decode M: 16-token tiles (the wgmma N), one or two consumer warpgroups, x split-K
+G_DEC_SPLITS = (1, 2, 4, 8)
+try:
+    from flashscale.kernels import w4a16_wgmma as WG  # noqa: E402
+
+    G_DEC_SWEEP = [WG.WgmmaConfig(bm=16, consumers=1, stages=8), WG.WgmmaConfig(bm=16, consumers=2, stages=6),
+                   WG.WgmmaConfig(bm=16, consumers=1, bk=64, stages=12),
+                   WG.WgmmaConfig(bm=16, consumers=2, stages=6, persistent=True, stream_k=True)]
+except ImportError:  # no Gluon in this triton
+    WG, G_DEC_SWEEP = None, []
+
 # (s) loads-only streams of the packed words: kind -> configs (w4a16_stream.STREAM_CONFIGS, their comments
 # give the KB in flight an SM of each)
 STREAM_KINDS = {"s-triton": "triton", "s-tma": "tma", "s-gluon": "gluon"}
 ALL_KINDS = ("e-copy", *STREAM_KINDS, "e-bf16", "noop", "c-gemv", "a-gemv", "b-gemv", "c-gemm", "a-gemm", "d-dec",
-             "a-dec", "b-dec", "r-dec", "fp16-check")
-KIND_ALIASES = {"dec": "d-dec", "bf16": "e-bf16", "copy": "e-copy", "ring": "r-dec"}
+             "a-dec", "b-dec", "r-dec", "g-dec", "fp16-check")
+KIND_ALIASES = {"dec": "d-dec", "bf16": "e-bf16", "copy": "e-copy", "ring": "r-dec", "wgmma": "g-dec"}
 PER_M_KINDS = ALL_KINDS[1 + len(STREAM_KINDS):]
 
 
@@ -134,6 +148,8 @@ def launch(kind: str, x, p, y, cfg, split, probe=0):
         W._launch_gemm(x, p, None, y, cfg, split)
     elif kind == "ring":
         return WR.launch(x, p, None, y, cfg, split)
+    elif kind == "wgmma":  # split: split_k, 0 for a persistent config (its own stream-K plan)
+        return WG.w4a16_wgmma(x, p, None, replace(cfg, split_k=split) if split else cfg, out=y)
     else:
         W._launch_decode(x, p, None, y, cfg, split, probe)
 
@@ -237,8 +253,9 @@ def _warm(job: dict) -> str:
         dt = getattr(torch, job["dtype"])
         x = torch.randn(job["m"], k, device="cuda", dtype=dt)
         y = torch.empty(job["m"], n, device="cuda", dtype=dt)
-        cls = {"gemv": GemvConfig, "gemm": GemmConfig, "decode": DecodeConfig, "ring": WR.RingConfig}[job["kind"]]
-        launch(job["kind"], x, p, y, cls(**job["config"]), 2, job["probe"])
+        cls = {"gemv": GemvConfig, "gemm": GemmConfig, "decode": DecodeConfig, "ring": WR.RingConfig,
+               "wgmma": getattr(WG, "WgmmaConfig", None)}[job["kind"]]
+        launch(job["kind"], x, p, y, cls(**job["config"]), job.get("split", 2), job["probe"])
         torch.cuda.synchronize()
         return ""
     except Exception as e:  # noqa: BLE001 (reported; the row fails again, loudly, when it runs)
@@ -265,6 +282,10 @@ def compile_jobs(ctx: Ctx | None = None) -> list[dict]:
                 for pr in (0, 1, 2) if want("a-dec", "b-dec") else (0,):
                     jobs.append(dict(kind="decode", config=asdict(c), probe=pr, m=m, dtype="bfloat16"))
             jobs.append(dict(kind="decode", config=asdict(sweep[0]), probe=0, m=m, dtype="float16"))
+    if want("g-dec"):
+        for c in G_DEC_SWEEP:
+            jobs.append(dict(kind="wgmma", config=asdict(c), probe=0, m=16, dtype="bfloat16",
+                             split=0 if c.persistent else 1))
     if want("r-dec"):
         for m in (1, 16):
             for c in WR.configs_for(m):
@@ -357,7 +378,7 @@ def run_shape(ctx: Ctx, k: int, n: int, gen: torch.Generator, l2: int, deadline:
         def timed(kind, label, cfg, split, probe=0):
             """check then time one (kernel, config, split) at this M; returns the row (us None on error)."""
             kname = {"c-gemv": "gemv", "a-gemv": "gemv", "b-gemv": "gemv", "a-gemm": "gemv", "c-gemm": "gemm",
-                     "r-dec": "ring"}.get(kind, "decode")
+                     "r-dec": "ring", "g-dec": "wgmma"}.get(kind, "decode")
             info = dict(M=m, kind=kind, kernel=kname, config=asdict(cfg), split=split, probe=probe, label=label)
             try:
                 ok, err = check(kname, x, base, y, cfg, split, probe, ref, tol, m)
@@ -371,7 +392,13 @@ def run_shape(ctx: Ctx, k: int, n: int, gen: torch.Generator, l2: int, deadline:
                 ctx.error(f"{k}x{n} M={m} {kind} {label}", e)
                 return row(**info, us=None, ok=False, err=None)
 
-        if ctx.want("r-dec"):  # first: the rows this probe's budget is for since round 5
+        if ctx.want("g-dec"):  # first: the rows this probe's budget is for since round 8
+            for cfg in G_DEC_SWEEP:
+                for s in (0,) if cfg.persistent else G_DEC_SPLITS:
+                    if out_of_time(f"M={m} g-dec {cfg.label()}"):
+                        break
+                    timed("g-dec", cfg.label(), cfg, s)
+        if ctx.want("r-dec"):
             run_ring(ctx, k, n, m, x, base, packs, y, ref, tol, row, out_of_time, fp16_check, w64)
         best = {}
         if m == 1 and ctx.want("c-gemv", "a-gemv", "b-gemv"):  # a-/b- rows probe the best c- config
@@ -597,11 +624,14 @@ def print_shape(ctx: Ctx, k: int, n: int, m: int) -> None:
     print(f"\n{k}x{n} M={m}: packed {packed_bytes(k, n) / 2**20:.1f} MiB, floor {packed_bytes(k, n) / 4.3e6:.1f} us "
           f"at {COPY_TBPS} TB/s, {rows[0]['copies'] if rows else '?'} rotating copies", flush=True)
     for kind in ("e-copy", *STREAM_KINDS, "e-bf16", "noop", "c-gemv", "a-gemv", "b-gemv", "c-gemm", "a-gemm", "d-dec",
-                 "a-dec", "b-dec", "r-dec"):
+                 "a-dec", "b-dec", "r-dec", "g-dec"):
         r = best(kind)
         if r is not None:
             extra = f"{r.get('label', '')} split/per_sm {r.get('split', '')}" if "label" in r else r.get("note", "")
             print(f"  {kind:7s} {r['us']:8.2f} us  {r.get('TBps', 0):5.2f} TB/s  {extra}", flush=True)
+    for r in (r for r in rows if r["kind"] == "g-dec" and r["M"] == m):
+        print(f"    g-dec {r['label']:44s} split {r['split']} {r['us'] or 0:7.2f} us {r.get('TBps', 0):5.2f} TB/s"
+              f"{'' if r['ok'] else '  WRONG'}", flush=True)
     for r in (r for r in rows if r["kind"] == "r-dec" and r["M"] == m):
         print(f"    r-dec {r['label']:44s} per_sm {r['split']:2d} ({r['regs'] or '?'} regs, "
               f"{r['in_flight_kb']:3.0f} KB/SM) {r['us']:7.2f} us {r['TBps']:5.2f} TB/s{'' if r['ok'] else '  WRONG'}",
@@ -650,7 +680,7 @@ def main(argv=None) -> int:
     tag = "h200" if "H200" in gpu else gpu.lower().replace(" ", "-")
     if kinds is not None:  # a partial run never overwrites the full results file
         tag += ("-stream" if all(x in STREAM_KINDS or x == "e-copy" for x in kinds)
-                else "-ring" if "r-dec" in kinds else "-subset")
+                else "-wgmma" if "g-dec" in kinds else "-ring" if "r-dec" in kinds else "-subset")
     path = out / f"w4a16_probe-{tag}.json"
     for i, (k, n) in enumerate(shapes):
         left = ctx.left()
@@ -694,7 +724,7 @@ def plot(res: dict, path: Path) -> None:
             d[r["kind"]] = min(d.get(r["kind"], float("inf")), r["us"])
     cells = sorted(best, key=lambda c: (c[2], c[0] * c[1], c))
     kinds = [k for k in ("floor", "e-copy", *STREAM_KINDS, "e-bf16", "c-gemv", "c-gemm", "a-gemv", "a-gemm", "b-gemv",
-                         "d-dec", "a-dec", "b-dec", "r-dec") if any(k in best[c] for c in cells)]
+                         "d-dec", "a-dec", "b-dec", "r-dec", "g-dec") if any(k in best[c] for c in cells)]
     fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(cells)), 4.5))
     width = 0.85 / len(kinds)
     for j, k in enumerate(kinds):
@@ -736,15 +766,17 @@ def summary(ctx: Ctx) -> None:
                   f"{(dec['label'] + ' per_sm ' + str(dec['split'])) if dec else ''}", flush=True)
     stream_summary(ctx)
     ring_summary(ctx)
+    ring_summary(ctx, "g-dec")
 
 
-def ring_summary(ctx: Ctx) -> None:
-    """The ring decode kernel against the decision rule of docs/w4a16_decode.md "Round 5": per shape and M its best
-    correct row (us, TB/s on packed bytes), the old decode kernel's, e-copy's rate, bf16 / ring."""
-    cells = list(dict.fromkeys((r["K"], r["N"], r["M"]) for r in ctx.rows if r["kind"] == "r-dec"))
+def ring_summary(ctx: Ctx, kind: str = "r-dec") -> None:
+    """A decode candidate (the ring kernel, docs/w4a16_decode.md "Round 5"; g-dec, "Round 8") against the old
+    decode kernel: per shape and M its best correct row (us, TB/s on packed bytes), d-dec's, e-copy's rate, bf16 /
+    it."""
+    cells = list(dict.fromkeys((r["K"], r["N"], r["M"]) for r in ctx.rows if r["kind"] == kind))
     if not cells:
         return
-    print("\nring decode (r-dec; best correct row): us, TB/s on packed bytes, x e-copy's rate, d-dec us, x bf16")
+    print(f"\n{kind} (best correct row): us, TB/s on packed bytes, x e-copy's rate, d-dec us, x bf16")
     for k, n, m in cells:
         rows = [r for r in ctx.rows if r["K"] == k and r["N"] == n and r.get("us") is not None and r["ok"]]
 
@@ -752,9 +784,9 @@ def ring_summary(ctx: Ctx) -> None:
             c = [r for r in rows if r["kind"] == kind and r["M"] == mm]
             return min(c, key=lambda r: r["us"]) if c else None
 
-        ring, dec, bf, copy = b("r-dec"), b("d-dec"), b("e-bf16"), b("e-copy", 0)
+        ring, dec, bf, copy = b(kind), b("d-dec"), b("e-bf16"), b("e-copy", 0)
         if ring is None:
-            print(f"  {k}x{n} M={m}: no correct r-dec row", flush=True)
+            print(f"  {k}x{n} M={m}: no correct {kind} row", flush=True)
             continue
         print(f"  {k:>5}x{n:<6} M={m:<2} {ring['us']:7.2f} us {ring['TBps']:5.2f} TB/s"
               + (f" ({ring['TBps'] / copy['TBps']:.2f} x e-copy)" if copy else "")
