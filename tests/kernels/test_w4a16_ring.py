@@ -222,5 +222,10 @@ def test_probe_ring_rows_interpreter(monkeypatch):
     assert {j["kind"] for j in jobs} == {"ring", "decode"}  # no GEMV / GEMM sweeps for these kinds
     assert sum(j["kind"] == "ring" for j in jobs) == len(WR.RING_CONFIGS) + len(WR.RING_CONFIGS_16) + 2
     assert probe.main(["--kinds", "ring,dec,copy,bf16", "--no-precompile"]) == 2  # aliases parse; no GPU here
+    # g-dec (docs "Round 8"): the Gluon wgmma GEMM at decode M, 16-token tiles, compiled once each at its first split
+    jobs = probe.compile_jobs(probe.Ctx(1.0, ["g-dec"]))
+    assert [(j["kind"], j["m"]) for j in jobs] == [("wgmma", 16)] * len(probe.G_DEC_SWEEP)
+    assert all(c.bm == 16 and j["split"] == (0 if c.persistent else 1) for c, j in zip(probe.G_DEC_SWEEP, jobs))
+    assert probe.main(["--kinds", "wgmma,ring", "--no-precompile"]) == 2
     with pytest.raises(SystemExit):
         probe.main(["--kinds", "r-dec,nope"])
