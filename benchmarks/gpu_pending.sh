@@ -188,13 +188,16 @@ case "${1:-}" in
     # the rewritten test_prepass_in_pieces): the pre-pass in pieces (whole 128-row blocks spilled 188 B at D 128,
     # 256-row blocks ~1 KB; s28b's grid had D 128's pre-pass at 0.84 ms on 256-row blocks against 0.27 on 128): the
     # FP8 GPU files whole, then the FP8 grid (its pre-pass rows: pieces against whole blocks); s29 then the W4A16
-    # decode probe's g-dec rows (the Gluon wgmma GEMM at M 1 / 16, docs/w4a16_decode.md "Round 8") beside r-dec
+    # decode kernel's GPU tests (kernels/w4a16_gring.py), then the probe's q-dec rows (it) and g-dec rows (the Gluon
+    # wgmma GEMM at M 1 / 16; docs/w4a16_decode.md "Round 8") beside r-dec
     step fp8_tests 130 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
       tests/kernels/test_attention_fa3_fp8_gpu.py tests/kernels/test_attention_fp8_gpu.py
     step fp8 180 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT"
     if [ "$1" = s29 ]; then
-      step probe 200 "$PY" benchmarks/w4a16_probe.py --kinds g-dec,r-dec,e-copy,bf16 \
-        --shapes 8192x8192,4096x4096,8192x28672 --budget 170 --out "$OUT"
+      step gring_tests 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
+        tests/kernels/test_w4a16_gring.py
+      step probe 230 "$PY" benchmarks/w4a16_probe.py --kinds q-dec,g-dec,r-dec,e-copy,bf16 \
+        --shapes 8192x8192,4096x4096,8192x28672 --budget 200 --out "$OUT"
     fi ;;
   fa3f28)  # written in session 27: the D 256 forward with the folded softmax scale (pp_fold; spill-free), tests + sweep
     step fa3_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \

@@ -19,6 +19,8 @@ For M = 1 and 16 and the six Llama-3 shapes (K x N; group 128, bf16 activations)
   g-dec    the Gluon W4A16 GEMM (flashscale.kernels.w4a16_wgmma: TMA producer warp, shared-memory ring, register-A
            wgmma on in-register dequantization; dispatched from M = 17) at decode M with 16-token tiles, every config
            of G_DEC_SWEEP x split-K (the split column; 0 = persistent stream-K) (docs "Round 8")
+  q-dec    the Gluon decode kernel (flashscale.kernels.w4a16_gring, docs "Round 8"): the ring kernel's math with the
+           items in flight in a shared-memory ring (per-thread cp.async), every candidate of M's bucket x per_sm
   r-dec    the ring decode kernel (flashscale.kernels.w4a16_ring, docs "Round 5"): every candidate of M's token
            bucket x the programs an SM its sm_90 registers let reside at once (the split column); fp16 checked
            once on the first shape. Short kind names work in --kinds: dec (d-dec), bf16 (e-bf16), copy (e-copy),
@@ -65,6 +67,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from flashscale.kernels import w4a16 as W  # noqa: E402
+from flashscale.kernels import w4a16_gring as WQ  # noqa: E402
 from flashscale.kernels import w4a16_ring as WR  # noqa: E402
 from flashscale.kernels import w4a16_stream as WS  # noqa: E402
 from flashscale.kernels.w4a16 import DecodeConfig, GemmConfig, GemvConfig  # noqa: E402
@@ -108,8 +111,8 @@ except ImportError:  # no Gluon in this triton
 # give the KB in flight an SM of each)
 STREAM_KINDS = {"s-triton": "triton", "s-tma": "tma", "s-gluon": "gluon"}
 ALL_KINDS = ("e-copy", *STREAM_KINDS, "e-bf16", "noop", "c-gemv", "a-gemv", "b-gemv", "c-gemm", "a-gemm", "d-dec",
-             "a-dec", "b-dec", "r-dec", "g-dec", "fp16-check")
-KIND_ALIASES = {"dec": "d-dec", "bf16": "e-bf16", "copy": "e-copy", "ring": "r-dec", "wgmma": "g-dec"}
+             "a-dec", "b-dec", "r-dec", "g-dec", "q-dec", "fp16-check")
+KIND_ALIASES = {"dec": "d-dec", "bf16": "e-bf16", "copy": "e-copy", "ring": "r-dec", "wgmma": "g-dec", "gring": "q-dec"}
 PER_M_KINDS = ALL_KINDS[1 + len(STREAM_KINDS):]
 
 
@@ -148,6 +151,8 @@ def launch(kind: str, x, p, y, cfg, split, probe=0):
         W._launch_gemm(x, p, None, y, cfg, split)
     elif kind == "ring":
         return WR.launch(x, p, None, y, cfg, split)
+    elif kind == "gring":
+        return WQ.launch(x, p, None, y, cfg, split)
     elif kind == "wgmma":  # split: split_k, 0 for a persistent config (its own stream-K plan)
         return WG.w4a16_wgmma(x, p, None, replace(cfg, split_k=split) if split else cfg, out=y)
     else:
@@ -254,7 +259,7 @@ def _warm(job: dict) -> str:
         x = torch.randn(job["m"], k, device="cuda", dtype=dt)
         y = torch.empty(job["m"], n, device="cuda", dtype=dt)
         cls = {"gemv": GemvConfig, "gemm": GemmConfig, "decode": DecodeConfig, "ring": WR.RingConfig,
-               "wgmma": getattr(WG, "WgmmaConfig", None)}[job["kind"]]
+               "wgmma": getattr(WG, "WgmmaConfig", None), "gring": WQ.GRingConfig}[job["kind"]]
         launch(job["kind"], x, p, y, cls(**job["config"]), job.get("split", 2), job["probe"])
         torch.cuda.synchronize()
         return ""
@@ -286,6 +291,11 @@ def compile_jobs(ctx: Ctx | None = None) -> list[dict]:
         for c in G_DEC_SWEEP:
             jobs.append(dict(kind="wgmma", config=asdict(c), probe=0, m=16, dtype="bfloat16",
                              split=0 if c.persistent else 1))
+    if want("q-dec") and WQ.HAS_GLUON:
+        for m in (1, 16):
+            for c in WQ.configs_for(m):
+                jobs.append(dict(kind="gring", config=asdict(c), probe=0, m=m, dtype="bfloat16"))
+            jobs.append(dict(kind="gring", config=asdict(WQ.configs_for(m)[0]), probe=0, m=m, dtype="float16"))
     if want("r-dec"):
         for m in (1, 16):
             for c in WR.configs_for(m):
@@ -392,7 +402,9 @@ def run_shape(ctx: Ctx, k: int, n: int, gen: torch.Generator, l2: int, deadline:
                 ctx.error(f"{k}x{n} M={m} {kind} {label}", e)
                 return row(**info, us=None, ok=False, err=None)
 
-        if ctx.want("g-dec"):  # first: the rows this probe's budget is for since round 8
+        if ctx.want("q-dec") and WQ.HAS_GLUON:  # first: the rows this probe's budget is for since round 8
+            run_ring(ctx, k, n, m, x, base, packs, y, ref, tol, row, out_of_time, fp16_check, w64, WQ, "q-dec")
+        if ctx.want("g-dec"):
             for cfg in G_DEC_SWEEP:
                 for s in (0,) if cfg.persistent else G_DEC_SPLITS:
                     if out_of_time(f"M={m} g-dec {cfg.label()}"):
@@ -465,49 +477,51 @@ def run_shape(ctx: Ctx, k: int, n: int, gen: torch.Generator, l2: int, deadline:
 
 
 def run_ring(ctx: Ctx, k: int, n: int, m: int, x, base: PackedW4, packs: list[PackedW4], y, ref, tol, row, out_of_time,
-             fp16_check: bool, w64) -> None:
-    """(r) rows: every ring decode config of M's bucket (w4a16_ring.configs_for) at each per_sm option its compiled
-    registers let reside at once, each checked against float64 (check: error <= 2x cuBLAS bf16's + 1e-3) before
-    it is timed like every other row; on the first shape the bucket's first config once more in fp16."""
-    for cfg in WR.configs_for(m):
-        if out_of_time(f"M={m} r-dec {cfg.label}"):
+             fp16_check: bool, w64, mod=WR, kind: str = "r-dec") -> None:
+    """(r) rows: every ring decode config of M's bucket (w4a16_ring.configs_for; mod=w4a16_gring: the q rows) at
+    each per_sm option its compiled registers let reside at once, each checked against float64 (check: error <= 2x
+    cuBLAS bf16's + 1e-3) before it is timed like every other row; on the first shape the bucket's first config once
+    more in fp16."""
+    kname = "gring" if mod is WQ else "ring"
+    for cfg in mod.configs_for(m):
+        if out_of_time(f"M={m} {kind} {cfg.label}"):
             break
-        info = dict(M=m, kind="r-dec", kernel="ring", config=asdict(cfg), label=cfg.label)
+        info = dict(M=m, kind=kind, kernel=kname, config=asdict(cfg), label=cfg.label)
         try:
-            kern = WR.launch(x, base, None, y, cfg, cfg.per_sm)  # compiles (or loads) it: its registers
+            kern = mod.launch(x, base, None, y, cfg, cfg.per_sm)  # compiles (or loads) it: its registers
             sync(x)
             regs = getattr(kern, "n_regs", None)
             options = cfg.per_sm_options(regs)
         except Exception as e:  # noqa: BLE001 (one config failing must not end the probe)
-            ctx.error(f"{k}x{n} M={m} r-dec {cfg.label}", e)
+            ctx.error(f"{k}x{n} M={m} {kind} {cfg.label}", e)
             row(**info, split=None, us=None, ok=False, err=None)
             continue
         for per_sm in options:
             try:
-                ok, err = check("ring", x, base, y, cfg, per_sm, 0, ref, tol, m)
+                ok, err = check(kname, x, base, y, cfg, per_sm, 0, ref, tol, m)
                 if not ok:
                     ctx.bad += 1
-                    print(f"  WRONG {k}x{n} M={m} r-dec {cfg.label} per_sm={per_sm}: err {err}", flush=True)
-                us = graph_us([lambda i=i: WR.launch(x, packs[i], None, y, cfg, per_sm) for i in range(len(packs))],
+                    print(f"  WRONG {k}x{n} M={m} {kind} {cfg.label} per_sm={per_sm}: err {err}", flush=True)
+                us = graph_us([lambda i=i: mod.launch(x, packs[i], None, y, cfg, per_sm) for i in range(len(packs))],
                               len(packs))
                 row(**info, split=per_sm, regs=regs, in_flight_kb=cfg.in_flight_kb(per_sm), us=us, ok=ok, err=err)
             except Exception as e:  # noqa: BLE001
-                ctx.error(f"{k}x{n} M={m} r-dec {cfg.label} per_sm={per_sm}", e)
+                ctx.error(f"{k}x{n} M={m} {kind} {cfg.label} per_sm={per_sm}", e)
                 row(**info, split=per_sm, us=None, ok=False, err=None)
-    if fp16_check and not out_of_time(f"M={m} r-dec fp16"):
-        cfg = WR.configs_for(m)[0]
+    if fp16_check and not out_of_time(f"M={m} {kind} fp16"):
+        cfg = mod.configs_for(m)[0]
         xh = x.half()
         refh = xh.double() @ w64
         yh = torch.empty(m, n, device=x.device, dtype=torch.float16)
         try:
-            ok, err = check("ring", xh, base, yh, cfg, cfg.per_sm, 0, refh,
+            ok, err = check(kname, xh, base, yh, cfg, cfg.per_sm, 0, refh,
                             2 * rel_err(F.linear(xh, w64.half().t()), refh) + 1e-3, m)
         except Exception as e:  # noqa: BLE001
             ok, err = False, repr(e)[:200]
         if not ok:
             ctx.bad += 1
-            print(f"  WRONG {k}x{n} M={m} r-dec fp16: err {err}", flush=True)
-        row(M=m, kind="fp16-check", kernel="ring", config=asdict(cfg), us=None, ok=ok, err=err)
+            print(f"  WRONG {k}x{n} M={m} {kind} fp16: err {err}", flush=True)
+        row(M=m, kind="fp16-check", kernel=kname, config=asdict(cfg), us=None, ok=ok, err=err)
 
 
 def stream_check(out: torch.Tensor, progs: int, want: int) -> bool:
@@ -624,7 +638,7 @@ def print_shape(ctx: Ctx, k: int, n: int, m: int) -> None:
     print(f"\n{k}x{n} M={m}: packed {packed_bytes(k, n) / 2**20:.1f} MiB, floor {packed_bytes(k, n) / 4.3e6:.1f} us "
           f"at {COPY_TBPS} TB/s, {rows[0]['copies'] if rows else '?'} rotating copies", flush=True)
     for kind in ("e-copy", *STREAM_KINDS, "e-bf16", "noop", "c-gemv", "a-gemv", "b-gemv", "c-gemm", "a-gemm", "d-dec",
-                 "a-dec", "b-dec", "r-dec", "g-dec"):
+                 "a-dec", "b-dec", "r-dec", "g-dec", "q-dec"):
         r = best(kind)
         if r is not None:
             extra = f"{r.get('label', '')} split/per_sm {r.get('split', '')}" if "label" in r else r.get("note", "")
@@ -632,8 +646,8 @@ def print_shape(ctx: Ctx, k: int, n: int, m: int) -> None:
     for r in (r for r in rows if r["kind"] == "g-dec" and r["M"] == m):
         print(f"    g-dec {r['label']:44s} split {r['split']} {r['us'] or 0:7.2f} us {r.get('TBps', 0):5.2f} TB/s"
               f"{'' if r['ok'] else '  WRONG'}", flush=True)
-    for r in (r for r in rows if r["kind"] == "r-dec" and r["M"] == m):
-        print(f"    r-dec {r['label']:44s} per_sm {r['split']:2d} ({r['regs'] or '?'} regs, "
+    for r in (r for r in rows if r["kind"] in ("r-dec", "q-dec") and r["M"] == m):
+        print(f"    {r['kind']} {r['label']:44s} per_sm {r['split']:2d} ({r['regs'] or '?'} regs, "
               f"{r['in_flight_kb']:3.0f} KB/SM) {r['us']:7.2f} us {r['TBps']:5.2f} TB/s{'' if r['ok'] else '  WRONG'}",
               flush=True)
     bad = [r for r in ctx.rows if r["K"] == k and r["N"] == n and r["M"] == m and not r["ok"]]
@@ -680,7 +694,8 @@ def main(argv=None) -> int:
     tag = "h200" if "H200" in gpu else gpu.lower().replace(" ", "-")
     if kinds is not None:  # a partial run never overwrites the full results file
         tag += ("-stream" if all(x in STREAM_KINDS or x == "e-copy" for x in kinds)
-                else "-wgmma" if "g-dec" in kinds else "-ring" if "r-dec" in kinds else "-subset")
+                else "-gring" if "q-dec" in kinds else "-wgmma" if "g-dec" in kinds
+                else "-ring" if "r-dec" in kinds else "-subset")
     path = out / f"w4a16_probe-{tag}.json"
     for i, (k, n) in enumerate(shapes):
         left = ctx.left()
@@ -724,7 +739,7 @@ def plot(res: dict, path: Path) -> None:
             d[r["kind"]] = min(d.get(r["kind"], float("inf")), r["us"])
     cells = sorted(best, key=lambda c: (c[2], c[0] * c[1], c))
     kinds = [k for k in ("floor", "e-copy", *STREAM_KINDS, "e-bf16", "c-gemv", "c-gemm", "a-gemv", "a-gemm", "b-gemv",
-                         "d-dec", "a-dec", "b-dec", "r-dec", "g-dec") if any(k in best[c] for c in cells)]
+                         "d-dec", "a-dec", "b-dec", "r-dec", "g-dec", "q-dec") if any(k in best[c] for c in cells)]
     fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(cells)), 4.5))
     width = 0.85 / len(kinds)
     for j, k in enumerate(kinds):
@@ -767,6 +782,7 @@ def summary(ctx: Ctx) -> None:
     stream_summary(ctx)
     ring_summary(ctx)
     ring_summary(ctx, "g-dec")
+    ring_summary(ctx, "q-dec")
 
 
 def ring_summary(ctx: Ctx, kind: str = "r-dec") -> None:
