@@ -7,8 +7,9 @@
 # #7 decode). One `run` per step, back to back; each step's commands
 # have their own timeouts so one hang costs only its share. Outputs go to $OUT (at most 8 files come back).
 #
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s29       # ~8 min: the pre-pass GPU tests, the FP8 grid,
-#                                                                  # the W4A16 probe's g-dec rows (Round 8)
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s29       # ~5 min: the Gluon decode kernel's GPU tests, the
+#                                                                  # W4A16 probe's q-dec / g-dec / r-dec rows (Round 8)
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s29b      # ~4 min: the pre-pass GPU tests, the FP8 grid
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: backward dispatch GPU tests, FA2's
 #                                                                  # GPU tests, the attention API file
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh refresh   # ~4 min: the attention grid (FA2 configs seeded
@@ -184,21 +185,20 @@ case "${1:-}" in
     for f in fa2 fa3; do echo "=== $f"; grep -v -E '^(DEBUG|INFO) ' /tmp/s28c/$f.log | tail -n 60; done \
       > "$OUT/tests.log"
     grep -h -E '(passed|failed|error)( |$)' /tmp/s28c/*.log | tail -n 4 ;;
-  s28d|s29)  # session 28, last, and s29 (the next session's first: the same steps on the final auto_chunk rule and
-    # the rewritten test_prepass_in_pieces): the pre-pass in pieces (whole 128-row blocks spilled 188 B at D 128,
-    # 256-row blocks ~1 KB; s28b's grid had D 128's pre-pass at 0.84 ms on 256-row blocks against 0.27 on 128): the
-    # FP8 GPU files whole, then the FP8 grid (its pre-pass rows: pieces against whole blocks); s29 then the W4A16
-    # decode kernel's GPU tests (kernels/w4a16_gring.py), then the probe's q-dec rows (it) and g-dec rows (the Gluon
-    # wgmma GEMM at M 1 / 16; docs/w4a16_decode.md "Round 8") beside r-dec
+  s28d|s29b)  # session 28, last, and s29b (session 29: the same steps on the final auto_chunk rule and the rewritten
+    # test_prepass_in_pieces): the pre-pass in pieces (whole 128-row blocks spilled 188 B at D 128, 256-row blocks
+    # ~1 KB; s28b's grid had D 128's pre-pass at 0.84 ms on 256-row blocks against 0.27 on 128): the FP8 GPU files
+    # whole, then the FP8 grid (its pre-pass rows: pieces against whole blocks)
     step fp8_tests 130 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
       tests/kernels/test_attention_fa3_fp8_gpu.py tests/kernels/test_attention_fp8_gpu.py
-    step fp8 180 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT"
-    if [ "$1" = s29 ]; then
-      step gring_tests 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
-        tests/kernels/test_w4a16_gring.py
-      step probe 230 "$PY" benchmarks/w4a16_probe.py --kinds q-dec,g-dec,r-dec,e-copy,bf16 \
-        --shapes 8192x8192,4096x4096,8192x28672 --budget 200 --out "$OUT"
-    fi ;;
+    step fp8 180 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT" ;;
+  s29)  # session 29: the Gluon decode kernel's GPU tests (kernels/w4a16_gring.py), then the W4A16 probe's q-dec rows
+    # (it), g-dec rows (the Gluon wgmma GEMM at M 1 / 16) and r-dec rows (the register ring) (docs/w4a16_decode.md
+    # "Round 8")
+    step gring_tests 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
+      tests/kernels/test_w4a16_gring.py
+    step probe 260 "$PY" benchmarks/w4a16_probe.py --kinds q-dec,g-dec,r-dec,e-copy,bf16 \
+      --shapes 8192x8192,4096x4096,8192x28672 --budget 230 --out "$OUT" ;;
   fa3f28)  # written in session 27: the D 256 forward with the folded softmax scale (pp_fold; spill-free), tests + sweep
     step fa3_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_attention_fa3_gpu.py \
       -k "tuning_configs and pp_fold-256"
