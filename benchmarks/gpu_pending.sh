@@ -10,6 +10,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s29       # ~5 min: the Gluon decode kernel's GPU tests, the
 #                                                                  # W4A16 probe's q-dec / g-dec / r-dec rows (Round 8)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s29b      # ~4 min: the pre-pass GPU tests, the FP8 grid
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s29c      # ~6 min: wgmma from M = 2: GPU tests, W4A16 M 2-16
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: backward dispatch GPU tests, FA2's
 #                                                                  # GPU tests, the attention API file
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh refresh   # ~4 min: the attention grid (FA2 configs seeded
@@ -192,6 +193,12 @@ case "${1:-}" in
     step fp8_tests 130 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
       tests/kernels/test_attention_fa3_fp8_gpu.py tests/kernels/test_attention_fp8_gpu.py
     step fp8 180 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT" ;;
+  s29c)  # session 29, after s29: the wgmma GEMM's 16-token tiles join the autotune from M = 2 (its g-dec rows beat
+    # the decode kernels at M = 16 on 8192^2 / 4096^2): the wgmma + W4A16 GPU files, then the W4A16 grid at M 2-16
+    # (one tuned bucket; merge its rows into results/w4a16-h200.json, the bf16 rows of the same run with them)
+    step w4a16_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 --show-capture=no --tb=short \
+      tests/kernels/test_w4a16_wgmma_gpu.py tests/kernels/test_w4a16.py
+    step w4a16 300 "$PY" benchmarks/w4a16.py --ms 2,4,8,16 --out "$OUT" ;;
   s29)  # session 29: the Gluon decode kernel's GPU tests (kernels/w4a16_gring.py), then the W4A16 probe's q-dec rows
     # (it), g-dec rows (the Gluon wgmma GEMM at M 1 / 16) and r-dec rows (the register ring) (docs/w4a16_decode.md
     # "Round 8")

@@ -199,7 +199,7 @@ def test_errors():
 
 
 def test_dispatch_candidates_and_tuned_table_round_trip(monkeypatch):
-    """w4a16_matmul's automatic dispatch: the wgmma configs join the candidates only on sm_90 from M = 17
+    """w4a16_matmul's automatic dispatch: the wgmma configs join the candidates only on sm_90 from M = 2
     (none on the CPU or with FLASHSCALE_W4A16_WGMMA=0; a bad value is refused), and a tuned wgmma entry
     survives tuned_configs() -> load_tuned_configs() as a WgmmaConfig (its split in "split_k")."""
     from flashscale.kernels import w4a16
@@ -216,6 +216,8 @@ def test_dispatch_candidates_and_tuned_table_round_trip(monkeypatch):
         monkeypatch.delenv(w4a16.WGMMA_ENV)
         got = w4a16.wgmma_candidates(torch.randn(64, 128, device="cuda").half(), p.to("cuda"), None)
         assert got == wg.candidates(64)
+        got = w4a16.wgmma_candidates(torch.randn(9, 128, device="cuda").half(), p.to("cuda"), None)
+        assert got == wg.candidates(16) and all(c.bm == 16 for c in got)  # 16-token tiles up to M = 16
     cfg = wg.WgmmaConfig(bm=128, consumers=1, stages=4)
     key = ("gemm", 256, 64, 128, 128, "bfloat16", "noperm", "test-device")
     monkeypatch.setitem(w4a16._TUNED, key, dict(dataclasses.asdict(cfg), split_k=3))
@@ -231,7 +233,7 @@ def test_dispatch_candidates_and_tuned_table_round_trip(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
-@pytest.mark.parametrize("m", [17, 64, 300])
+@pytest.mark.parametrize("m", [2, 9, 17, 64, 300])
 def test_w4a16_matmul_auto_and_forced_wgmma(m):
     """Automatic dispatch with the wgmma candidates in the autotune (whichever wins is correct), and
     kernel="wgmma" / a WgmmaConfig forced through w4a16_matmul, bias and act-order included."""

@@ -6,9 +6,10 @@
     M <= 16     w4a16_gemv.py   w4a16_decode_kernel: mma.sync on packed-half dequantization, stream-K
                                 over one persistent wave; extra autotune candidates of the M = 1 and
                                 M <= 16 buckets (docs/w4a16_decode.md)
-    M >= 17     w4a16_wgmma.py  on Hopper (sm_90): the Gluon GEMM (TMA ring, warp-specialized producer,
-                                register-A wgmma on in-register dequantization); its configs join the
-                                autotune candidates of the bucket (docs/w4a16_gemm.md)
+    M >= 2      w4a16_wgmma.py  on Hopper (sm_90): the Gluon GEMM (TMA ring, warp-specialized producer,
+                                register-A wgmma on in-register dequantization; 16-token tiles up to
+                                M = 16); its configs join the autotune candidates of the bucket
+                                (docs/w4a16_gemm.md, docs/w4a16_decode.md "Round 8")
 
 Autotuning: the first call of a (kernel, M bucket, N, K, G, dtype, act-order) key on a GPU times the
 candidate configs of its bucket (a handful, so few compiles) in CUDA graphs over copies of the weight
@@ -225,12 +226,13 @@ def _is_wgmma(cfg) -> bool:
     return hasattr(cfg, "consumers")  # kernels.w4a16_wgmma.WgmmaConfig (imported only where it can run)
 
 
-# The Hopper GEMM of kernels.w4a16_wgmma joins automatic dispatch from M = 17 (above the decode kernel's range):
-# on the H200 it measured 1.06-2.3x the Triton GEMM of w4a16_gemm.py at M 64..4096 on every shape of the quick
-# grid (benchmarks/results/w4a16-wgmma-h200.json, 2026-12-02); the autotuner times both and keeps the faster.
+# The Hopper GEMM of kernels.w4a16_wgmma joins automatic dispatch from M = 2: on the H200 it measured 1.06-2.3x the
+# Triton GEMM of w4a16_gemm.py at M 64..4096 on every shape of the quick grid (benchmarks/results/w4a16-wgmma-h200.json,
+# 2026-12-02), and with 16-token tiles it beat the decode kernels at M = 16 on 8192^2 and 4096^2 by 6-8 % (session 29,
+# docs/w4a16_decode.md "Round 8"; at M = 1 it lost); the autotuner times all and keeps the fastest.
 # FLASHSCALE_W4A16_WGMMA=0 leaves it out.
 WGMMA_ENV = "FLASHSCALE_W4A16_WGMMA"
-WGMMA_MIN_M = 17
+WGMMA_MIN_M = 2
 
 
 def wgmma_candidates(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None) -> list:

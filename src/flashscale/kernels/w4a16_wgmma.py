@@ -1,4 +1,4 @@
-"""Hopper W4A16 GEMM in Gluon (an autotune candidate of w4a16_matmul from M = 17): y (M, N) = x (M, K) @ W (K, N).
+"""Hopper W4A16 GEMM in Gluon (an autotune candidate of w4a16_matmul from M = 2): y (M, N) = x (M, K) @ W (K, N).
 
 Swap AB as w4a16_gemm.py: each consumer warpgroup computes acc^T (64 features, BM tokens) = W^T (64, BK) @
 x^T (BK, BM) with RS-wgmma (m64nBMk16: A, the dequantized weights, from registers; B, x^T, from shared memory).
@@ -112,6 +112,12 @@ _LARGE = ([WgmmaConfig(bm=256, consumers=2, stages=3, pingpong=True, persistent=
 # M <= 256: few tiles (32-224 at N 4096-28672), so a wave is partly filled or not even one; split-K covered that for
 # bm <= 64 only (its epilogue spills at bm >= 128), the stream-K tail (spill-free at bm 32-256) covers every tile.
 CANDIDATES: dict[int, list[WgmmaConfig]] = {
+    # M 2..16 (one 16-token tile): the probe's g-dec rows (H200, session 29, docs/w4a16_decode.md "Round 8") had
+    # bm16 x bn64 (auto split: 1 at N 8192, 2 at N 4096) at 23.3 / 9.98 us for 8192^2 / 4096^2 at M = 16 against
+    # the tuned decode kernels' 24.7 / 10.9, and the persistent stream-K bn128 within 1 % of it; the tuner times both
+    # beside the decode kernels (at M = 1 they lost: 23.2 against 18.8 us)
+    16: [WgmmaConfig(bm=16, consumers=1, stages=8), WgmmaConfig(bm=16, consumers=2, stages=6, persistent=True,
+                                                                 stream_k=True)],
     64: [WgmmaConfig(bm=64, consumers=2, stages=6), WgmmaConfig(bm=64, consumers=1, stages=8),
          WgmmaConfig(bm=32, consumers=2, stages=8), WgmmaConfig(bm=64, consumers=2, stages=6, persistent=True,
                                                                 stream_k=True)],
