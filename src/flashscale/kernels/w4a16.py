@@ -84,11 +84,16 @@ class DecodeConfig:
 _GEMM_LARGE = [GemmConfig(bm=128, bn=128, bk=128, num_warps=8, num_stages=3),
                GemmConfig(bm=256, bn=128, bk=128, num_warps=8, num_stages=3),
                GemmConfig(bm=128, bn=128, bk=128, num_warps=8, num_stages=4)]
+_GEMM_16 = [GemmConfig(bm=16, bn=64, bk=128, num_stages=4, slices=True),
+            GemmConfig(bm=16, bn=64, bk=128, num_stages=6, slices=True),
+            GemmConfig(bm=16, bn=128, bk=128, num_stages=4, slices=True),
+            GemmConfig(bm=16, bn=128, bk=128, num_stages=4), GemmConfig(bm=16, bn=64, bk=128, num_stages=4)]
 _GEMM_CANDIDATES: dict[int, list[GemmConfig]] = {
-    16: [GemmConfig(bm=16, bn=64, bk=128, num_stages=4, slices=True),
-         GemmConfig(bm=16, bn=64, bk=128, num_stages=6, slices=True),
-         GemmConfig(bm=16, bn=128, bk=128, num_stages=4, slices=True),
-         GemmConfig(bm=16, bn=128, bk=128, num_stages=4), GemmConfig(bm=16, bn=64, bk=128, num_stages=4)],
+    # M 2..8 and 9..16 tuned apart: the decode kernel takes a second token block (twice the MMAs and x registers)
+    # from M = 9, so one bucket tuned at M = 16 kept a config 7-10 % slower than the best at M = 2..8 (H200, session
+    # 29: 8192^2 M = 2 24.3 us against the decode kernel's 21.7; K 28672 x N 8192 51.7 against 46.2)
+    8: _GEMM_16,
+    16: _GEMM_16,
     32: [GemmConfig(bm=32, bn=64, bk=128, num_stages=4, slices=True),
          GemmConfig(bm=32, bn=64, bk=128, num_stages=6, slices=True),
          GemmConfig(bm=32, bn=128, bk=128, num_stages=4), GemmConfig(bm=32, bn=64, bk=128, num_stages=4)],
