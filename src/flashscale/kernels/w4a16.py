@@ -89,9 +89,11 @@ _GEMM_16 = [GemmConfig(bm=16, bn=64, bk=128, num_stages=4, slices=True),
             GemmConfig(bm=16, bn=128, bk=128, num_stages=4, slices=True),
             GemmConfig(bm=16, bn=128, bk=128, num_stages=4), GemmConfig(bm=16, bn=64, bk=128, num_stages=4)]
 _GEMM_CANDIDATES: dict[int, list[GemmConfig]] = {
-    # M 2..8 and 9..16 tuned apart: the decode kernel takes a second token block (twice the MMAs and x registers)
-    # from M = 9, so one bucket tuned at M = 16 kept a config 7-10 % slower than the best at M = 2..8 (H200, session
-    # 29: 8192^2 M = 2 24.3 us against the decode kernel's 21.7; K 28672 x N 8192 51.7 against 46.2)
+    # M 2, 3..4, 5..8 and 9..16 tuned apart (H200, session 29): one 2..16 bucket tuned at M = 16 kept configs 7-10 %
+    # slower than the decode kernel at M = 2..4 (8192^2 M = 2 24.3 us against 21.7), and that decode config tuned at
+    # M = 2 ran M = 8 at 29.0 us where the GEMM took 24.5 (a second token block from M = 9 changes it again)
+    2: _GEMM_16,
+    4: _GEMM_16,
     8: _GEMM_16,
     16: _GEMM_16,
     32: [GemmConfig(bm=32, bn=64, bk=128, num_stages=4, slices=True),
