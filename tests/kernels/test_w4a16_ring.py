@@ -229,3 +229,28 @@ def test_probe_ring_rows_interpreter(monkeypatch):
     assert probe.main(["--kinds", "wgmma,ring", "--no-precompile"]) == 2
     with pytest.raises(SystemExit):
         probe.main(["--kinds", "r-dec,nope"])
+
+
+# ---- w4a16_matmul's automatic dispatch: the ring kernel as an autotune candidate of the M = 1 and M <= 8 buckets
+
+def test_ring_is_a_dispatch_candidate_interpreter():
+    import dataclasses
+
+    from flashscale.kernels import w4a16
+
+    gen = torch.Generator().manual_seed(5)
+    p = _weight(256, 64, 128, sym=False, gen=gen)
+    cands = w4a16.ring_candidates(p, 1)
+    assert [(c.bn, c.per_sm, c.atomic) for c in cands] == list(w4a16._RING_CANDIDATES)
+    assert w4a16.ring_candidates(p, 8) == cands and w4a16.ring_candidates(p, 9) == []  # M <= 8 only
+    assert w4a16.ring_candidates(_weight(256, 64, 64, sym=True, gen=gen), 1) == []  # an item would cross a group
+    assert w4a16._config_class(dataclasses.asdict(cands[0])) is RingConfig  # a tuned table entry round-trips
+    x = torch.randn(3, 256, generator=gen).half()
+    b = torch.randn(64, generator=gen).half()
+    c = RingConfig(bn=16, kt=2, num_warps=1, ring=2, per_sm=2, atomic=True)
+    y = w4a16.w4a16_matmul(x, p, b, config=c)  # forced: the ring kernel, per_sm as its split
+    oracle = w4a16_linear_ref(x.double(), p, b.double(), compute_dtype=torch.float64)
+    same_dtype = w4a16_linear_ref(x, p, b, compute_dtype=x.dtype)
+    assert _err(y, oracle) <= 2 * _err(same_dtype, oracle) + 1e-6
+    with pytest.raises(ValueError, match="ring kernel takes up to 8 tokens"):
+        w4a16.w4a16_matmul(torch.randn(9, 256).half(), p, kernel="ring")

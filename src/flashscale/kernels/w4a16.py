@@ -6,6 +6,8 @@
     M <= 16     w4a16_gemv.py   w4a16_decode_kernel: mma.sync on packed-half dequantization, stream-K
                                 over one persistent wave; extra autotune candidates of the M = 1 and
                                 M <= 16 buckets (docs/w4a16_decode.md)
+    M <= 8      w4a16_ring.py   the same math on a register ring of whole items; extra candidates of the
+                                M = 1 and M <= 8 buckets (docs/w4a16_decode.md rounds 5 and 8)
     M >= 2      w4a16_wgmma.py  on Hopper (sm_90): the Gluon GEMM (TMA ring, warp-specialized producer,
                                 register-A wgmma on in-register dequantization; 16-token tiles up to
                                 M = 16); its configs join the autotune candidates of the bucket
@@ -40,6 +42,7 @@ from flashscale.kernels.w4a16_gemv import w4a16_decode_kernel, w4a16_gemv_kernel
 from flashscale.kernels.w4a16_pack import FRAG_K, PackedW4, pack_w4
 
 if TYPE_CHECKING:
+    from flashscale.kernels.w4a16_ring import RingConfig
     from flashscale.kernels.w4a16_wgmma import WgmmaConfig
 
 
@@ -175,6 +178,28 @@ def decode_candidates(p: PackedW4) -> list[DecodeConfig]:
     return [c for c in _DECODE_CANDIDATES if g == k or g % (64 * c.kt) == 0]
 
 
+# The ring decode kernel (kernels.w4a16_ring, docs/w4a16_decode.md rounds 5 and 8) joins the M = 1 and M <= 8 buckets
+# after every other kernel (an untimed call never runs it). On the H200 (session 29 probe) bn256 ring2 with the
+# atomic fold took 15.8 us at 8192^2, M = 1, against the tuned GEMV's 18.8, bn128 ring2 atomic 7.9 against 8.4 at
+# 4096^2; the slot fold (deterministic) 17.3 at 8192^2. The atomic ones sum split-K partials in arrival order, as
+# the atomic GEMV candidates above do. Split = programs an SM (the measured best of each).
+_RING_CANDIDATES = ((256, 2, True), (128, 3, True), (128, 4, False))  # (bn, programs an SM, atomic fold)
+
+
+def ring_candidates(p: PackedW4, m: int) -> list:
+    """The ring kernel's configs for M tokens (M <= 8) and p's group size (an item, 128 inputs, inside a group)."""
+    from flashscale.kernels.w4a16_ring import RingConfig
+
+    g, k = p.group_size, p.in_features
+    if m > 8 or not (g == k or g % 128 == 0):
+        return []
+    return [RingConfig(bn=bn, kt=2, num_warps=4, ring=2, per_sm=ps, atomic=at) for bn, ps, at in _RING_CANDIDATES]
+
+
+def _is_ring(cfg) -> bool:
+    return hasattr(cfg, "ring")  # kernels.w4a16_ring.RingConfig (imported where used: it imports this module)
+
+
 def choose_split_k(tiles: int, k_steps: int, num_sms: int, *, out_elems: int = 0, bm: int = 1) -> int:
     """Splits of K so tiles * splits is about two programs per SM, each split >= 2 steps; none for
     token tiles past 32 (prefill-sized tiles have enough programs, and their per-element atomics
@@ -226,6 +251,10 @@ def _config_class(fields: dict):
         from flashscale.kernels.w4a16_wgmma import WgmmaConfig
 
         return WgmmaConfig
+    if "ring" in fields:
+        from flashscale.kernels.w4a16_ring import RingConfig
+
+        return RingConfig
     return DecodeConfig if "asm" in fields else GemvConfig if "kt" in fields else GemmConfig
 
 
@@ -378,12 +407,16 @@ def _launch_decode(x2d, p: PackedW4, bias, y, cfg: DecodeConfig, per_sm: int, pr
 
 
 def _launch(x2d, p: PackedW4, bias, y, cfg, split: int, pdl: bool = False) -> None:
-    """pdl: programmatic dependent launch (kernels.pdl) for the GEMV and decode kernels; the GEMMs ignore it (they
-    launch plainly, which serializes as usual)."""
+    """pdl: programmatic dependent launch (kernels.pdl) for the GEMV and decode kernels; the GEMMs and the ring kernel
+    ignore it (they launch plainly, which serializes as usual)."""
     if _is_wgmma(cfg):
         from flashscale.kernels.w4a16_wgmma import w4a16_wgmma
 
         w4a16_wgmma(x2d, p, bias, replace(cfg, split_k=split) if split else cfg, out=y)
+    elif _is_ring(cfg):
+        from flashscale.kernels.w4a16_ring import launch
+
+        launch(x2d, p, bias, y, cfg, split)
     elif isinstance(cfg, DecodeConfig):
         _launch_decode(x2d, p, bias, y, cfg, split, pdl=pdl)
     elif isinstance(cfg, GemvConfig):
@@ -478,7 +511,7 @@ def _tune(key: tuple, cands: list, split_of, launch, steps_of=lambda c: 0, ring=
         return _config_class(fields)(**fields), split
     if not _AUTOTUNE or _interpreting() or torch.cuda.is_current_stream_capturing():
         return cands[0], split_of(cands[0])
-    trials = [(c, s) for c in cands for s in ([split_of(c)] if _is_wgmma(c) else  # its own auto split
+    trials = [(c, s) for c in cands for s in ([split_of(c)] if _is_wgmma(c) or _is_ring(c) else  # their own
                                                _split_options(split_of(c), getattr(c, "slices", False), steps_of(c),
                                                               isinstance(c, DecodeConfig)))]
     if len(trials) == 1:
@@ -517,11 +550,13 @@ def _tune(key: tuple, cands: list, split_of, launch, steps_of=lambda c: 0, ring=
 
 
 def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None, *,
-                 kernel: str | None = None, config: GemmConfig | GemvConfig | DecodeConfig | WgmmaConfig | None = None,
+                 kernel: str | None = None,
+                 config: GemmConfig | GemvConfig | DecodeConfig | RingConfig | WgmmaConfig | None = None,
                  split_k: int | None = None) -> torch.Tensor:
     """x2d (M, K) fp16/bf16, unit stride along K -> y (M, N) in x's dtype. Inputs are validated by
     flashscale.ops.w4a16_linear; this launcher assumes them right. kernel: None (by M), "gemv", "gemm",
-    "decode" or "wgmma" (Hopper); config / split_k: force them (tests, benchmarks) instead of the tuned choice."""
+    "decode", "ring" (M <= 8) or "wgmma" (Hopper); config (a GemmConfig, GemvConfig, DecodeConfig, RingConfig or
+    WgmmaConfig) / split_k: force them (tests, benchmarks) instead of the tuned choice."""
     m, k = x2d.shape
     n = p.out_features
     y = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
@@ -531,18 +566,19 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
     if kernel is None:
         kernel = "gemv" if m == 1 and gemv_candidates(p) else "gemm"
     if config is not None:
-        kernel = "wgmma" if _is_wgmma(config) else {DecodeConfig: "decode", GemvConfig: "gemv",
-                                                     GemmConfig: "gemm"}[type(config)]
+        kernel = "wgmma" if _is_wgmma(config) else "ring" if _is_ring(config) else {
+            DecodeConfig: "decode", GemvConfig: "gemv", GemmConfig: "gemm"}[type(config)]
     dec = decode_candidates(p) if m <= 16 else []
+    ring = ring_candidates(p, m) if auto else []
     if kernel == "gemv":
         if m != 1:
             raise ValueError(f"the gemv kernel takes one token (M = 1), got M={m}")
-        cands, bucket = gemv_candidates(p) + (dec if auto else []), 1
+        cands, bucket = gemv_candidates(p) + (dec + ring if auto else []), 1
         if not gemv_candidates(p):
             raise ValueError(f"the gemv kernel needs a group size that is a multiple of 64 or one group per "
                              f"row; this weight has group_size={p.group_size}, K={k}")
     elif kernel == "gemm":
-        cands, bucket = gemm_candidates(m) + (dec if auto else []), m_bucket(m)
+        cands, bucket = gemm_candidates(m) + (dec + ring if auto else []), m_bucket(m)
     elif kernel == "wgmma":
         from flashscale.kernels.w4a16_wgmma import unsupported
 
@@ -557,12 +593,19 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
         if not dec:
             raise ValueError(f"the decode kernel needs a group size that is a multiple of 64 or one group per "
                              f"row; this weight has group_size={p.group_size}, K={k}")
+    elif kernel == "ring":
+        cands, bucket = ring_candidates(p, m), m_bucket(m) if m > 1 else 1
+        if not cands and config is None:
+            raise ValueError(f"the ring kernel takes up to 8 tokens and a group size that is a multiple of 128 or "
+                             f"one group per row; got M={m}, group_size={p.group_size}, K={k}")
     else:
-        raise ValueError(f"kernel={kernel!r}; expected None, 'gemv', 'gemm', 'decode' or 'wgmma'")
+        raise ValueError(f"kernel={kernel!r}; expected None, 'gemv', 'gemm', 'decode', 'ring' or 'wgmma'")
 
     def split_of(c):
         if _is_wgmma(c):
             return c.split_k  # 0: w4a16_wgmma's auto split
+        if _is_ring(c):
+            return c.per_sm
         if isinstance(c, DecodeConfig):
             return max(1, _DECODE_WARPS_PER_SM // c.num_warps)
         return _gemv_split(x2d, p, c) if isinstance(c, GemvConfig) else _gemm_split(x2d, p, c)
@@ -608,7 +651,10 @@ def _compile_one(job: dict) -> str:
     dtype = getattr(torch, job["dtype"])
     x = torch.randn(job["m"], k, device="cuda", dtype=dtype)
     bias = torch.randn(n, device="cuda", dtype=dtype) if job["bias"] else None
-    cls = {"gemv": GemvConfig, "gemm": GemmConfig, "decode": DecodeConfig}[job["kernel"]]
+    if job["kernel"] == "ring":
+        from flashscale.kernels.w4a16_ring import RingConfig as cls
+    else:
+        cls = {"gemv": GemvConfig, "gemm": GemmConfig, "decode": DecodeConfig}[job["kernel"]]
     try:
         w4a16_matmul(x, p, bias, kernel=job["kernel"], config=cls(**job["config"]), split_k=1)
         torch.cuda.synchronize()
@@ -633,7 +679,8 @@ def precompile(problems: list[dict], *, processes: int | None = None, all_candid
         kernel = "gemv" if pr["m"] == 1 and gemv_candidates(probe) else "gemm"
         cands = gemv_candidates(probe) if kernel == "gemv" else gemm_candidates(pr["m"])
         dec = decode_candidates(probe) if pr["m"] <= 16 else []
-        cands = [(kernel, c) for c in cands] + [("decode", c) for c in dec]
+        cands = ([(kernel, c) for c in cands] + [("decode", c) for c in dec]
+                 + [("ring", c) for c in ring_candidates(probe, pr["m"])])
         for kernel, c in cands if all_candidates else cands[:1]:
             job = dict(pr, kernel=kernel, config=asdict(c))
             key = repr(sorted((k, v) for k, v in job.items() if k != "m"))  # M is not specialized on ...
