@@ -1,8 +1,11 @@
 """W4A16 decode (M <= 16) in Gluon, the items in flight in a shared-memory ring (docs/w4a16_decode.md "Round 8").
 
-y (M, N) = x (M, K) @ dequant(W) (K, N) (+ bias) for a PackedW4 weight; opt-in (w4a16_gring(); not in
-w4a16_matmul's dispatch until the H200 says so). Hopper (sm_90) with Gluon only: no interpreter path (the CPU tests
-compile it for sm_90 and read the machine code; the GPU tests check it against float64).
+y (M, N) = x (M, K) @ dequant(W) (K, N) (+ bias) for a PackedW4 weight; opt-in (w4a16_gring()), not in w4a16_matmul's
+dispatch: measured on the H200 (session 29, the probe's q-dec rows) it is correct everywhere and slower than the
+register ring everywhere (8192^2 M = 1: 23.0 us against 15.8, with 80-96 KB an SM in flight against 64), so bytes in
+flight were not what held the ring back. Kept as the measured alternative. Hopper (sm_90) with Gluon only: no
+interpreter path (the CPU tests compile it for sm_90 and read the machine code; the GPU tests check it against
+float64).
 
 Why: the register ring (w4a16_ring) measured 15.8 us at 8192^2 against 9.65 us for the same bytes loads-only: its
 in-flight bytes live in registers, so during the math only the next item is in flight (~32 KB an SM) and a deeper

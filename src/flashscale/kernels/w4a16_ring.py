@@ -1,8 +1,8 @@
 """W4A16 decode (M <= 16) on a register ring of items rotated by position (docs/w4a16_decode.md "Round 5").
 
-y (M, N) = x (M, K) @ dequant(W) (K, N) (+ bias) for a PackedW4 weight (w4a16_pack.py), opt-in (w4a16_ring(); not in
-w4a16_matmul's dispatch: on the H200 it lost at M = 16 and won at M = 1 only with the atomic fold:
-docs/w4a16_decode.md).
+y (M, N) = x (M, K) @ dequant(W) (K, N) (+ bias) for a PackedW4 weight (w4a16_pack.py): w4a16_ring(), and three
+configs (w4a16._RING_CANDIDATES) are autotune candidates of w4a16_matmul's M = 1 and M <= 8 buckets since session 29
+(on the H200 it wins at M = 1 on most Llama shapes, with the atomic fold; it loses at M = 16: docs/w4a16_decode.md).
 
 The math is the stream-K decode kernel's (w4a16_gemv.w4a16_decode_kernel, w4a16_common "tensor-core decode"):
 a packed word is one lane's share of an mma.m16n8k16 A fragment; 3 shifts + 4 LOP3 turn it into four pairs of
