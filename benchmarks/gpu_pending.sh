@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# GPU steps of sessions 18-28 (2026-12-02/03), kept runnable. Session 28 ran `s28` (docs27's, fa3f28's and fp8n28's
+# GPU steps of sessions 18-29 (2026-12-02/03), kept runnable. Session 28 ran `s28` (docs27's, fa3f28's and fp8n28's
 # tests, then their sweeps), `s28b`, `s28c`, `gputests` and `s28d`; its device time ran out before the FP8 grid
 # could be re-run with the final pre-pass rule (auto_chunk: V^T in pieces past 128 x 128 values, Q/K whole up to
 # 128 x 256) and before test_prepass_in_pieces's rewrite (reference-based at D 256 x 256 rows)
-# ran. Next session: `s29` first (those two), then the open performance points (#4 forward at D 256, #5 D 128,
-# #7 decode). One `run` per step, back to back; each step's commands
+# ran. Session 29 ran s29, s29b, s29c and three direct calls (the tuner trace, the W4A16 grid, generate). Next session:
+# `ring30` (ncu of the ring decode kernel, the M = 1 pick now), then the open performance points (#4 forward at D 256,
+# #5 D 128, #7 decode). One `run` per step, back to back; each step's commands
 # have their own timeouts so one hang costs only its share. Outputs go to $OUT (at most 8 files come back).
 #
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s29       # ~5 min: the Gluon decode kernel's GPU tests, the
 #                                                                  # W4A16 probe's q-dec / g-dec / r-dec rows (Round 8)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s29b      # ~4 min: the pre-pass GPU tests, the FP8 grid
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s29c      # ~6 min: wgmma from M = 2: GPU tests, W4A16 M 2-16
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh ring30    # ~8 min: ncu of the ring decode kernel (unrun),
+#                                                                  # the probe's r-dec rows on all six shapes
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: backward dispatch GPU tests, FA2's
 #                                                                  # GPU tests, the attention API file
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh refresh   # ~4 min: the attention grid (FA2 configs seeded
@@ -199,6 +202,10 @@ case "${1:-}" in
     step w4a16_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 --show-capture=no --tb=short \
       tests/kernels/test_w4a16_wgmma_gpu.py tests/kernels/test_w4a16.py
     step w4a16 300 "$PY" benchmarks/w4a16.py --ms 2,4,8,16 --out "$OUT" ;;
+  ring30)  # next session: Nsight Compute on the ring decode kernel (the M = 1 pick since session 29), then the probe's
+    # r-dec rows on all six shapes (round 8 measured three)
+    NCU_LIMIT=120 step ncu 260 bash benchmarks/ncu_device.sh ring_28672 ring_8192
+    step probe 200 "$PY" benchmarks/w4a16_probe.py --kinds r-dec,e-copy,bf16 --budget 170 --out "$OUT" ;;
   s29)  # session 29: the Gluon decode kernel's GPU tests (kernels/w4a16_gring.py), then the W4A16 probe's q-dec rows
     # (it), g-dec rows (the Gluon wgmma GEMM at M 1 / 16) and r-dec rows (the register ring) (docs/w4a16_decode.md
     # "Round 8")

@@ -15,6 +15,10 @@ name). Targets (bf16; the shapes of the benchmark grids' long cells):
   fp8_d128     attention_fa3_fp8_fwd, default config, inputs quantized beforehand, B 1, S 16384, H 16, D 128
   dec_8192     w4a16_linear at M 1, K = N = 8192, group 128 (the decode kernel the tuner picks)
   gemm_1024    w4a16_linear at M 1024, K 4096, N 14336 (the GEMM the tuner picks)
+  ring_28672   the ring decode kernel (w4a16_ring, bn256 ring2 atomic, 2 programs an SM: the tuner's M = 1 pick on
+               most Llama shapes since session 29) at M 1, K 8192, N 28672 (117 MB: HBM-bound even after ncu's
+               cache flush; docs/w4a16_decode.md Round 8: it streams at 0.72x the copy there)
+  ring_8192    the same at K = N = 8192
 """
 
 from __future__ import annotations
@@ -69,8 +73,19 @@ def build(target: str):
         p = random_packed(k, n, 128, gen)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
         return lambda: w4a16_linear(x, p)
+    if target in ("ring_28672", "ring_8192"):
+        sys.path.insert(0, "benchmarks")
+        from w4a16 import random_packed
+
+        from flashscale.kernels.w4a16_ring import RingConfig, w4a16_ring
+
+        n = 28672 if target == "ring_28672" else 8192
+        p = random_packed(8192, n, 128, gen)
+        x = torch.randn(1, 8192, device="cuda", dtype=torch.bfloat16, generator=gen)
+        cfg = RingConfig(bn=256, kt=2, num_warps=4, ring=2, per_sm=2, atomic=True)
+        return lambda: w4a16_ring(x, p, config=cfg)
     raise SystemExit(f"target {target!r}: one of bwd_d128, bwd_d128_c, bwd_d128_tma, bwd_d256, fwd_d128, fp8_d128, dec_8192, "
-                     "gemm_1024")
+                     "gemm_1024, ring_28672, ring_8192")
 
 
 def main() -> None:
