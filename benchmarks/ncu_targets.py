@@ -84,8 +84,8 @@ def build(target: str):
         x = torch.randn(1, 8192, device="cuda", dtype=torch.bfloat16, generator=gen)
         cfg = RingConfig(bn=256, kt=2, num_warps=4, ring=2, per_sm=2, atomic=True)
         return lambda: w4a16_ring(x, p, config=cfg)
-    raise SystemExit(f"target {target!r}: one of bwd_d128, bwd_d128_c, bwd_d128_tma, bwd_d256, fwd_d128, fp8_d128, dec_8192, "
-                     "gemm_1024, ring_28672, ring_8192")
+    raise SystemExit(f"target {target!r}: one of bwd_d128, bwd_d128_c, bwd_d128_tma, bwd_d256, fwd_d128, fp8_d128, "
+                     "dec_8192, gemm_1024, ring_28672, ring_8192")
 
 
 def main() -> None:
