@@ -42,7 +42,7 @@ import triton
 from flashscale.kernels.w4a16 import _device_info, stream_k_grid, x_words
 from flashscale.kernels.w4a16_common import b_pairs, mma_column, split_k_slices, split_k_workspace, x_sums
 from flashscale.kernels.w4a16_pack import PackedW4
-from flashscale.kernels.w4a16_ring import MAX_TOKENS, REGS_PER_SM
+from flashscale.kernels.w4a16_ring import REGS_PER_SM, check_operands
 
 try:  # Gluon is experimental: absent from older Tritons
     from triton.experimental import gluon
@@ -331,27 +331,7 @@ def unsupported(x: torch.Tensor, p: PackedW4, cfg: GRingConfig) -> str | None:
 
 def check_args(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, cfg: GRingConfig, per_sm: int) -> None:
     """ValueError / TypeError naming the argument for anything the kernel does not take."""
-    if not isinstance(p, PackedW4):
-        raise TypeError(f"p must be a PackedW4, got {type(p).__name__}")
-    if not isinstance(x, torch.Tensor) or x.dim() != 2:
-        raise ValueError(f"x must be a 2-D tensor (M, K), got {getattr(x, 'shape', type(x).__name__)}")
-    if x.dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"x must be float16 or bfloat16, got {x.dtype}")
-    m, k = x.shape
-    if m > MAX_TOKENS:
-        raise ValueError(f"x has M={m} rows: this decode kernel takes M <= {MAX_TOKENS} (use w4a16_matmul)")
-    if k != p.in_features:
-        raise ValueError(f"x has K={k} columns, the weight in_features={p.in_features}")
-    if x.device != p.qweight.device:
-        raise ValueError(f"x is on {x.device}, the weight on {p.qweight.device}")
-    if p.group_size != k and p.group_size % (64 * cfg.kt):
-        raise ValueError(f"group_size={p.group_size} must be a multiple of {64 * cfg.kt} (64 kt, kt={cfg.kt}) or "
-                         f"K={k} (one group): an item may not cross a group")
-    if bias is not None:
-        if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (p.out_features,):
-            raise ValueError(f"bias must have shape ({p.out_features},), got {getattr(bias, 'shape', None)}")
-        if bias.dtype != x.dtype:
-            raise ValueError(f"bias must have x's dtype {x.dtype}, got {bias.dtype}")
+    check_operands(x, p, bias, cfg.kt, "this decode kernel")
     nb = cfg.bn // 16
     if cfg.bn < 16 or cfg.bn & (cfg.bn - 1) or nb % cfg.num_warps:
         raise ValueError(f"config.bn={cfg.bn} must be a power of two >= 16 with bn / 16 a multiple of num_warps="

@@ -294,8 +294,10 @@ def ring_grid(k: int, n: int, cfg: RingConfig, per_sm: int, num_sms: int) -> tup
     return stream_k_grid(k, n, cfg.bn, cfg.kt, per_sm, num_sms)
 
 
-def check_args(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, cfg: RingConfig, per_sm: int) -> None:
-    """ValueError / TypeError naming the argument for anything the kernel does not take."""
+def check_operands(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, kt: int,
+                   kernel: str = "the ring decode kernel") -> None:
+    """ValueError / TypeError naming the argument for operands a stream-K decode kernel (this one, w4a16_gring) does
+    not take: x (M <= 16, K) 16-bit on p's device, items of 64 kt inputs inside one group, bias (N,) in x's dtype."""
     if not isinstance(p, PackedW4):
         raise TypeError(f"p must be a PackedW4, got {type(p).__name__}")
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
@@ -304,21 +306,26 @@ def check_args(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, cfg: Rin
         raise ValueError(f"x must be float16 or bfloat16, got {x.dtype}")
     m, k = x.shape
     if m > MAX_TOKENS:
-        raise ValueError(f"x has M={m} rows: the ring decode kernel takes M <= {MAX_TOKENS} (use w4a16_matmul)")
+        raise ValueError(f"x has M={m} rows: {kernel} takes M <= {MAX_TOKENS} (use w4a16_matmul)")
     if k != p.in_features:
         raise ValueError(f"x has K={k} columns, the weight in_features={p.in_features}")
     if x.device != p.qweight.device:
         raise ValueError(f"x is on {x.device}, the weight on {p.qweight.device}")
     if k % p.group_size:
         raise ValueError(f"group_size={p.group_size} must divide K={k}")
-    if p.group_size != k and p.group_size % (64 * cfg.kt):
-        raise ValueError(f"group_size={p.group_size} must be a multiple of {64 * cfg.kt} (64 kt, kt={cfg.kt}) or "
+    if p.group_size != k and p.group_size % (64 * kt):
+        raise ValueError(f"group_size={p.group_size} must be a multiple of {64 * kt} (64 kt, kt={kt}) or "
                          f"K={k} (one group): an item may not cross a group")
     if bias is not None:
         if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (p.out_features,):
             raise ValueError(f"bias must have shape ({p.out_features},), got {getattr(bias, 'shape', None)}")
         if bias.dtype != x.dtype:
             raise ValueError(f"bias must have x's dtype {x.dtype}, got {bias.dtype}")
+
+
+def check_args(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, cfg: RingConfig, per_sm: int) -> None:
+    """ValueError / TypeError naming the argument for anything the kernel does not take."""
+    check_operands(x, p, bias, cfg.kt)
     if cfg.bn < 16 or cfg.bn & (cfg.bn - 1) or cfg.bn // 16 < 1:
         raise ValueError(f"config.bn={cfg.bn} must be a power of two >= 16")
     if cfg.kt not in (1, 2) or cfg.ring not in (1, 2, 3, 4):
