@@ -411,19 +411,11 @@ def census(cfg: GRingConfig, **kw) -> dict:
     holding the HMMAs, less the split-K flush: forward-branch regions with atomics and no HMMA)."""
     import collections
 
-    from flashscale.kernels.aot import branch_target, ptxas_stats, sass, sass_instructions, sass_loops, sass_opcode
+    from flashscale.kernels.aot import ptxas_stats, sass, sass_instructions, sass_opcode
+    from flashscale.kernels.w4a16_ring import hot_loop
 
     k = compile_sm90(cfg, **kw)
-    body = max(sass_loops(sass_instructions(sass(k.asm["cubin"]))),
-               key=lambda b: sum(sass_opcode(t).startswith("HMMA") for _, t in b))
-    skips = []
-    for a, t in body:
-        e = branch_target(t)
-        if e is not None and e > a:
-            ops = [sass_opcode(x) for b, x in body if a < b < e]
-            if any(o.startswith(("ATOM", "RED")) for o in ops) and not any(o.startswith("HMMA") for o in ops):
-                skips.append((a, e))
-    hot = [t for a, t in body if not any(s < a < e for s, e in skips)]
+    hot = [t for _, t in hot_loop(sass_instructions(sass(k.asm["cubin"])), most="HMMA")[0]]
     ops = collections.Counter(sass_opcode(t) for t in hot)
     stats = ptxas_stats(k.asm["ptx"])
 
