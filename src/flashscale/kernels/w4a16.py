@@ -186,14 +186,19 @@ def decode_candidates(p: PackedW4) -> list[DecodeConfig]:
 _RING_CANDIDATES = ((256, 2, True), (128, 3, True), (128, 4, False))  # (bn, programs an SM, atomic fold)
 
 
+@functools.cache
+def _ring_configs() -> tuple:
+    from flashscale.kernels.w4a16_ring import RingConfig  # here: w4a16_ring imports this module
+
+    return tuple(RingConfig(bn=bn, kt=2, num_warps=4, ring=2, per_sm=ps, atomic=at) for bn, ps, at in _RING_CANDIDATES)
+
+
 def ring_candidates(p: PackedW4, m: int) -> list:
     """The ring kernel's configs for M tokens (M <= 8) and p's group size (an item, 128 inputs, inside a group)."""
-    from flashscale.kernels.w4a16_ring import RingConfig
-
     g, k = p.group_size, p.in_features
     if m > 8 or not (g == k or g % 128 == 0):
         return []
-    return [RingConfig(bn=bn, kt=2, num_warps=4, ring=2, per_sm=ps, atomic=at) for bn, ps, at in _RING_CANDIDATES]
+    return list(_ring_configs())
 
 
 def _is_ring(cfg) -> bool:
