@@ -17,8 +17,8 @@ For M = 1 and 16 and the six Llama-3 shapes (K x N; group 128, bf16 activations)
   d-dec    the new stream-K tensor-core decode kernel, every config x programs per SM
   a-dec / b-dec   its loads-only (PROBE=1) and no-reduction (PROBE=2) modes at the best config
   g-dec    the Gluon W4A16 GEMM (flashscale.kernels.w4a16_wgmma: TMA producer warp, shared-memory ring, register-A
-           wgmma on in-register dequantization; dispatched from M = 17) at decode M with 16-token tiles, every config
-           of G_DEC_SWEEP x split-K (the split column; 0 = persistent stream-K) (docs "Round 8")
+           wgmma on in-register dequantization; an autotune candidate from M = 2) at decode M with 16-token tiles,
+           every config of G_DEC_SWEEP x split-K (the split column; 0 = persistent stream-K) (docs "Round 8")
   q-dec    the Gluon decode kernel (flashscale.kernels.w4a16_gring, docs "Round 8"): the ring kernel's math with the
            items in flight in a shared-memory ring (per-thread cp.async), every candidate of M's bucket x per_sm
   r-dec    the ring decode kernel (flashscale.kernels.w4a16_ring, docs "Round 5"): every candidate of M's token
@@ -786,7 +786,7 @@ def summary(ctx: Ctx) -> None:
 
 
 def ring_summary(ctx: Ctx, kind: str = "r-dec") -> None:
-    """A decode candidate (the ring kernel, docs/w4a16_decode.md "Round 5"; g-dec, "Round 8") against the old
+    """A decode candidate (the ring kernel, docs/w4a16_decode.md "Round 5"; g-dec and q-dec, "Round 8") against the old
     decode kernel: per shape and M its best correct row (us, TB/s on packed bytes), d-dec's, e-copy's rate, bf16 /
     it."""
     cells = list(dict.fromkeys((r["K"], r["N"], r["M"]) for r in ctx.rows if r["kind"] == kind))

@@ -14,8 +14,6 @@ are left at zero.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -23,8 +21,7 @@ from flashscale.kernels.w4a16_common import split_k_workspace
 from flashscale.kernels.w4a16_gring import GRING_CONFIGS, GRING_CONFIGS_16, GRingConfig, check_args, w4a16_gring
 from flashscale.kernels.w4a16_pack import pack_w4
 from flashscale.reference.w4a16 import w4a16_linear_ref
-from offline_compile import compile_offline
-from test_w4a16_ring import _sm90_toolchain
+from test_w4a16_ring import sm90_census
 
 
 def _err(y, ref):
@@ -89,14 +86,10 @@ json.dump([Q.census(c, tokens=8), Q.census(c, tokens=16, dtype="fp16")], open(sy
 
 
 def test_sm90_compile_no_spills_copies_in_flight(tmp_path):
-    why = _sm90_toolchain()
-    if why:
-        pytest.skip(why)
-    out = tmp_path / "census.json"
-    compile_offline(_COMPILE, str(out))
+    census = sm90_census(tmp_path, _COMPILE)
     c = GRingConfig(bn=128, kt=2, num_warps=4, stages=4)
     words = c.bn * 64 * c.kt // 8 // (32 * c.num_warps)  # packed words a thread an item
-    for r, tb in zip(json.loads(out.read_text()), (1, 2)):
+    for r, tb in zip(census, (1, 2)):
         assert r["spill_stores"] == r["spill_loads"] == r["stack"] == 0, r
         assert r["registers"] <= 128 and r["resident"] >= 3, r  # 3-4 programs an SM: 72-96 KB in flight
         assert r["ldgsts128"] == words // 4 and r["ldg"] == 0, r  # the words by 16-byte cp.async, no plain load

@@ -158,13 +158,19 @@ def _sm90_toolchain() -> str | None:
     return None
 
 
-def test_sm90_compile_no_spills_ring_in_flight(tmp_path):
+def sm90_census(tmp_path, script: str) -> list[dict]:
+    """What `script` (argv[1]: a JSON path) writes after compiling for sm_90 in a fresh interpreter; skips the test
+    where Triton's ptxas / cuobjdump are absent. Shared with test_w4a16_gring."""
     why = _sm90_toolchain()
     if why:
         pytest.skip(why)
     out = tmp_path / "census.json"
-    compile_offline(_COMPILE, str(out))
-    (r,) = json.loads(out.read_text())
+    compile_offline(script, str(out))
+    return json.loads(out.read_text())
+
+
+def test_sm90_compile_no_spills_ring_in_flight(tmp_path):
+    (r,) = sm90_census(tmp_path, _COMPILE)
     c = RingConfig(**r["config"])
     assert r["spill_stores"] == r["spill_loads"] == r["stack"] == r["local"] == 0, r
     assert r["registers"] <= 128  # 4 programs of 4 warps an SM: 64 KB of packed words in flight

@@ -338,17 +338,21 @@ def _dec_b(xk, TWO: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
+def _dec_range(U, K, N):
+    """Program pid of P takes the stream-K items [u0, u1) of U; K padded to 64, N's fragment rows (the scalars of
+    _dec_layout, also w4a16_gring's)."""
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    return pid, P, pid * U // P, (pid + 1) * U // P, tl.cdiv(K, 64) * 64, tl.cdiv(N, 16)
+
+
+@triton.jit
 def _dec_layout(U, K, N, stride_pn, NB: tl.constexpr, KT: tl.constexpr):
     """A stream-K decode program's coordinates (the decode kernel's and w4a16_ring's): program pid of P takes
     items [u0, u1); (NB, KT, 128) word offsets of an item, 16 bytes a thread, laid out so warps split NB (see
     the GEMV above); the scale/zero words of rows g, g + 8 (adjacent), loaded lanes first and permuted (the
     GEMV's trick)."""
-    pid = tl.program_id(0)
-    P = tl.num_programs(0)
-    u0 = pid * U // P
-    u1 = (pid + 1) * U // P
-    k_pad = tl.cdiv(K, 64) * 64
-    n_frag = tl.cdiv(N, 16)
+    pid, P, u0, u1, k_pad, n_frag = _dec_range(U, K, N)
     nb = tl.arange(0, NB)
     lane = tl.arange(0, 32)
     w_off = (nb * stride_pn)[:, None, None] + tl.arange(0, KT)[None, :, None] * 128 + tl.arange(0, 128)[None, None, :]

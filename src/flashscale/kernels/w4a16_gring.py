@@ -41,6 +41,7 @@ import triton
 
 from flashscale.kernels.w4a16 import _device_info, stream_k_grid, x_words
 from flashscale.kernels.w4a16_common import b_pairs, mma_column, split_k_slices, split_k_workspace, x_sums
+from flashscale.kernels.w4a16_gemv import _dec_range, _next_item
 from flashscale.kernels.w4a16_pack import PackedW4
 from flashscale.kernels.w4a16_ring import REGS_PER_SM, check_operands
 
@@ -113,12 +114,6 @@ def configs_for(m: int) -> list[GRingConfig]:
 
 
 if HAS_GLUON:
-
-    @gluon.jit
-    def _next(tile, ks, S):
-        ks = ks + 1
-        wrap = ks == S
-        return tile + wrap.to(gl.int32), gl.where(wrap, 0, ks)
 
     @gluon.jit
     def _issue(w_s, sz_s, x_s, slot, pk_ptr, sz_ptr, x_ptr, tile, ks, ok, r3, nb3, lane3, j3, M, K, stride_xm,
@@ -271,12 +266,7 @@ if HAS_GLUON:
         r3 = gl.arange(0, KT * NB, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))[:, None, None]
         lane3 = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))[None, :, None]
         j3 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))[None, None, :]
-        pid = gl.program_id(0)
-        P = gl.num_programs(0)
-        u0 = pid * U // P
-        u1 = (pid + 1) * U // P
-        k_pad = gl.cdiv(K, 64) * 64
-        n_frag = gl.cdiv(N, 16)
+        pid, P, u0, u1, k_pad, n_frag = _dec_range(U, K, N)
         tile = u0 // S  # the item computed next
         ks = u0 - tile * S
         tile_p = tile  # the item copied next
@@ -285,7 +275,7 @@ if HAS_GLUON:
             _issue(w_s, sz_s, x_s, st, pk_ptr, sz_ptr, x_ptr, tile_p, ks_p, u0 + st < u1, r3, nb3, lane3, j3, M, K,
                    stride_xm, stride_pn, stride_sg, k_pad, n_frag, L3, NB, KT, G, TB, EVEN_K, EVEN_N)
             cp.commit_group()
-            tile_p, ks_p = _next(tile_p, ks_p, S)
+            tile_p, ks_p = _next_item(tile_p, ks_p, S)
         acc = gl.zeros([NB, 32, 4], gl.float32, L3)
         accb = gl.zeros([NB, 32, 4], gl.float32, L3)
         rows0 = nb3 * 16 + lane3 // 4 + 8 * (j3 // 2)
@@ -301,7 +291,7 @@ if HAS_GLUON:
                    g + STAGES - 1 < u1, r3, nb3, lane3, j3, M, K, stride_xm, stride_pn, stride_sg, k_pad, n_frag, L3,
                    NB, KT, G, TB, EVEN_K, EVEN_N)
             cp.commit_group()
-            tile_p, ks_p = _next(tile_p, ks_p, S)
+            tile_p, ks_p = _next_item(tile_p, ks_p, S)
             acc, accb = _item(acc, accb, szw, w0, w1, x000, x001, x010, x011, x100, x101, x110, x111, KT, TB, BF16)
             if (ks == S - 1) | (g == u1 - 1):  # the end of this program's part of the tile
                 pf = ((tile * S + 1) * P - 1) // U
@@ -314,7 +304,7 @@ if HAS_GLUON:
                                  cnt_ptr, y_ptr, bias_ptr, M, N, stride_ym, SLOT, CM, HAS_BIAS, ATOMIC)
                 acc = gl.zeros([NB, 32, 4], gl.float32, L3)
                 accb = gl.zeros([NB, 32, 4], gl.float32, L3)
-            tile, ks = _next(tile, ks, S)
+            tile, ks = _next_item(tile, ks, S)
         cp.wait_group(0)
 
 
@@ -415,7 +405,7 @@ def census(cfg: GRingConfig, **kw) -> dict:
     from flashscale.kernels.w4a16_ring import hot_loop
 
     k = compile_sm90(cfg, **kw)
-    hot = [t for _, t in hot_loop(sass_instructions(sass(k.asm["cubin"])), most="HMMA")[0]]
+    hot = [t for _, t in hot_loop(sass_instructions(sass(k.asm["cubin"])), "HMMA", "")[0]]
     ops = collections.Counter(sass_opcode(t) for t in hot)
     stats = ptxas_stats(k.asm["ptx"])
 

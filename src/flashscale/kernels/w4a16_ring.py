@@ -395,17 +395,15 @@ def compile_sm90(cfg: RingConfig, *, dtype: str = "bf16", bm: int = 8, group_siz
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
 
 
-def hot_loop(ins: list[tuple[int, str]], most: str = "LDG.128") -> tuple[list[tuple[int, str]], int]:
-    """The main loop (the backward branch's body holding the most LDG.128, or of the opcode prefix `most`, e.g.
-    "HMMA" for w4a16_gring, whose loads are cp.async), less the flush: forward-branch regions holding an atomic and
-    no HMMA (a tile's end, once a tile, not once an item). Returns (body, flush instrs)."""
+def hot_loop(ins: list[tuple[int, str]], prefix: str = "LDG",
+             suffix: str = ".128") -> tuple[list[tuple[int, str]], int]:
+    """The main loop (the backward branch's body holding the most opcodes prefix...suffix: LDG.128 here, HMMA for
+    w4a16_gring, whose loads are cp.async), less the flush: forward-branch regions holding an atomic and no HMMA (a
+    tile's end, once a tile, not once an item). Returns (body, flush instrs)."""
     from flashscale.kernels.aot import branch_target, sass_loops, sass_opcode
 
-    def hits(t):
-        o = sass_opcode(t)
-        return o.startswith("LDG") and o.endswith(".128") if most == "LDG.128" else o.startswith(most)
-
-    body = max(sass_loops(ins), key=lambda b: sum(hits(t) for _, t in b))
+    body = max(sass_loops(ins), key=lambda b: sum(sass_opcode(t).startswith(prefix) and sass_opcode(t).endswith(suffix)
+                                                   for _, t in b))
     skips = []
     for a, t in body:
         e = branch_target(t)
