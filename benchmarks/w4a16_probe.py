@@ -193,8 +193,9 @@ def decode_slot_sum(ws: torch.Tensor, n: int, cfg: DecodeConfig, cmax: int, m: i
 
 
 class Ctx:
-    def __init__(self, budget: float, kinds=None):
+    def __init__(self, budget: float, kinds=None, configs=None):
         self.t0 = time.time()
+        self.configs = configs  # label substrings: r-dec / q-dec configs kept (None: all)
         self.budget = budget
         self.kinds = None if kinds is None else set(kinds)  # row kinds to run (None: all)
         self.rows: list[dict] = []
@@ -204,6 +205,10 @@ class Ctx:
 
     def left(self) -> float:
         return self.budget - (time.time() - self.t0)
+
+    def keep(self, cfg) -> bool:
+        """A ring config (r-dec / q-dec) is run unless --configs names none of its label's substrings."""
+        return self.configs is None or any(c in cfg.label for c in self.configs)
 
     def want(self, *kinds) -> bool:
         return self.kinds is None or any(k in self.kinds for k in kinds)
@@ -269,6 +274,7 @@ def _warm(job: dict) -> str:
 
 def compile_jobs(ctx: Ctx | None = None) -> list[dict]:
     want = ctx.want if ctx is not None else (lambda *k: True)
+    keep = ctx.keep if ctx is not None else (lambda c: True)
     jobs = [dict(kind="stream", config=asdict(c), probe=0, m=0, dtype="int32")
             for _, c in stream_configs(None if ctx is None else ctx.kinds)]
     if not want(*PER_M_KINDS):
@@ -298,7 +304,7 @@ def compile_jobs(ctx: Ctx | None = None) -> list[dict]:
             jobs.append(dict(kind="gring", config=asdict(WQ.configs_for(m)[0]), probe=0, m=m, dtype="float16"))
     if want("r-dec"):
         for m in (1, 16):
-            for c in WR.configs_for(m):
+            for c in filter(keep, WR.configs_for(m)):
                 jobs.append(dict(kind="ring", config=asdict(c), probe=0, m=m, dtype="bfloat16"))
             jobs.append(dict(kind="ring", config=asdict(WR.configs_for(m)[0]), probe=0, m=m, dtype="float16"))
     uniq = {json.dumps(j, sort_keys=True): j for j in jobs}
@@ -483,7 +489,7 @@ def run_ring(ctx: Ctx, k: int, n: int, m: int, x, base: PackedW4, packs: list[Pa
     cuBLAS bf16's + 1e-3) before it is timed like every other row; on the first shape the bucket's first config once
     more in fp16."""
     kname = "gring" if mod is WQ else "ring"
-    for cfg in mod.configs_for(m):
+    for cfg in filter(ctx.keep, mod.configs_for(m)):
         if out_of_time(f"M={m} {kind} {cfg.label}"):
             break
         info = dict(M=m, kind=kind, kernel=kname, config=asdict(cfg), label=cfg.label)
@@ -664,6 +670,8 @@ def main(argv=None) -> int:
                     help="'all', or a comma list of row kinds, e.g. s-triton,s-tma,s-gluon,e-copy: "
                          + ",".join(ALL_KINDS) + " (aliases: " + ", ".join(f"{a}={b}" for a, b in KIND_ALIASES.items())
                          + ")")
+    ap.add_argument("--configs", help="r-dec / q-dec rows: only configs whose label holds one of these comma-separated "
+                                      "substrings (e.g. 'atomic,l2ahead')")
     ap.add_argument("--no-precompile", action="store_true")
     ap.add_argument("--replot", metavar="JSON", help="only redraw the .png of an existing results file")
     args = ap.parse_args(argv)
@@ -678,7 +686,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    ctx = Ctx(args.budget, kinds)
+    ctx = Ctx(args.budget, kinds, [c for c in args.configs.split(",") if c] if args.configs else None)
     shapes = SHAPES if args.shapes == "all" else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 * 2**20) or 50 * 2**20

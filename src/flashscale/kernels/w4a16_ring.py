@@ -63,6 +63,7 @@ class RingConfig:
     per_sm: int = 2  # default programs an SM (the probe sweeps per_sm_options)
     atomic: bool = False  # split-K: False deterministic slots + ticket, True fp32 red.add + ticket
     maxnreg: int | None = None  # register cap handed to ptxas (e.g. 128: two 8-warp programs an SM)
+    l2_ahead: int = 0  # items past the ring asked of L2 (prefetch.global.L2, no registers): 0 = none
     asm: bool = True  # inline PTX (mma.sync); the interpreter always runs the emulation
 
     @property
@@ -91,7 +92,8 @@ class RingConfig:
     @property
     def label(self) -> str:
         return (f"bn{self.bn} kt{self.kt} w{self.num_warps} ring{self.ring} ({self.item_bytes // 1024} KB)"
-                + (" atomic" if self.atomic else "") + (f" maxnreg{self.maxnreg}" if self.maxnreg else ""))
+                + (" atomic" if self.atomic else "") + (f" maxnreg{self.maxnreg}" if self.maxnreg else "")
+                + (f" l2ahead{self.l2_ahead}" if self.l2_ahead else ""))
 
 
 # Candidates for the H200 probe (rows r-dec), one list a token bucket (their registers differ: x and the second
@@ -108,6 +110,12 @@ RING_CONFIGS: list[RingConfig] = [  # M <= 8
     RingConfig(bn=128, kt=2, num_warps=4, ring=2, per_sm=3, atomic=True),  # red.add reduction: 48 KB
     RingConfig(bn=256, kt=2, num_warps=4, ring=2, per_sm=2, atomic=True),  # 64 KB
     RingConfig(bn=128, kt=1, num_warps=4, ring=4, per_sm=2),  # 4 KB x 4 x 2 = 32 KB (group 64)
+    # the ring's refills come from L2: items l2_ahead past it prefetched (session 30: ncu had the loop waiting on
+    # its ring head 30 % of the time with ~32 KB an SM in flight during the math)
+    RingConfig(bn=256, kt=2, num_warps=4, ring=2, per_sm=2, atomic=True, l2_ahead=4),  # + 2 x 64 KB in L2 flight
+    RingConfig(bn=256, kt=2, num_warps=4, ring=2, per_sm=2, atomic=True, l2_ahead=8),
+    RingConfig(bn=128, kt=2, num_warps=4, ring=2, per_sm=3, atomic=True, l2_ahead=8),
+    RingConfig(bn=128, kt=2, num_warps=4, ring=1, per_sm=6, atomic=True, l2_ahead=8),
 ]
 RING_CONFIGS_16: list[RingConfig] = [  # 9 <= M <= 16
     RingConfig(bn=128, kt=2, num_warps=4, ring=2, per_sm=2),  # 8 KB x 2 x 2 = 32 KB (202 regs)
@@ -115,6 +123,7 @@ RING_CONFIGS_16: list[RingConfig] = [  # 9 <= M <= 16
     RingConfig(bn=128, kt=2, num_warps=4, ring=1, per_sm=3),  # 8 KB x 1 x 3 = 24 KB
     RingConfig(bn=256, kt=2, num_warps=4, ring=1, per_sm=2),  # 16 KB x 1 x 2 = 32 KB (ring 3 spills at 16 tokens)
     RingConfig(bn=128, kt=2, num_warps=4, ring=2, per_sm=2, atomic=True),  # 32 KB
+    RingConfig(bn=128, kt=2, num_warps=4, ring=2, per_sm=2, atomic=True, l2_ahead=8),
 ]
 
 
@@ -138,6 +147,23 @@ def _slot(pk_ptr, sz_ptr, x_ptr, v, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_of
                   NB, BK, G, EVEN_K, EVEN_N)
     x = _dec_x(x_ptr, stride_xm, ks_q, lane1, M, K, BK, KT, TWO, EVEN_K)
     return w, s, x
+
+
+@triton.jit
+def _l2_ahead(pk_ptr, tile, ks, ok, stride_pn, n_frag, row_words, NB: tl.constexpr, KT: tl.constexpr,
+              ASM: tl.constexpr):
+    """Ask L2 for item (tile, ks)'s packed words (nothing unless ok): prefetch.global.L2 of one 128-byte line a thread (the
+    item's NB rows x 4 KT lines; threads past them repeat lines). No register waits on it; the item's own loads,
+    a few iterations later, then find it in L2. Off under the interpreter (a hint: no result changes)."""
+    if ASM:
+        LINES: tl.constexpr = NB * KT * 4
+        ln = tl.arange(0, LINES)
+        r = tile * NB + ln // (KT * 4)
+        w = ks * (KT * 128) + (ln % (KT * 4)) * 32
+        on = (ok & (r < n_frag) & (w < row_words)).to(tl.int32)
+        ptrs = pk_ptr + r.to(tl.int64) * stride_pn + w
+        tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+                                  "=r,l,r", [ptrs, on], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -214,7 +240,7 @@ def w4a16_ring_kernel(
     M, N, K, stride_xm, stride_ym, stride_pn, stride_sg, S, U, CMAX,
     G: tl.constexpr, HAS_BIAS: tl.constexpr, BF16: tl.constexpr, BN: tl.constexpr, KT: tl.constexpr,
     BM: tl.constexpr, RING: tl.constexpr, ATOMIC: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-    ASM: tl.constexpr,
+    ASM: tl.constexpr, L2AHEAD: tl.constexpr = 0,
 ):
     """x_ptr: x as int32 words (pairs of 16-bit inputs), stride_xm in words; pk_ptr / sz_ptr: PackedW4 qweight
     (N_pad/16, K_pad/64, 32, 4) / sz (NG, N_pad); S items a tile, U items, CMAX workspace slots a tile."""
@@ -248,9 +274,21 @@ def w4a16_ring_kernel(
                            lane1, k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK, KT, G, TWO, EVEN_K,
                            EVEN_N)
         tile_p, ks_p = _next_item(tile_p, ks_p, S)
+    row_words = (k_pad // 64) * 128
+    tile_f = (u0 + RING) // S  # the item asked of L2 next (L2AHEAD > 0)
+    ks_f = u0 + RING - tile_f * S
+    if L2AHEAD > 0:  # items u0 + RING .. u0 + RING + L2AHEAD - 1 to L2; each iteration then asks for RING more
+        for j in tl.static_range(L2AHEAD):
+            _l2_ahead(pk_ptr, tile_f, ks_f, u0 + RING + j < u1, stride_pn, n_frag, row_words, NB, KT, ASM)
+            tile_f, ks_f = _next_item(tile_f, ks_f, S)
     acc = tl.zeros([NB, 32, 4], dtype=tl.float32)
     accb = tl.zeros([NB, 32, 4], dtype=tl.float32)
     for g in range(u0, u1, RING):
+        if L2AHEAD > 0:
+            for j in tl.static_range(RING):
+                _l2_ahead(pk_ptr, tile_f, ks_f, g + RING + L2AHEAD + j < u1, stride_pn, n_frag, row_words, NB, KT,
+                          ASM)
+                tile_f, ks_f = _next_item(tile_f, ks_f, S)
         # slot 0: item g (always in range), then refilled with item g + RING
         acc, accb, tile, ks = _consume(acc, accb, w0, s0, x0, g, u1, tile, ks, pid, P, S, U, CMAX, y_ptr, bias_ptr,
                                        ws_ptr, cnt_ptr, M, N, stride_ym, NB, BN, KT, TWO, BF16, HAS_BIAS, ATOMIC, ASM)
@@ -330,6 +368,8 @@ def check_args(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, cfg: Rin
         raise ValueError(f"config.bn={cfg.bn} must be a power of two >= 16")
     if cfg.kt not in (1, 2) or cfg.ring not in (1, 2, 3, 4):
         raise ValueError(f"config kt={cfg.kt} must be 1 or 2 and ring={cfg.ring} 1..4")
+    if not isinstance(cfg.l2_ahead, int) or not 0 <= cfg.l2_ahead <= 16:
+        raise ValueError(f"config.l2_ahead={cfg.l2_ahead!r} must be an int 0..16 (items prefetched past the ring)")
     if not isinstance(per_sm, int) or per_sm < 1:
         raise ValueError(f"per_sm={per_sm!r} must be a positive int")
 
@@ -368,7 +408,7 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
         m, n, k, xw.stride(0), y.stride(0), p.qweight.stride(0), p.sz.stride(0), steps, items, cmax,
         G=p.group_size, HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, BN=cfg.bn, KT=cfg.kt, BM=bm,
         RING=cfg.ring, ATOMIC=cfg.atomic, EVEN_K=k % (64 * cfg.kt) == 0, EVEN_N=p.sz.shape[1] % cfg.bn == 0,
-        ASM=cfg.asm and not _interpreting(), num_warps=cfg.num_warps, num_stages=1, **extra,
+        ASM=cfg.asm and not _interpreting(), L2AHEAD=cfg.l2_ahead, num_warps=cfg.num_warps, num_stages=1, **extra,
     )
 
 
@@ -384,7 +424,7 @@ def compile_sm90(cfg: RingConfig, *, dtype: str = "bf16", bm: int = 8, group_siz
             "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
     ints = ("M", "N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg", "S", "U", "CMAX")
     cx = dict(G=group_size, HAS_BIAS=False, BF16=dtype == "bf16", BN=cfg.bn, KT=cfg.kt, BM=bm, RING=cfg.ring,
-              ATOMIC=cfg.atomic, EVEN_K=True, EVEN_N=True, ASM=cfg.asm)
+              ATOMIC=cfg.atomic, EVEN_K=True, EVEN_N=True, ASM=cfg.asm, L2AHEAD=cfg.l2_ahead)
     sig = {**ptrs, **{n: "i32" for n in ints}, **{n: "constexpr" for n in cx}}
     names = list(sig)
     aligned = set(ptrs) | {"N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg"}
