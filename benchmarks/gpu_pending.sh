@@ -14,6 +14,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s29c      # ~6 min: wgmma from M = 2: GPU tests, W4A16 M 2-16
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s30       # ~6 min: W4A16 GPU tests, ncu of the ring kernel
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh l2r30     # ~5 min: ring + L2 prefetch configs, r-dec probe
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace30   # ~2 min: ring kernel timelines (w4a16_ring_trace.py)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh ring30    # ~8 min: ncu of the ring decode kernel (unrun),
 #                                                                  # the probe's r-dec rows on all six shapes
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: backward dispatch GPU tests, FA2's
@@ -211,6 +212,8 @@ case "${1:-}" in
   l2r30)  # session 30: the ring kernel's refills from L2 (RingConfig.l2_ahead: prefetch.global.L2 items past the ring)
     step probe 300 "$PY" benchmarks/w4a16_probe.py --kinds r-dec,e-copy,bf16 --configs atomic \
       --shapes 8192x8192,8192x28672,4096x4096,28672x8192 --budget 270 --out "$OUT" ;;
+  trace30)  # session 30: per-program timelines of the ring decode kernel at M = 1 (where the ~5 us fixed a call goes)
+    step trace 240 "$PY" benchmarks/w4a16_ring_trace.py --out "$OUT" ;;
   ring30)  # next session: Nsight Compute on the ring decode kernel (the M = 1 pick since session 29), then the probe's
     # r-dec rows on all six shapes (round 8 measured three)
     NCU_LIMIT=120 step ncu 260 bash benchmarks/ncu_device.sh ring_28672 ring_8192

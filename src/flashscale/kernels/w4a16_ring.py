@@ -44,11 +44,14 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import globaltimer, smid
 
 from flashscale.kernels.w4a16 import _device_info, _interpreting, stream_k_grid, x_words
 from flashscale.kernels.w4a16_common import last_split, reset_ticket, split_k_slices, split_k_workspace
 from flashscale.kernels.w4a16_gemv import _dec_item, _dec_layout, _dec_store, _dec_tile, _dec_w, _dec_x, _next_item
 from flashscale.kernels.w4a16_pack import PackedW4
+
+TRACE_FIELDS = ("t_start_ns", "clk_start", "clk_first", "clk_end", "clk_last_flush", "t_end_ns", "smid", "items")
 
 REGS_PER_SM = 65536
 MAX_TOKENS = 16
@@ -220,12 +223,26 @@ def _flush(acc, accb, tile, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr
 
 
 @triton.jit
+def _clock(TRACE: tl.constexpr):
+    """The SM's cycle counter (TRACE builds only; 0 otherwise)."""
+    if TRACE:
+        return tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    else:
+        return 0
+
+
+@triton.jit
 def _consume(acc, accb, w, sz, xw, u, u1, tile, ks, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N,
-             stride_ym, NB: tl.constexpr, BN: tl.constexpr, KT: tl.constexpr, TWO: tl.constexpr,
-             BF16: tl.constexpr, HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr, ASM: tl.constexpr):
-    """Item u (tile, ks) from its slot; at the end of this program's part of the tile, flush it."""
+             stride_ym, trace_ptr, NB: tl.constexpr, BN: tl.constexpr, KT: tl.constexpr, TWO: tl.constexpr,
+             BF16: tl.constexpr, HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr, ASM: tl.constexpr,
+             TRACE: tl.constexpr):
+    """Item u (tile, ks) from its slot; at the end of this program's part of the tile, flush it (TRACE builds: the
+    clock at the start of the program's last flush to trace_ptr[pid * 8 + 4])."""
     acc, accb = _dec_item(acc, accb, w, sz, xw, NB, KT, TWO, BF16, ASM)
     if (ks == S - 1) | (u == u1 - 1):
+        if TRACE:
+            if u == u1 - 1:
+                tl.store(trace_ptr + pid * 8 + 4, _clock(TRACE))
         _flush(acc, accb, tile, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, NB, BN, TWO,
                HAS_BIAS, ATOMIC)
         acc = tl.zeros_like(acc)
@@ -236,14 +253,18 @@ def _consume(acc, accb, w, sz, xw, u, u1, tile, ks, pid, P, S, U, CMAX, y_ptr, b
 
 @triton.jit(do_not_specialize=["M", "S", "U", "CMAX"])
 def w4a16_ring_kernel(
-    x_ptr, pk_ptr, sz_ptr, y_ptr, bias_ptr, ws_ptr, cnt_ptr,
+    x_ptr, pk_ptr, sz_ptr, y_ptr, bias_ptr, ws_ptr, cnt_ptr, trace_ptr,
     M, N, K, stride_xm, stride_ym, stride_pn, stride_sg, S, U, CMAX,
     G: tl.constexpr, HAS_BIAS: tl.constexpr, BF16: tl.constexpr, BN: tl.constexpr, KT: tl.constexpr,
     BM: tl.constexpr, RING: tl.constexpr, ATOMIC: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-    ASM: tl.constexpr, L2AHEAD: tl.constexpr = 0,
+    ASM: tl.constexpr, L2AHEAD: tl.constexpr = 0, TRACE: tl.constexpr = False,
 ):
     """x_ptr: x as int32 words (pairs of 16-bit inputs), stride_xm in words; pk_ptr / sz_ptr: PackedW4 qweight
-    (N_pad/16, K_pad/64, 32, 4) / sz (NG, N_pad); S items a tile, U items, CMAX workspace slots a tile."""
+    (N_pad/16, K_pad/64, 32, 4) / sz (NG, N_pad); S items a tile, U items, CMAX workspace slots a tile. TRACE: each
+    program writes TRACE_FIELDS (int64) to trace_ptr[pid * 8 ...] (benchmarks/w4a16_ring_trace.py)."""
+    if TRACE:
+        tl.store(trace_ptr + tl.program_id(0) * 8, globaltimer())
+        tl.store(trace_ptr + tl.program_id(0) * 8 + 1, _clock(TRACE))
     NB: tl.constexpr = BN // 16
     BK: tl.constexpr = KT * 64
     TWO: tl.constexpr = BM == 16
@@ -290,8 +311,12 @@ def w4a16_ring_kernel(
                           ASM)
                 tile_f, ks_f = _next_item(tile_f, ks_f, S)
         # slot 0: item g (always in range), then refilled with item g + RING
-        acc, accb, tile, ks = _consume(acc, accb, w0, s0, x0, g, u1, tile, ks, pid, P, S, U, CMAX, y_ptr, bias_ptr,
-                                       ws_ptr, cnt_ptr, M, N, stride_ym, NB, BN, KT, TWO, BF16, HAS_BIAS, ATOMIC, ASM)
+        acc, accb, tile, ks = _consume(acc, accb, w0, s0, x0, g, u1, tile, ks, pid, P, S, U, CMAX, y_ptr,
+                                           bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, trace_ptr, NB, BN, KT, TWO, BF16,
+                                           HAS_BIAS, ATOMIC, ASM, TRACE)
+        if TRACE:
+            if g == u0:
+                tl.store(trace_ptr + pid * 8 + 2, _clock(TRACE))
         w0, s0, x0 = _slot(pk_ptr, sz_ptr, x_ptr, g + RING, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb,
                            kt_first, lane1, k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK, KT, G, TWO,
                            EVEN_K, EVEN_N)
@@ -299,8 +324,8 @@ def w4a16_ring_kernel(
         if RING >= 2:
             if g + 1 < u1:
                 acc, accb, tile, ks = _consume(acc, accb, w1, s1, x1, g + 1, u1, tile, ks, pid, P, S, U, CMAX, y_ptr,
-                                               bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, NB, BN, KT, TWO, BF16,
-                                               HAS_BIAS, ATOMIC, ASM)
+                                               bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, trace_ptr, NB, BN, KT, TWO,
+                                               BF16, HAS_BIAS, ATOMIC, ASM, TRACE)
             w1, s1, x1 = _slot(pk_ptr, sz_ptr, x_ptr, g + RING + 1, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb,
                                kt_first, lane1, k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK, KT, G,
                                TWO, EVEN_K, EVEN_N)
@@ -308,8 +333,8 @@ def w4a16_ring_kernel(
         if RING >= 3:
             if g + 2 < u1:
                 acc, accb, tile, ks = _consume(acc, accb, w2, s2, x2, g + 2, u1, tile, ks, pid, P, S, U, CMAX, y_ptr,
-                                               bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, NB, BN, KT, TWO, BF16,
-                                               HAS_BIAS, ATOMIC, ASM)
+                                               bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, trace_ptr, NB, BN, KT, TWO,
+                                               BF16, HAS_BIAS, ATOMIC, ASM, TRACE)
             w2, s2, x2 = _slot(pk_ptr, sz_ptr, x_ptr, g + RING + 2, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb,
                                kt_first, lane1, k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK, KT, G,
                                TWO, EVEN_K, EVEN_N)
@@ -317,12 +342,19 @@ def w4a16_ring_kernel(
         if RING >= 4:
             if g + 3 < u1:
                 acc, accb, tile, ks = _consume(acc, accb, w3, s3, x3, g + 3, u1, tile, ks, pid, P, S, U, CMAX, y_ptr,
-                                               bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, NB, BN, KT, TWO, BF16,
-                                               HAS_BIAS, ATOMIC, ASM)
+                                               bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, trace_ptr, NB, BN, KT, TWO,
+                                               BF16, HAS_BIAS, ATOMIC, ASM, TRACE)
             w3, s3, x3 = _slot(pk_ptr, sz_ptr, x_ptr, g + RING + 3, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb,
                                kt_first, lane1, k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK, KT, G,
                                TWO, EVEN_K, EVEN_N)
             tile_p, ks_p = _next_item(tile_p, ks_p, S)
+
+    if TRACE:
+        tp = trace_ptr + pid * 8
+        tl.store(tp + 3, _clock(TRACE))
+        tl.store(tp + 5, globaltimer())
+        tl.store(tp + 6, smid().to(tl.int64))
+        tl.store(tp + 7, (u1 - u0).to(tl.int64))
 
 
 # ---- launcher
@@ -387,9 +419,11 @@ def w4a16_ring(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None, *
     return y
 
 
-def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Tensor, cfg: RingConfig, per_sm: int):
+def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Tensor, cfg: RingConfig, per_sm: int,
+           trace: torch.Tensor | None = None):
     """One launch into y (M, N) (arguments as check_args takes them, M >= 1); returns what Triton's launch returns
-    (on a GPU the compiled kernel: .n_regs, .metadata.shared)."""
+    (on a GPU the compiled kernel: .n_regs, .metadata.shared). trace: an int64 tensor of >= 8 x programs values
+    (ring_grid) that a TRACE build of the kernel fills with TRACE_FIELDS a program (GPU only)."""
     m, k = x.shape
     n = p.out_features
     xw = x_words(x, p)  # (M, K / 2) words of two 16-bit inputs
@@ -403,28 +437,31 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
         ws = split_k_slices(x.device, tiles * cmax * slot)
     _, cnt = split_k_workspace(x.device, tiles)
     extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not _interpreting() else {}
+    if trace is not None and (trace.dtype != torch.int64 or trace.numel() < 8 * progs or _interpreting()):
+        raise ValueError(f"trace must be an int64 tensor of >= {8 * progs} values on a GPU, got "
+                         f"{trace.dtype} x {trace.numel()}")
     return w4a16_ring_kernel[(progs,)](
-        xw, p.qweight, p.sz, y, bias if bias is not None else y, ws, cnt,
+        xw, p.qweight, p.sz, y, bias if bias is not None else y, ws, cnt, trace if trace is not None else cnt,
         m, n, k, xw.stride(0), y.stride(0), p.qweight.stride(0), p.sz.stride(0), steps, items, cmax,
         G=p.group_size, HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, BN=cfg.bn, KT=cfg.kt, BM=bm,
         RING=cfg.ring, ATOMIC=cfg.atomic, EVEN_K=k % (64 * cfg.kt) == 0, EVEN_N=p.sz.shape[1] % cfg.bn == 0,
-        ASM=cfg.asm and not _interpreting(), L2AHEAD=cfg.l2_ahead, num_warps=cfg.num_warps, num_stages=1, **extra,
+        ASM=cfg.asm and not _interpreting(), L2AHEAD=cfg.l2_ahead, TRACE=trace is not None, num_warps=cfg.num_warps, num_stages=1, **extra,
     )
 
 
 # ---- ahead-of-time sm_90 compiles (no GPU needed) and what the machine code says
 
-def compile_sm90(cfg: RingConfig, *, dtype: str = "bf16", bm: int = 8, group_size: int = 128):
+def compile_sm90(cfg: RingConfig, *, dtype: str = "bf16", bm: int = 8, group_size: int = 128, trace: bool = False):
     """Compile one config as a launch on an even Llama shape specializes it (K, N multiples of 256, pointers and
     strides 16-divisible, no bias): returns Triton's CompiledKernel (asm: ptx, cubin)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     ptrs = {"x_ptr": "*i32", "pk_ptr": "*i32", "sz_ptr": "*i32", "y_ptr": f"*{dtype}", "bias_ptr": f"*{dtype}",
-            "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
+            "ws_ptr": "*fp32", "cnt_ptr": "*i32", "trace_ptr": "*i64"}
     ints = ("M", "N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg", "S", "U", "CMAX")
     cx = dict(G=group_size, HAS_BIAS=False, BF16=dtype == "bf16", BN=cfg.bn, KT=cfg.kt, BM=bm, RING=cfg.ring,
-              ATOMIC=cfg.atomic, EVEN_K=True, EVEN_N=True, ASM=cfg.asm, L2AHEAD=cfg.l2_ahead)
+              ATOMIC=cfg.atomic, EVEN_K=True, EVEN_N=True, ASM=cfg.asm, L2AHEAD=cfg.l2_ahead, TRACE=trace)
     sig = {**ptrs, **{n: "i32" for n in ints}, **{n: "constexpr" for n in cx}}
     names = list(sig)
     aligned = set(ptrs) | {"N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg"}
