@@ -14,8 +14,10 @@ Llama.forward with a KVCache (attention through torch SDPA there) on the first p
 embedding stays bf16; the lm_head is quantized too unless --keep-lm-head. Each precision is timed three ways: plain
 launches; with programmatic dependent launch for the step's Triton kernels (rows "+pdl": kernels.pdl; the bf16
 linears are cuBLAS's and launch plainly); and with the W4A16 kernels also prefetching their weights into L2
-before they wait (rows "+pdl+l2"; the bf16 rows only differ by run-to-run noise there). PDL rows are checked
-against the model again first.
+before they wait (rows "+pdl+l2"; the bf16 rows only differ by run-to-run noise there). The 4-bit model once more
+with StaticDecoder(accumulate=True) (row "+acc": each GEMV red.adds its fp32 partials into the layer's output and the
+next kernel reads the sum, no split-K fold at the GEMV's end). PDL and +acc rows are checked against the model again
+first.
 """
 
 from __future__ import annotations
@@ -172,11 +174,13 @@ def main(argv=None) -> int:
             raise SystemExit(f"{impl}: the decode step disagrees with Llama.forward")
         if cpu:
             continue
-        variants = [(False, False)] if args.no_pdl else [(False, False), (True, False), (True, True)]
-        for use_pdl, l2 in variants:
-            name = impl + ("+pdl" if use_pdl else "") + ("+l2" if l2 else "")
-            dec.pdl, dec.l2_prefetch, dec.graph = use_pdl, l2, None  # eager until time_decode captures the variant
-            if use_pdl:  # the eager step with PDL launches, against the model again (ordering on the GPU)
+        variants = [(False, False, False)] + ([(False, False, True)] if quantize else [])
+        variants += [] if args.no_pdl else [(True, False, False), (True, True, False)]
+        for use_pdl, l2, acc in variants:
+            name = impl + ("+pdl" if use_pdl else "") + ("+l2" if l2 else "") + ("+acc" if acc else "")
+            # eager until time_decode captures the variant
+            dec.pdl, dec.l2_prefetch, dec.accumulate, dec.graph = use_pdl, l2, acc, None
+            if use_pdl or acc:  # the eager step of the variant, against the model again (ordering on the GPU)
                 checks[name] = check_against_model(dec, model, prompt)
                 print(f"  {name}: decode step vs Llama.forward, worst relative logit difference {checks[name]:.2e}",
                       flush=True)
@@ -191,7 +195,7 @@ def main(argv=None) -> int:
             rows.append(dict(impl=name, layers=args.layers, batch=1, tokens=args.tokens, ms_per_token=ms,
                              tokens_per_s=1e3 / ms, weight_bytes=nbytes, TBps=nbytes / (ms * 1e9),
                              lm_head="bf16" if (args.keep_lm_head or not quantize) else "w4a16", pdl=use_pdl,
-                             l2_prefetch=l2, **breakdown))
+                             l2_prefetch=l2, accumulate=acc, **breakdown))
             print(f"  {name:22s} {1e3 / ms:8.1f} tok/s  {ms:7.3f} ms/token  {nbytes / 1e9:6.2f} GB read/token  "
                   f"{nbytes / (ms * 1e9):5.2f} TB/s  kernels {breakdown.get('kernel_ms', float('nan')):.3f} ms",
                   flush=True)
@@ -217,8 +221,8 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['impl']:22s} {r['tokens_per_s']:8.1f} {r['ms_per_token']:8.3f} {r['weight_bytes'] / 1e9:7.2f} "
               f"{r['TBps']:6.2f}")
-    for suffix in ("", "+pdl", "+pdl+l2"):
-        b, q = by.get("bf16" + suffix), by.get("flashscale-w4a16" + suffix)
+    for suffix in ("", "+acc", "+pdl", "+pdl+l2"):
+        b, q = by.get("bf16" + suffix.replace("+acc", "")), by.get("flashscale-w4a16" + suffix)
         if b and q:
             print(f"speedup{suffix or ''} {q['tokens_per_s'] / b['tokens_per_s']:.2f}x "
                   f"(against plain bf16: {q['tokens_per_s'] / by['bf16']['tokens_per_s']:.2f}x)")

@@ -116,6 +116,28 @@ def test_fused_quantized_layout_equals_the_quantized_model(pdl):
 
 
 @torch.no_grad()
+def test_accumulate_equals_the_plain_step():
+    """accumulate=True: each QuantLinear adds into a float32 per-layer output (on a GPU the red.add ring kernel,
+    kernels.w4a16.w4a16_addmm_; on the CPU forward's output added) and the step's kernels read the sums rounded to
+    the model's dtype: the same logits as the plain fused step (on a GPU to within the summation order's rounding),
+    over a prompt and two steps and again after the per-step zeroing."""
+    cuda = DEV == "cuda"
+    model = _model(dtype=torch.float16 if cuda else torch.float32)  # no bias: the kernel path on a GPU
+    qfn = lambda lin: QuantLinear.from_float(lin, group_size=32, sym=False)  # noqa: E731
+    plain = StaticDecoder(model, 12, fuse=True, linear_fn=qfn)
+    acc = StaticDecoder(model, 12, fuse=True, linear_fn=qfn, accumulate=True)
+    ids = torch.tensor([[9, 3, 44]], device=DEV)
+    want = [plain.prefill(ids).clone(), plain.step(11).clone(), plain.step(70).clone(), plain.step(5).clone()]
+    got = [acc.prefill(ids).clone(), acc.step(11).clone(), acc.step(70).clone(), acc.step(5).clone()]
+    for g, w in zip(got, want):
+        assert _rel(g, w) < (2e-2 if cuda else 1e-6)
+    with pytest.raises(ValueError, match="accumulate=True needs every block linear to be a QuantLinear"):
+        StaticDecoder(model, 12, accumulate=True)
+    with pytest.raises(TypeError, match="accumulate must be a bool"):
+        StaticDecoder(model, 12, accumulate=1)
+
+
+@torch.no_grad()
 def test_generate_with_cuda_graph_equals_eager():
     model = _model()
     ids = torch.tensor([[4, 8, 15, 16]], device=DEV)

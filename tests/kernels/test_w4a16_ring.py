@@ -260,3 +260,48 @@ def test_ring_is_a_dispatch_candidate_interpreter():
     assert _err(y, oracle) <= 2 * _err(same_dtype, oracle) + 1e-6
     with pytest.raises(ValueError, match="ring kernel takes up to 8 tokens"):
         w4a16.w4a16_matmul(torch.randn(9, 256).half(), p, kernel="ring")
+
+
+@pytest.mark.parametrize("m,cfg", [(1, (16, 2, 2, 2, False)), (3, (32, 1, 3, 2, True)), (9, (16, 2, 1, 4, False))])
+def test_add_mode_adds_into_a_float32_out(m, cfg):
+    """launch(add=True) (w4a16_addmm_'s kernel): out += x @ W in float32, every tile's partials red.added (one
+    contributor or several, two token blocks at M = 9), within 2x PyTorch's 16-bit error of the float64 sum; the
+    rows of out past M and its columns stay untouched."""
+    from flashscale.kernels.w4a16_ring import launch
+
+    k, n = 512, 48
+    gen = torch.Generator().manual_seed(m)
+    p = _weight(k, n, 128, sym=False, gen=gen)
+    x = torch.randn(m, k, generator=gen).half()
+    bn, kt, ring, per_sm, atomic = cfg
+    c = RingConfig(bn=bn, kt=kt, num_warps=1, ring=ring, per_sm=per_sm, atomic=atomic)
+    base = torch.randn(m + 1, n + 8, generator=gen)
+    out = base.clone()
+    launch(x, p, None, out[:m, :n], c, per_sm, add=True)
+    oracle = w4a16_linear_ref(x.double(), p, None, compute_dtype=torch.float64)
+    same_dtype = w4a16_linear_ref(x, p, None, compute_dtype=x.dtype)
+    got = out[:m, :n].double() - base[:m, :n].double()
+    assert _err(got, oracle) <= 2 * _err(same_dtype, oracle) + 1e-6
+    assert torch.equal(out[m:], base[m:]) and torch.equal(out[:, n:], base[:, n:])
+    with pytest.raises(ValueError, match="float32 y"):
+        launch(x, p, None, torch.zeros(m, n).half(), c, per_sm, add=True)
+
+
+def test_addmm_api():
+    """w4a16_addmm_ (the ring candidates' first config when untimed) adds into out; wrong outs and M > 8 are
+    refused with errors naming what they take."""
+    from flashscale.kernels.w4a16 import w4a16_addmm_
+
+    gen = torch.Generator().manual_seed(5)
+    p = _weight(256, 32, 128, sym=True, gen=gen)
+    x = torch.randn(1, 256, generator=gen).half()
+    out = torch.ones(1, 32)
+    assert w4a16_addmm_(out, x, p) is out
+    ref = w4a16_linear_ref(x.double(), p, None, compute_dtype=torch.float64) + 1
+    assert _err(out, ref) < 2e-3
+    with pytest.raises(ValueError, match="out must be float32"):
+        w4a16_addmm_(torch.zeros(1, 32).half(), x, p)
+    with pytest.raises(ValueError, match="out must be float32"):
+        w4a16_addmm_(torch.zeros(2, 32), x, p)
+    with pytest.raises(ValueError, match="up to 8 tokens"):
+        w4a16_addmm_(torch.zeros(9, 32), torch.randn(9, 256).half(), p)

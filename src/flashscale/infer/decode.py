@@ -16,6 +16,11 @@ launch on sm_90+ (kernels.pdl: each grid is resident before its predecessor ends
 with l2_prefetch the W4A16 ones first ask for their weights to be brought into L2 while the small kernel before
 them runs); both off by default: on the H200 PDL gained nothing and the prefetch cost 35 % (docs/w4a16_decode.md,
 round 6; benchmarks/generate_w4a16.py times the variants).
+accumulate=True (W4A16 linears: QuantLinear, e.g. through linear_fn) runs each block linear as
+QuantLinear.accumulate_: its GEMV red.adds fp32 partials straight into a per-layer float32 output (zeroed once a
+step, one memset) instead of folding split-K partials itself at its end (a ticket and a re-read of the tile: ~2 us
+of each ~8-40 us GEMV on the H200, docs/w4a16_decode.md round 9), and the next kernel reads the sum, rounded to the
+model's dtype as the linear would have stored it.
 Shapes: E hidden size, H query heads, G kv heads, D head_dim, L layers, T max_len, V vocab.
 """
 
@@ -77,7 +82,8 @@ class StaticDecoder:
 
     def __init__(self, model: Llama, max_len: int, *, fuse: bool = False,
                  linear_fn: Callable[[nn.Linear], nn.Module] | None = None, lm_head: nn.Module | None = None,
-                 pdl: bool = False, l2_prefetch: bool = False, attn_splits: int | None = None):
+                 pdl: bool = False, l2_prefetch: bool = False, attn_splits: int | None = None,
+                 accumulate: bool = False):
         why = unsupported(model, max_len)
         if why is not None:
             raise ValueError(f"StaticDecoder: {why}")
@@ -86,7 +92,7 @@ class StaticDecoder:
             raise ValueError("StaticDecoder: fuse=True builds fused copies from float nn.Linear layers (quantize them "
                              "through linear_fn); this model's are already replaced: use fuse=False")
         cfg = model.config
-        for name, val in (("pdl", pdl), ("l2_prefetch", l2_prefetch)):
+        for name, val in (("pdl", pdl), ("l2_prefetch", l2_prefetch), ("accumulate", accumulate)):
             if not isinstance(val, bool):
                 raise TypeError(f"StaticDecoder: {name} must be a bool, got {val!r}")
         if attn_splits is not None and (not isinstance(attn_splits, int) or isinstance(attn_splits, bool)
@@ -107,6 +113,14 @@ class StaticDecoder:
                 qkv, gu, o, down = (a.q_proj, a.k_proj, a.v_proj), (f.gate_proj, f.up_proj), a.o_proj, f.down_proj
             self.blocks.append(dict(ln1=b.input_layernorm, ln2=b.post_attention_layernorm, qkv=qkv, o=o, gu=gu,
                                     down=down))
+        self.accumulate = accumulate  # may be switched between steps where every block linear can (acc_views)
+        bad = [f"layer {i} {k}" for i, b in enumerate(self.blocks) for k in ("qkv", "o", "gu", "down")
+               if not hasattr(b[k], "accumulate_")]
+        if accumulate and bad:
+            if bad:
+                raise ValueError(f"StaticDecoder: accumulate=True needs every block linear to be a QuantLinear (fused "
+                                 f"q/k/v and gate/up: fuse=True with linear_fn=QuantLinear.from_float); not: "
+                                 f"{', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}")
         dev, dt = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
         shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, max_len, cfg.head_dim)
         self.k = torch.zeros(shape, device=dev, dtype=dt)  # (L, G, T, D)
@@ -124,6 +138,10 @@ class StaticDecoder:
         self.attn = torch.zeros(1, cfg.num_attention_heads * cfg.head_dim, device=dev, dtype=dt)
         self.act = torch.zeros(1, cfg.intermediate_size, device=dev, dtype=dt)
         self.logits = torch.zeros(1, cfg.vocab_size, device=dev, dtype=torch.float32)
+        # accumulate=True: each layer's linear outputs as float32 sums, (1, N) views of one buffer zeroed a step
+        widths = [] if bad else [b[k].out_features for b in self.blocks for k in ("qkv", "o", "gu", "down")]
+        self.acc = torch.zeros(1, sum(widths), device=dev, dtype=torch.float32)
+        self.acc_views = list(torch.split(self.acc, widths, dim=1))
         self.greedy = False  # step writes argmax(logits) into tok (a replayed graph then runs a whole generation)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.length = 0  # positions filled (host-side mirror of pos)
@@ -133,8 +151,10 @@ class StaticDecoder:
         add_rmsnorm_kernel[(1,)](self.x, self.x if r is None else r, norm.weight, self.h, e, norm.eps,
                                  HAS_R=r is not None, BLOCK=triton.next_power_of_2(e), num_warps=8, **po)
 
-    @staticmethod
-    def _linear(mods, h: torch.Tensor) -> torch.Tensor:
+    def _linear(self, mods, h: torch.Tensor, i: int, j: int) -> torch.Tensor:
+        """Layer i's linear j (0 qkv, 1 o, 2 gate/up, 3 down) of h: its float32 sum (accumulate) or its output."""
+        if self.accumulate:
+            return mods.accumulate_(h, self.acc_views[4 * i + j])
         return torch.cat([m(h) for m in mods], dim=-1) if isinstance(mods, tuple) else mods(h)
 
     @torch.no_grad()
@@ -150,21 +170,23 @@ class StaticDecoder:
         self.x.copy_(m.embed_tokens(self.tok))
         cos, sin = m.rope(self.pos[None], self.x.dtype)  # (1, 1, 1, D)
         r = None
+        if self.accumulate:
+            self.acc.zero_()
         for i, b in enumerate(self.blocks):
             self._norm(b["ln1"], r, po)
-            qkv = self._linear(b["qkv"], self.h)  # (1, (H + 2G) D)
+            qkv = self._linear(b["qkv"], self.h, i, 0)  # (1, (H + 2G) D)
             decode_attention_kernel[(h_q, self.splits)](qkv, cos, sin, self.k[i], self.v[i], self.attn, self.pos,
                                                         self.attn_ws, self.attn_cnt, self.max_len, d ** -0.5, H=h_q,
                                                         G=h_kv, D=d, BT=32, NS=self.splits, num_warps=4, **po)
-            self._norm(b["ln2"], b["o"](self.attn), po)
+            self._norm(b["ln2"], self._linear(b["o"], self.attn, i, 1), po)
             f = cfg.intermediate_size
             if isinstance(b["gu"], tuple):
                 g, u = (mod(self.h) for mod in b["gu"])
             else:
-                gu = b["gu"](self.h)  # (1, 2F)
+                gu = self._linear(b["gu"], self.h, i, 2)  # (1, 2F)
                 g, u = gu[:, :f], gu[:, f:]
             silu_mul_kernel[(triton.cdiv(f, 1024),)](g, u, self.act, F_=f, BLOCK=1024, num_warps=4, **po)
-            r = b["down"](self.act)
+            r = self._linear(b["down"], self.act, i, 3)
         self._norm(m.norm, r, po)
         self.logits.copy_(self.lm_head(self.h))
         if self.greedy:

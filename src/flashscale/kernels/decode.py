@@ -6,6 +6,8 @@ logits against Llama.forward with a KVCache (Triton's interpreter on the CPU, th
 PDL (kernels.pdl): each may run with programmatic dependent launch, waiting for its predecessor first thing.
 Shapes: E hidden size, H query heads, G kv heads, D head_dim (a power of two), T_MAX cache positions; the cache
 is (G, T_MAX, D) a layer, q/k/v one row (H + 2G) * D; NS splits of the context a head (a power of two).
+The linears' outputs they read (r, qkv, g/u) may be float32 sums (StaticDecoder(accumulate=True)): each is rounded
+to the model's dtype on load, as the linear would have stored it.
 """
 
 from __future__ import annotations
@@ -20,13 +22,15 @@ from flashscale.kernels.w4a16_common import last_split, reset_ticket
 @triton.jit
 def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, h_ptr, E, eps, HAS_R: tl.constexpr, BLOCK: tl.constexpr,
                        PDL: tl.constexpr = False):
-    """x <- x + r (rounded to x's dtype, as the model's residual add); h = RMSNorm(x) * w (HF order)."""
+    """x <- x + r (r rounded to x's dtype first, the sum too, as the model's residual add); h = RMSNorm(x) * w (HF
+    order)."""
     pdl_enter(PDL)
     offs = tl.arange(0, BLOCK)
     m = offs < E
     x = tl.load(x_ptr + offs, mask=m, other=0.0)
     if HAS_R:
-        x = (x.to(tl.float32) + tl.load(r_ptr + offs, mask=m, other=0.0).to(tl.float32)).to(x_ptr.dtype.element_ty)
+        r = tl.load(r_ptr + offs, mask=m, other=0.0).to(x_ptr.dtype.element_ty)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
         tl.store(x_ptr + offs, x, mask=m)
     xf = x.to(tl.float32)
     rs = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / E + eps)
@@ -38,6 +42,12 @@ def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, h_ptr, E, eps, HAS_R: tl.constexpr, 
 def _rope(x, x_rot, cos, sin, D: tl.constexpr):
     d = tl.arange(0, D)
     return x * cos + tl.where(d < D // 2, -x_rot, x_rot) * sin
+
+
+@triton.jit
+def _ld(ptrs, dt):
+    """A linear's output (its dtype, or a float32 sum) as the model stored it: rounded to dt, then float32."""
+    return tl.load(ptrs).to(dt).to(tl.float32)
 
 
 @triton.jit
@@ -62,12 +72,12 @@ def decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, 
     cos = tl.load(cos_ptr + d).to(tl.float32)
     sin = tl.load(sin_ptr + d).to(tl.float32)
     dt = out_ptr.dtype.element_ty
-    q = _rope(tl.load(qkv_ptr + hq * D + d).to(tl.float32), tl.load(qkv_ptr + hq * D + rot).to(tl.float32), cos, sin, D)
+    q = _rope(_ld(qkv_ptr + hq * D + d, dt), _ld(qkv_ptr + hq * D + rot, dt), cos, sin, D)
     q = q.to(dt).to(tl.float32)
     kb = (H + g) * D
-    k_new = _rope(tl.load(qkv_ptr + kb + d).to(tl.float32), tl.load(qkv_ptr + kb + rot).to(tl.float32), cos, sin, D)
+    k_new = _rope(_ld(qkv_ptr + kb + d, dt), _ld(qkv_ptr + kb + rot, dt), cos, sin, D)
     k_new = k_new.to(dt)
-    v_new = tl.load(qkv_ptr + (H + G + g) * D + d)
+    v_new = tl.load(qkv_ptr + (H + G + g) * D + d).to(dt)
     row = (g * T_MAX + pos) * D
     if (hq % (H // G) == 0) & (sp == 0):
         tl.store(kc_ptr + row + d, k_new)
@@ -117,7 +127,8 @@ def silu_mul_kernel(g_ptr, u_ptr, out_ptr, F_: tl.constexpr, BLOCK: tl.constexpr
     pdl_enter(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < F_
-    g = tl.load(g_ptr + offs, mask=m, other=0.0).to(tl.float32)
-    u = tl.load(u_ptr + offs, mask=m, other=0.0)
-    a = (g / (1.0 + tl.exp(-g))).to(u.dtype)  # F.silu in the model's dtype, then * up
-    tl.store(out_ptr + offs, (a.to(tl.float32) * u.to(tl.float32)).to(u.dtype), mask=m)
+    dt = out_ptr.dtype.element_ty
+    g = tl.load(g_ptr + offs, mask=m, other=0.0).to(dt).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=m, other=0.0).to(dt)
+    a = (g / (1.0 + tl.exp(-g))).to(dt)  # F.silu in the model's dtype, then * up
+    tl.store(out_ptr + offs, (a.to(tl.float32) * u.to(tl.float32)).to(dt), mask=m)

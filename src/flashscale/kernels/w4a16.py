@@ -634,6 +634,40 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
     return y
 
 
+def w4a16_addmm_(out: torch.Tensor, x2d: torch.Tensor, p: PackedW4) -> torch.Tensor:
+    """out (M, N) float32 += x2d (M, K) @ dequant(W), in place, on the ring decode kernel (M <= 8): each program
+    red.adds its fp32 partial of a tile straight into out, so the call has no split-K fold at its end (no
+    ticket, no last contributor re-reading the tile: ~2 us a call on the H200, docs/w4a16_decode.md round 9) and
+    whoever reads out next (a launch later on the stream) sees the sum. Summation order, so the last bits, vary
+    between calls, as the atomic fold's. Configs: the ring candidates, tuned for this use apart from
+    w4a16_matmul's. Returns out."""
+    from flashscale.kernels.w4a16_ring import launch as ring_launch
+
+    m, k = x2d.shape
+    n = p.out_features
+    if out.dtype != torch.float32 or tuple(out.shape) != (m, n) or out.stride(1) != 1:
+        raise ValueError(f"out must be float32 ({m}, {n}) with unit stride along N, got {out.dtype} "
+                         f"{tuple(out.shape)} stride {out.stride()}")
+    cands = ring_candidates(p, m)
+    if not cands:
+        raise ValueError(f"w4a16_addmm_ takes up to 8 tokens and a group size that is a multiple of 128 or one "
+                         f"group per row; got M={m}, group_size={p.group_size}, K={k}")
+    if m == 0:
+        return out
+    key = ("ring-add", m_bucket(m) if m > 1 else 1, n, k, p.group_size, str(x2d.dtype).removeprefix("torch."),
+           "perm" if p.perm is not None else "noperm", _device_info(x2d.device)[0])
+    scratch = []
+
+    def launch(c, s, w=p):  # trials add into a scratch copy: out is left as the caller's
+        if not scratch:
+            scratch.append(torch.zeros_like(out))
+        ring_launch(x2d, w, None, scratch[0], c, s, add=True)
+
+    cfg, per_sm = _tune(key, cands, lambda c: c.per_sm, launch, ring=lambda: _weight_ring(p))
+    ring_launch(x2d, p, None, out, cfg, per_sm, add=True)
+    return out
+
+
 def _compile_job(job: dict) -> str:
     """Worker: run one config on a small problem of the same specialization (dtype, G, act-order,
     bias, K/N evenness, argument alignment), which leaves its binary in Triton's on-disk cache.

@@ -185,11 +185,19 @@ def _sum_slots(p, mask, nc, SLOT):
 
 @triton.jit
 def _flush(acc, accb, tile, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym,
-           NB: tl.constexpr, BN: tl.constexpr, TWO: tl.constexpr, HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr):
-    """This program's part of `tile` is done: store it (sole contributor) or reduce it (module docstring)."""
+           NB: tl.constexpr, BN: tl.constexpr, TWO: tl.constexpr, HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr,
+           ADD: tl.constexpr):
+    """This program's part of `tile` is done: store it (sole contributor) or reduce it (module docstring); ADD:
+    red.add it into the fp32 y (w4a16_addmm_: no ticket, no last contributor, whoever reads y runs later)."""
     SLOT: tl.constexpr = NB * 128 * (1 + TWO)
     rows, toks, e_off, pf, pl = _dec_tile(tile, P, S, U, NB, BN)
-    if pf == pl:
+    if ADD:
+        yp = y_ptr + toks * stride_ym + rows
+        tl.atomic_add(yp, acc * (1.0 / 2048), mask=(rows < N) & (toks < M), sem="relaxed", scope="gpu")
+        if TWO:
+            tl.atomic_add(yp + 8 * stride_ym, accb * (1.0 / 2048), mask=(rows < N) & (toks + 8 < M), sem="relaxed",
+                          scope="gpu")
+    elif pf == pl:
         _dec_store(acc * (1.0 / 2048), y_ptr, bias_ptr, rows, toks, M, N, stride_ym, HAS_BIAS)
         if TWO:
             _dec_store(accb * (1.0 / 2048), y_ptr, bias_ptr, rows, toks + 8, M, N, stride_ym, HAS_BIAS)
@@ -235,7 +243,7 @@ def _clock(TRACE: tl.constexpr):
 def _consume(acc, accb, w, sz, xw, u, u1, tile, ks, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N,
              stride_ym, trace_ptr, NB: tl.constexpr, BN: tl.constexpr, KT: tl.constexpr, TWO: tl.constexpr,
              BF16: tl.constexpr, HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr, ASM: tl.constexpr,
-             TRACE: tl.constexpr):
+             TRACE: tl.constexpr, ADD: tl.constexpr):
     """Item u (tile, ks) from its slot; at the end of this program's part of the tile, flush it (TRACE builds: the
     clock at the start of the program's last flush to trace_ptr[pid * 8 + 4])."""
     acc, accb = _dec_item(acc, accb, w, sz, xw, NB, KT, TWO, BF16, ASM)
@@ -244,7 +252,7 @@ def _consume(acc, accb, w, sz, xw, u, u1, tile, ks, pid, P, S, U, CMAX, y_ptr, b
             if u == u1 - 1:
                 tl.store(trace_ptr + pid * 8 + 4, _clock(TRACE))
         _flush(acc, accb, tile, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, NB, BN, TWO,
-               HAS_BIAS, ATOMIC)
+               HAS_BIAS, ATOMIC, ADD)
         acc = tl.zeros_like(acc)
         accb = tl.zeros_like(accb)
     tile, ks = _next_item(tile, ks, S)
@@ -257,7 +265,7 @@ def w4a16_ring_kernel(
     M, N, K, stride_xm, stride_ym, stride_pn, stride_sg, S, U, CMAX,
     G: tl.constexpr, HAS_BIAS: tl.constexpr, BF16: tl.constexpr, BN: tl.constexpr, KT: tl.constexpr,
     BM: tl.constexpr, RING: tl.constexpr, ATOMIC: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-    ASM: tl.constexpr, L2AHEAD: tl.constexpr = 0, TRACE: tl.constexpr = False,
+    ASM: tl.constexpr, L2AHEAD: tl.constexpr = 0, TRACE: tl.constexpr = False, ADD: tl.constexpr = False,
 ):
     """x_ptr: x as int32 words (pairs of 16-bit inputs), stride_xm in words; pk_ptr / sz_ptr: PackedW4 qweight
     (N_pad/16, K_pad/64, 32, 4) / sz (NG, N_pad); S items a tile, U items, CMAX workspace slots a tile. TRACE: each
@@ -313,7 +321,7 @@ def w4a16_ring_kernel(
         # slot 0: item g (always in range), then refilled with item g + RING
         acc, accb, tile, ks = _consume(acc, accb, w0, s0, x0, g, u1, tile, ks, pid, P, S, U, CMAX, y_ptr,
                                            bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, trace_ptr, NB, BN, KT, TWO, BF16,
-                                           HAS_BIAS, ATOMIC, ASM, TRACE)
+                                           HAS_BIAS, ATOMIC, ASM, TRACE, ADD)
         if TRACE:
             if g == u0:
                 tl.store(trace_ptr + pid * 8 + 2, _clock(TRACE))
@@ -325,7 +333,7 @@ def w4a16_ring_kernel(
             if g + 1 < u1:
                 acc, accb, tile, ks = _consume(acc, accb, w1, s1, x1, g + 1, u1, tile, ks, pid, P, S, U, CMAX, y_ptr,
                                                bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, trace_ptr, NB, BN, KT, TWO,
-                                               BF16, HAS_BIAS, ATOMIC, ASM, TRACE)
+                                               BF16, HAS_BIAS, ATOMIC, ASM, TRACE, ADD)
             w1, s1, x1 = _slot(pk_ptr, sz_ptr, x_ptr, g + RING + 1, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb,
                                kt_first, lane1, k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK, KT, G,
                                TWO, EVEN_K, EVEN_N)
@@ -334,7 +342,7 @@ def w4a16_ring_kernel(
             if g + 2 < u1:
                 acc, accb, tile, ks = _consume(acc, accb, w2, s2, x2, g + 2, u1, tile, ks, pid, P, S, U, CMAX, y_ptr,
                                                bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, trace_ptr, NB, BN, KT, TWO,
-                                               BF16, HAS_BIAS, ATOMIC, ASM, TRACE)
+                                               BF16, HAS_BIAS, ATOMIC, ASM, TRACE, ADD)
             w2, s2, x2 = _slot(pk_ptr, sz_ptr, x_ptr, g + RING + 2, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb,
                                kt_first, lane1, k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK, KT, G,
                                TWO, EVEN_K, EVEN_N)
@@ -343,7 +351,7 @@ def w4a16_ring_kernel(
             if g + 3 < u1:
                 acc, accb, tile, ks = _consume(acc, accb, w3, s3, x3, g + 3, u1, tile, ks, pid, P, S, U, CMAX, y_ptr,
                                                bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, trace_ptr, NB, BN, KT, TWO,
-                                               BF16, HAS_BIAS, ATOMIC, ASM, TRACE)
+                                               BF16, HAS_BIAS, ATOMIC, ASM, TRACE, ADD)
             w3, s3, x3 = _slot(pk_ptr, sz_ptr, x_ptr, g + RING + 3, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb,
                                kt_first, lane1, k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK, KT, G,
                                TWO, EVEN_K, EVEN_N)
@@ -420,10 +428,11 @@ def w4a16_ring(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None, *
 
 
 def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Tensor, cfg: RingConfig, per_sm: int,
-           trace: torch.Tensor | None = None):
+           trace: torch.Tensor | None = None, add: bool = False):
     """One launch into y (M, N) (arguments as check_args takes them, M >= 1); returns what Triton's launch returns
     (on a GPU the compiled kernel: .n_regs, .metadata.shared). trace: an int64 tensor of >= 8 x programs values
-    (ring_grid) that a TRACE build of the kernel fills with TRACE_FIELDS a program (GPU only)."""
+    (ring_grid) that a TRACE build of the kernel fills with TRACE_FIELDS a program (GPU only). add: y is float32
+    (M, N), unit stride along N, and the launch adds x @ dequant(W) into it (red.add; no bias, no split-K fold)."""
     m, k = x.shape
     n = p.out_features
     xw = x_words(x, p)  # (M, K / 2) words of two 16-bit inputs
@@ -431,11 +440,16 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
     bm = 8 if m <= 8 else 16
     tiles = triton.cdiv(n, cfg.bn)
     slot = cfg.bn * bm  # fp32 values of a tile: NB x 128 x token blocks
-    if cfg.atomic:
+    if add:
+        if bias is not None or y.dtype != torch.float32 or y.stride(1) != 1:
+            raise ValueError("add=True takes a float32 y with unit stride along N and no bias")
+        ws, cnt = y, y  # unused
+    elif cfg.atomic:
         ws, _ = split_k_workspace(x.device, tiles * slot)  # zero, and left zero by the kernel
     else:
         ws = split_k_slices(x.device, tiles * cmax * slot)
-    _, cnt = split_k_workspace(x.device, tiles)
+    if not add:
+        _, cnt = split_k_workspace(x.device, tiles)
     extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not _interpreting() else {}
     if trace is not None and (trace.dtype != torch.int64 or trace.numel() < 8 * progs or _interpreting()):
         raise ValueError(f"trace must be an int64 tensor of >= {8 * progs} values on a GPU, got "
@@ -445,7 +459,7 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
         m, n, k, xw.stride(0), y.stride(0), p.qweight.stride(0), p.sz.stride(0), steps, items, cmax,
         G=p.group_size, HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, BN=cfg.bn, KT=cfg.kt, BM=bm,
         RING=cfg.ring, ATOMIC=cfg.atomic, EVEN_K=k % (64 * cfg.kt) == 0, EVEN_N=p.sz.shape[1] % cfg.bn == 0,
-        ASM=cfg.asm and not _interpreting(), L2AHEAD=cfg.l2_ahead, TRACE=trace is not None, num_warps=cfg.num_warps, num_stages=1, **extra,
+        ASM=cfg.asm and not _interpreting(), L2AHEAD=cfg.l2_ahead, TRACE=trace is not None, ADD=add, num_warps=cfg.num_warps, num_stages=1, **extra,
     )
 
 

@@ -91,6 +91,28 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return w4a16_linear(x, self.packed(), self.bias, impl=None if x.is_cuda else "reference")
 
+    @torch.no_grad()
+    def accumulate_(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """out (M, N) float32 += x (M, K) @ W^T (+ bias), in place; on CUDA at M <= 8 without bias by
+        kernels.w4a16.w4a16_addmm_ (no split-K fold at the kernel's end: a decode step's consumers read the fp32
+        sum, infer.decode.StaticDecoder(accumulate=True)), otherwise through forward. Returns out."""
+        x2d = x.reshape(-1, x.shape[-1])
+        if tuple(out.shape) != (x2d.shape[0], self.out_features) or out.dtype != torch.float32:
+            raise ValueError(f"out must be float32 ({x2d.shape[0]}, {self.out_features}), got {out.dtype} "
+                             f"{tuple(out.shape)}")
+        if self.can_accumulate(x2d):
+            from flashscale.kernels.w4a16 import w4a16_addmm_
+
+            return w4a16_addmm_(out, x2d if x2d.stride(-1) == 1 else x2d.contiguous(), self.packed())
+        return out.add_(self(x2d).float())
+
+    def can_accumulate(self, x2d: torch.Tensor) -> bool:
+        """Whether accumulate_ runs the red.add kernel for x2d (else it adds forward's output)."""
+        from flashscale.kernels.w4a16 import ring_candidates
+
+        return (x2d.is_cuda and self.bias is None and x2d.dtype in (torch.float16, torch.bfloat16)
+                and bool(ring_candidates(self.packed(), x2d.shape[0])))
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
                 f"group_size={self.group_size}, checkpoint_format={self.checkpoint_format}, "
