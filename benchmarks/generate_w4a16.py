@@ -164,7 +164,7 @@ def main(argv=None) -> int:
         if quantize and not args.keep_lm_head:
             lm_head = QuantLinear.from_float(model.lm_head, group_size=args.group_size, sym=True)
         qfn = (lambda lin: QuantLinear.from_float(lin, group_size=args.group_size, sym=True)) if quantize else None
-        dec = StaticDecoder(model, max_len, fuse=True, linear_fn=qfn, lm_head=lm_head)
+        dec = StaticDecoder(model, max_len, fuse=True, linear_fn=qfn, lm_head=lm_head, accumulate=False)
         if quantize:
             _quantize_model(model, args.group_size, lm_head=not args.keep_lm_head)  # the check's reference
             torch.cuda.empty_cache() if not cpu else None

@@ -124,8 +124,10 @@ def test_accumulate_equals_the_plain_step():
     cuda = DEV == "cuda"
     model = _model(dtype=torch.float16 if cuda else torch.float32)  # no bias: the kernel path on a GPU
     qfn = lambda lin: QuantLinear.from_float(lin, group_size=32, sym=False)  # noqa: E731
-    plain = StaticDecoder(model, 12, fuse=True, linear_fn=qfn)
+    plain = StaticDecoder(model, 12, fuse=True, linear_fn=qfn, accumulate=False)
     acc = StaticDecoder(model, 12, fuse=True, linear_fn=qfn, accumulate=True)
+    assert StaticDecoder(model, 12, fuse=True, linear_fn=qfn).accumulate == cuda  # automatic: on a GPU
+    assert not StaticDecoder(model, 12).accumulate  # float linears
     ids = torch.tensor([[9, 3, 44]], device=DEV)
     want = [plain.prefill(ids).clone(), plain.step(11).clone(), plain.step(70).clone(), plain.step(5).clone()]
     got = [acc.prefill(ids).clone(), acc.step(11).clone(), acc.step(70).clone(), acc.step(5).clone()]
@@ -133,7 +135,7 @@ def test_accumulate_equals_the_plain_step():
         assert _rel(g, w) < (2e-2 if cuda else 1e-6)
     with pytest.raises(ValueError, match="accumulate=True needs every block linear to be a QuantLinear"):
         StaticDecoder(model, 12, accumulate=True)
-    with pytest.raises(TypeError, match="accumulate must be a bool"):
+    with pytest.raises(TypeError, match="accumulate must be a bool or None"):
         StaticDecoder(model, 12, accumulate=1)
 
 

@@ -16,11 +16,13 @@ launch on sm_90+ (kernels.pdl: each grid is resident before its predecessor ends
 with l2_prefetch the W4A16 ones first ask for their weights to be brought into L2 while the small kernel before
 them runs); both off by default: on the H200 PDL gained nothing and the prefetch cost 35 % (docs/w4a16_decode.md,
 round 6; benchmarks/generate_w4a16.py times the variants).
-accumulate=True (W4A16 linears: QuantLinear, e.g. through linear_fn) runs each block linear as
+accumulate=True (W4A16 linears: QuantLinear, e.g. through linear_fn; None, the default: on a GPU wherever every
+block linear is one) runs each block linear as
 QuantLinear.accumulate_: its GEMV red.adds fp32 partials straight into a per-layer float32 output (zeroed once a
 step, one memset) instead of folding split-K partials itself at its end (a ticket and a re-read of the tile: ~2 us
 of each ~8-40 us GEMV on the H200, docs/w4a16_decode.md round 9), and the next kernel reads the sum, rounded to the
-model's dtype as the linear would have stored it.
+model's dtype as the linear would have stored it. Measured (results/generate_w4a16-h200.json, 8B shape): 2.328 ->
+2.161 ms a token.
 Shapes: E hidden size, H query heads, G kv heads, D head_dim, L layers, T max_len, V vocab.
 """
 
@@ -83,7 +85,7 @@ class StaticDecoder:
     def __init__(self, model: Llama, max_len: int, *, fuse: bool = False,
                  linear_fn: Callable[[nn.Linear], nn.Module] | None = None, lm_head: nn.Module | None = None,
                  pdl: bool = False, l2_prefetch: bool = False, attn_splits: int | None = None,
-                 accumulate: bool = False):
+                 accumulate: bool | None = None):
         why = unsupported(model, max_len)
         if why is not None:
             raise ValueError(f"StaticDecoder: {why}")
@@ -92,7 +94,9 @@ class StaticDecoder:
             raise ValueError("StaticDecoder: fuse=True builds fused copies from float nn.Linear layers (quantize them "
                              "through linear_fn); this model's are already replaced: use fuse=False")
         cfg = model.config
-        for name, val in (("pdl", pdl), ("l2_prefetch", l2_prefetch), ("accumulate", accumulate)):
+        if accumulate is not None and not isinstance(accumulate, bool):
+            raise TypeError(f"StaticDecoder: accumulate must be a bool or None (automatic), got {accumulate!r}")
+        for name, val in (("pdl", pdl), ("l2_prefetch", l2_prefetch)):
             if not isinstance(val, bool):
                 raise TypeError(f"StaticDecoder: {name} must be a bool, got {val!r}")
         if attn_splits is not None and (not isinstance(attn_splits, int) or isinstance(attn_splits, bool)
@@ -113,9 +117,12 @@ class StaticDecoder:
                 qkv, gu, o, down = (a.q_proj, a.k_proj, a.v_proj), (f.gate_proj, f.up_proj), a.o_proj, f.down_proj
             self.blocks.append(dict(ln1=b.input_layernorm, ln2=b.post_attention_layernorm, qkv=qkv, o=o, gu=gu,
                                     down=down))
-        self.accumulate = accumulate  # may be switched between steps where every block linear can (acc_views)
         bad = [f"layer {i} {k}" for i, b in enumerate(self.blocks) for k in ("qkv", "o", "gu", "down")
                if not hasattr(b[k], "accumulate_")]
+        if accumulate is None:  # automatic: on a GPU wherever every block linear runs the red.add kernel (no bias)
+            accumulate = (not bad and model.embed_tokens.weight.is_cuda
+                          and all(getattr(b[k], "bias", None) is None for b in self.blocks for k in b if k[:2] != "ln"))
+        self.accumulate = accumulate  # may be switched between steps where every block linear can (acc_views)
         if accumulate and bad:
             if bad:
                 raise ValueError(f"StaticDecoder: accumulate=True needs every block linear to be a QuantLinear (fused "
