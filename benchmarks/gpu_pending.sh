@@ -16,6 +16,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh l2r30     # ~5 min: ring + L2 prefetch configs, r-dec probe
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace30   # ~2 min: ring kernel timelines (w4a16_ring_trace.py)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh acc30     # ~6 min: accumulate=True decode: tests, e2e rows
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh pdl30     # ~4 min: accumulate + PDL ring: tests, e2e rows
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh ring30    # ~8 min: ncu of the ring decode kernel (unrun),
 #                                                                  # the probe's r-dec rows on all six shapes
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: backward dispatch GPU tests, FA2's
@@ -218,6 +219,10 @@ case "${1:-}" in
   acc30)  # session 30: StaticDecoder(accumulate=True) (GEMVs red.add into fp32 layer outputs): GPU tests, e2e rows
     step dec_tests 200 "$PY" -m pytest -q -p no:cacheprovider -n 4 --show-capture=no --tb=short \
       tests/test_infer_decode.py tests/test_qlinear.py
+    step e2e 330 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT" ;;
+  pdl30)  # session 30: accumulate + PDL (the ring kernel's weight loads before its griddepcontrol.wait): tests, e2e
+    step dec_tests 200 "$PY" -m pytest -q -p no:cacheprovider -n 4 --show-capture=no --tb=short \
+      tests/test_infer_decode.py tests/test_qlinear.py tests/test_generate.py tests/kernels/test_pdl.py
     step e2e 330 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT" ;;
   ring30)  # next session: Nsight Compute on the ring decode kernel (the M = 1 pick since session 29), then the probe's
     # r-dec rows on all six shapes (round 8 measured three)

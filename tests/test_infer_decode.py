@@ -196,18 +196,20 @@ def test_capture_replays_the_same_steps():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("l2_prefetch", [False, True])
+@pytest.mark.parametrize("l2_prefetch,accumulate", [(False, False), (True, False), (False, True)])
 @torch.no_grad()
-def test_capture_with_pdl_replays_the_eager_steps(l2_prefetch):
+def test_capture_with_pdl_replays_the_eager_steps(l2_prefetch, accumulate):
     """The CUDA graph of a step whose kernels launch with programmatic dependent launch (kernels.pdl) gives the
-    eager plain-launch logits, 4-bit linears included (the W4A16 GEMVs wait too, after their L2 prefetch)."""
+    eager plain-launch logits, 4-bit linears included (the W4A16 GEMVs wait too, after their L2 prefetch; with
+    accumulate, the ring kernel's red.adds after its weight loads: the same logits up to their summation order)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("needs an sm_90 GPU")
     model = _model().to(torch.bfloat16)
     qfn = lambda lin: QuantLinear.from_float(lin, group_size=32, sym=True)  # noqa: E731
     ids = torch.tensor([[5, 17, 33]], device=DEV)
-    plain = StaticDecoder(model, 16, fuse=True, linear_fn=qfn)
-    graphed = StaticDecoder(model, 16, fuse=True, linear_fn=qfn, pdl=True, l2_prefetch=l2_prefetch)
+    plain = StaticDecoder(model, 16, fuse=True, linear_fn=qfn, accumulate=False)
+    graphed = StaticDecoder(model, 16, fuse=True, linear_fn=qfn, pdl=True, l2_prefetch=l2_prefetch,
+                            accumulate=accumulate)
     a = [plain.prefill(ids).clone()] + [plain.step(t).clone() for t in (7, 8, 9)]
     graphed.prefill(ids)
     graphed.capture()

@@ -305,3 +305,28 @@ def test_addmm_api():
         w4a16_addmm_(torch.zeros(2, 32), x, p)
     with pytest.raises(ValueError, match="up to 8 tokens"):
         w4a16_addmm_(torch.zeros(9, 32), torch.randn(9, 256).half(), p)
+
+
+_COMPILE_ADD_PDL = """
+import json, re, sys
+from flashscale.kernels import w4a16_ring as R
+from flashscale.kernels.aot import ptxas_stats, sass
+k = R.compile_sm90(R.RingConfig(bn=256, kt=2, num_warps=4, ring=2, atomic=True), add=True, pdl=True)
+t = sass(k.asm["cubin"])
+ops = re.findall(r"\\b(LDG\\.E\\.128|LDG\\.E\\.64|LDG\\.E |ACQBULK|REDG\\S*|ATOMG\\S*|PREEXIT)", t)
+json.dump([dict(ptxas_stats(k.asm["ptx"]), ops=ops)], open(sys.argv[1], "w"))
+"""
+
+
+def test_sm90_add_mode_with_pdl(tmp_path):
+    """The decode step's launch of the ring kernel (w4a16_addmm_ under PDL), sm_90: float32 red.adds (no CAS loop,
+    no ticket), the first items' packed words (LDG.128) and scale words (LDG.64) loaded before the griddepcontrol
+    wait (ACQBULK) and every x word (4-byte LDG) after it, no early trigger of the next kernel, no spills."""
+    (r,) = sm90_census(tmp_path, _COMPILE_ADD_PDL)
+    ops = r["ops"]
+    assert r["spill_stores"] == r["spill_loads"] == 0, r
+    assert ops.count("ACQBULK") == 1 and "PREEXIT" not in ops, ops
+    wait = ops.index("ACQBULK")
+    assert ops[:wait].count("LDG.E.128") == 2 * 8 and "LDG.E.64" in ops[:wait], ops[:wait]  # 2 items x 8 a thread
+    assert "LDG.E " not in ops[:wait] and "LDG.E " in ops[wait:], ops
+    assert any(o.startswith("REDG.E.ADD.F32") for o in ops) and not any(o.startswith("ATOMG") for o in ops), ops

@@ -412,8 +412,9 @@ def _launch_decode(x2d, p: PackedW4, bias, y, cfg: DecodeConfig, per_sm: int, pr
 
 
 def _launch(x2d, p: PackedW4, bias, y, cfg, split: int, pdl: bool = False) -> None:
-    """pdl: programmatic dependent launch (kernels.pdl) for the GEMV and decode kernels; the GEMMs and the ring kernel
-    ignore it (they launch plainly, which serializes as usual)."""
+    """pdl: programmatic dependent launch (kernels.pdl) for the GEMV, decode and ring kernels (the ring kernel loads
+    its first items' weight words before it waits); the GEMMs ignore it (they launch plainly, which serializes as
+    usual)."""
     if _is_wgmma(cfg):
         from flashscale.kernels.w4a16_wgmma import w4a16_wgmma
 
@@ -421,7 +422,7 @@ def _launch(x2d, p: PackedW4, bias, y, cfg, split: int, pdl: bool = False) -> No
     elif _is_ring(cfg):
         from flashscale.kernels.w4a16_ring import launch
 
-        launch(x2d, p, bias, y, cfg, split)
+        launch(x2d, p, bias, y, cfg, split, pdl=pdl)
     elif isinstance(cfg, DecodeConfig):
         _launch_decode(x2d, p, bias, y, cfg, split, pdl=pdl)
     elif isinstance(cfg, GemvConfig):
@@ -664,7 +665,7 @@ def w4a16_addmm_(out: torch.Tensor, x2d: torch.Tensor, p: PackedW4) -> torch.Ten
         ring_launch(x2d, w, None, scratch[0], c, s, add=True)
 
     cfg, per_sm = _tune(key, cands, lambda c: c.per_sm, launch, ring=lambda: _weight_ring(p))
-    ring_launch(x2d, p, None, out, cfg, per_sm, add=True)
+    ring_launch(x2d, p, None, out, cfg, per_sm, add=True, pdl=pdl_active(x2d.device))
     return out
 
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import globaltimer, smid
+from triton.language.extra.cuda import gdc_wait, globaltimer, smid
 
 from flashscale.kernels.w4a16 import _device_info, _interpreting, stream_k_grid, x_words
 from flashscale.kernels.w4a16_common import last_split, reset_ticket, split_k_slices, split_k_workspace
@@ -150,6 +150,23 @@ def _slot(pk_ptr, sz_ptr, x_ptr, v, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_of
                   NB, BK, G, EVEN_K, EVEN_N)
     x = _dec_x(x_ptr, stride_xm, ks_q, lane1, M, K, BK, KT, TWO, EVEN_K)
     return w, s, x
+
+
+@triton.jit
+def _slot_w(pk_ptr, sz_ptr, v, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb, kt_first, k_pad, n_frag, K,
+            stride_pn, stride_sg, NB: tl.constexpr, BK: tl.constexpr, G: tl.constexpr, EVEN_K: tl.constexpr,
+            EVEN_N: tl.constexpr):
+    """_slot's packed and scale/zero words only (the weight's: no earlier kernel writes them)."""
+    ok = v < u1
+    return _dec_w(pk_ptr, sz_ptr, tl.where(ok, tile_p, tile_l), tl.where(ok, ks_p, ks_l), w_off, sz_off, nb,
+                  kt_first, k_pad, n_frag, K, stride_pn, stride_sg, NB, BK, G, EVEN_K, EVEN_N)
+
+
+@triton.jit
+def _slot_x(x_ptr, v, u1, ks_p, ks_l, lane1, M, K, stride_xm, BK: tl.constexpr, KT: tl.constexpr,
+            TWO: tl.constexpr, EVEN_K: tl.constexpr):
+    """_slot's x words only (written by the kernel before this one)."""
+    return _dec_x(x_ptr, stride_xm, tl.where(v < u1, ks_p, ks_l), lane1, M, K, BK, KT, TWO, EVEN_K)
 
 
 @triton.jit
@@ -266,10 +283,14 @@ def w4a16_ring_kernel(
     G: tl.constexpr, HAS_BIAS: tl.constexpr, BF16: tl.constexpr, BN: tl.constexpr, KT: tl.constexpr,
     BM: tl.constexpr, RING: tl.constexpr, ATOMIC: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     ASM: tl.constexpr, L2AHEAD: tl.constexpr = 0, TRACE: tl.constexpr = False, ADD: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """x_ptr: x as int32 words (pairs of 16-bit inputs), stride_xm in words; pk_ptr / sz_ptr: PackedW4 qweight
     (N_pad/16, K_pad/64, 32, 4) / sz (NG, N_pad); S items a tile, U items, CMAX workspace slots a tile. TRACE: each
-    program writes TRACE_FIELDS (int64) to trace_ptr[pid * 8 ...] (benchmarks/w4a16_ring_trace.py)."""
+    program writes TRACE_FIELDS (int64) to trace_ptr[pid * 8 ...] (benchmarks/w4a16_ring_trace.py). PDL (a
+    programmatic dependent launch, kernels.pdl): the first RING items' packed and scale words are loaded before
+    griddepcontrol.wait, everything the previous kernel may write (x, the split-K workspace and tickets, y) after
+    it; the kernel never triggers its dependents early (its SMs stay its own until its programs exit)."""
     if TRACE:
         tl.store(trace_ptr + tl.program_id(0) * 8, globaltimer())
         tl.store(trace_ptr + tl.program_id(0) * 8 + 1, _clock(TRACE))
@@ -284,25 +305,35 @@ def w4a16_ring_kernel(
     ks_l = u1 - 1 - tile_l * S
     tile_p = tile  # the item loaded next
     ks_p = ks
-    # prologue: slot j <- item u0 + j
-    w0, s0, x0 = _slot(pk_ptr, sz_ptr, x_ptr, u0, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb, kt_first, lane1,
-                       k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK, KT, G, TWO, EVEN_K, EVEN_N)
+    # prologue: slot j <- item u0 + j; the weight's words first, then (PDL: once the previous kernel is done) x
+    t0, k0 = tile_p, ks_p
+    w0, s0 = _slot_w(pk_ptr, sz_ptr, u0, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb, kt_first, k_pad, n_frag,
+                     K, stride_pn, stride_sg, NB, BK, G, EVEN_K, EVEN_N)
     tile_p, ks_p = _next_item(tile_p, ks_p, S)
     if RING >= 2:
-        w1, s1, x1 = _slot(pk_ptr, sz_ptr, x_ptr, u0 + 1, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb, kt_first,
-                           lane1, k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK, KT, G, TWO, EVEN_K,
-                           EVEN_N)
+        t1, k1 = tile_p, ks_p
+        w1, s1 = _slot_w(pk_ptr, sz_ptr, u0 + 1, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb, kt_first, k_pad,
+                         n_frag, K, stride_pn, stride_sg, NB, BK, G, EVEN_K, EVEN_N)
         tile_p, ks_p = _next_item(tile_p, ks_p, S)
     if RING >= 3:
-        w2, s2, x2 = _slot(pk_ptr, sz_ptr, x_ptr, u0 + 2, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb, kt_first,
-                           lane1, k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK, KT, G, TWO, EVEN_K,
-                           EVEN_N)
+        t2, k2 = tile_p, ks_p
+        w2, s2 = _slot_w(pk_ptr, sz_ptr, u0 + 2, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb, kt_first, k_pad,
+                         n_frag, K, stride_pn, stride_sg, NB, BK, G, EVEN_K, EVEN_N)
         tile_p, ks_p = _next_item(tile_p, ks_p, S)
     if RING >= 4:
-        w3, s3, x3 = _slot(pk_ptr, sz_ptr, x_ptr, u0 + 3, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb, kt_first,
-                           lane1, k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK, KT, G, TWO, EVEN_K,
-                           EVEN_N)
+        t3, k3 = tile_p, ks_p
+        w3, s3 = _slot_w(pk_ptr, sz_ptr, u0 + 3, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb, kt_first, k_pad,
+                         n_frag, K, stride_pn, stride_sg, NB, BK, G, EVEN_K, EVEN_N)
         tile_p, ks_p = _next_item(tile_p, ks_p, S)
+    if PDL:  # the weight's first loads are in flight while the previous kernel ends; x, workspace, y after it
+        gdc_wait()
+    x0 = _slot_x(x_ptr, u0, u1, k0, ks_l, lane1, M, K, stride_xm, BK, KT, TWO, EVEN_K)
+    if RING >= 2:
+        x1 = _slot_x(x_ptr, u0 + 1, u1, k1, ks_l, lane1, M, K, stride_xm, BK, KT, TWO, EVEN_K)
+    if RING >= 3:
+        x2 = _slot_x(x_ptr, u0 + 2, u1, k2, ks_l, lane1, M, K, stride_xm, BK, KT, TWO, EVEN_K)
+    if RING >= 4:
+        x3 = _slot_x(x_ptr, u0 + 3, u1, k3, ks_l, lane1, M, K, stride_xm, BK, KT, TWO, EVEN_K)
     row_words = (k_pad // 64) * 128
     tile_f = (u0 + RING) // S  # the item asked of L2 next (L2AHEAD > 0)
     ks_f = u0 + RING - tile_f * S
@@ -428,11 +459,12 @@ def w4a16_ring(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None, *
 
 
 def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Tensor, cfg: RingConfig, per_sm: int,
-           trace: torch.Tensor | None = None, add: bool = False):
+           trace: torch.Tensor | None = None, add: bool = False, pdl: bool = False):
     """One launch into y (M, N) (arguments as check_args takes them, M >= 1); returns what Triton's launch returns
     (on a GPU the compiled kernel: .n_regs, .metadata.shared). trace: an int64 tensor of >= 8 x programs values
     (ring_grid) that a TRACE build of the kernel fills with TRACE_FIELDS a program (GPU only). add: y is float32
-    (M, N), unit stride along N, and the launch adds x @ dequant(W) into it (red.add; no bias, no split-K fold)."""
+    (M, N), unit stride along N, and the launch adds x @ dequant(W) into it (red.add; no bias, no split-K fold).
+    pdl: a programmatic dependent launch (kernels.pdl; ignored under the interpreter)."""
     m, k = x.shape
     n = p.out_features
     xw = x_words(x, p)  # (M, K / 2) words of two 16-bit inputs
@@ -459,23 +491,27 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
         m, n, k, xw.stride(0), y.stride(0), p.qweight.stride(0), p.sz.stride(0), steps, items, cmax,
         G=p.group_size, HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, BN=cfg.bn, KT=cfg.kt, BM=bm,
         RING=cfg.ring, ATOMIC=cfg.atomic, EVEN_K=k % (64 * cfg.kt) == 0, EVEN_N=p.sz.shape[1] % cfg.bn == 0,
+        **({"PDL": True, "launch_pdl": True} if pdl and not _interpreting() else {}),
         ASM=cfg.asm and not _interpreting(), L2AHEAD=cfg.l2_ahead, TRACE=trace is not None, ADD=add, num_warps=cfg.num_warps, num_stages=1, **extra,
     )
 
 
 # ---- ahead-of-time sm_90 compiles (no GPU needed) and what the machine code says
 
-def compile_sm90(cfg: RingConfig, *, dtype: str = "bf16", bm: int = 8, group_size: int = 128, trace: bool = False):
+def compile_sm90(cfg: RingConfig, *, dtype: str = "bf16", bm: int = 8, group_size: int = 128, trace: bool = False,
+                 add: bool = False, pdl: bool = False):
     """Compile one config as a launch on an even Llama shape specializes it (K, N multiples of 256, pointers and
     strides 16-divisible, no bias): returns Triton's CompiledKernel (asm: ptx, cubin)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    ptrs = {"x_ptr": "*i32", "pk_ptr": "*i32", "sz_ptr": "*i32", "y_ptr": f"*{dtype}", "bias_ptr": f"*{dtype}",
+    ptrs = {"x_ptr": "*i32", "pk_ptr": "*i32", "sz_ptr": "*i32", "y_ptr": "*fp32" if add else f"*{dtype}",
+            "bias_ptr": f"*{dtype}",
             "ws_ptr": "*fp32", "cnt_ptr": "*i32", "trace_ptr": "*i64"}
     ints = ("M", "N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg", "S", "U", "CMAX")
     cx = dict(G=group_size, HAS_BIAS=False, BF16=dtype == "bf16", BN=cfg.bn, KT=cfg.kt, BM=bm, RING=cfg.ring,
-              ATOMIC=cfg.atomic, EVEN_K=True, EVEN_N=True, ASM=cfg.asm, L2AHEAD=cfg.l2_ahead, TRACE=trace)
+              ATOMIC=cfg.atomic, EVEN_K=True, EVEN_N=True, ASM=cfg.asm, L2AHEAD=cfg.l2_ahead, TRACE=trace,
+              ADD=add, PDL=pdl)
     sig = {**ptrs, **{n: "i32" for n in ints}, **{n: "constexpr" for n in cx}}
     names = list(sig)
     aligned = set(ptrs) | {"N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg"}
