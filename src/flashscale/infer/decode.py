@@ -14,15 +14,17 @@ from float linears, each passed through `linear_fn` (e.g. QuantLinear.from_float
 pdl=True launches the step's Triton kernels (the three here and the W4A16 GEMVs) with programmatic dependent
 launch on sm_90+ (kernels.pdl: each grid is resident before its predecessor ends and starts the moment it does;
 with l2_prefetch the W4A16 ones first ask for their weights to be brought into L2 while the small kernel before
-them runs); both off by default: on the H200 PDL gained nothing and the prefetch cost 35 % (docs/w4a16_decode.md,
-round 6; benchmarks/generate_w4a16.py times the variants).
+them runs). The prefetch is off by default (35 % slower on the H200, docs/w4a16_decode.md round 6); pdl=None (the
+default) follows accumulate: alone PDL gained nothing, with the accumulating ring kernel, which loads its first
+weight words before it waits for the kernel ahead, it takes the 8B-shaped 4-bit step from 2.167 to 1.965 ms
+(round 9; benchmarks/generate_w4a16.py times the variants).
 accumulate=True (W4A16 linears: QuantLinear, e.g. through linear_fn; None, the default: on a GPU wherever every
 block linear is one) runs each block linear as
 QuantLinear.accumulate_: its GEMV red.adds fp32 partials straight into a per-layer float32 output (zeroed once a
 step, one memset) instead of folding split-K partials itself at its end (a ticket and a re-read of the tile: ~2 us
 of each ~8-40 us GEMV on the H200, docs/w4a16_decode.md round 9), and the next kernel reads the sum, rounded to the
 model's dtype as the linear would have stored it. Measured (results/generate_w4a16-h200.json, 8B shape): 2.328 ->
-2.161 ms a token.
+2.161 ms a token (1.965 with pdl).
 Shapes: E hidden size, H query heads, G kv heads, D head_dim, L layers, T max_len, V vocab.
 """
 
@@ -84,7 +86,7 @@ class StaticDecoder:
 
     def __init__(self, model: Llama, max_len: int, *, fuse: bool = False,
                  linear_fn: Callable[[nn.Linear], nn.Module] | None = None, lm_head: nn.Module | None = None,
-                 pdl: bool = False, l2_prefetch: bool = False, attn_splits: int | None = None,
+                 pdl: bool | None = None, l2_prefetch: bool = False, attn_splits: int | None = None,
                  accumulate: bool | None = None):
         why = unsupported(model, max_len)
         if why is not None:
@@ -96,7 +98,9 @@ class StaticDecoder:
         cfg = model.config
         if accumulate is not None and not isinstance(accumulate, bool):
             raise TypeError(f"StaticDecoder: accumulate must be a bool or None (automatic), got {accumulate!r}")
-        for name, val in (("pdl", pdl), ("l2_prefetch", l2_prefetch)):
+        if pdl is not None and not isinstance(pdl, bool):
+            raise TypeError(f"StaticDecoder: pdl must be a bool or None (automatic: with accumulate), got {pdl!r}")
+        for name, val in (("l2_prefetch", l2_prefetch),):
             if not isinstance(val, bool):
                 raise TypeError(f"StaticDecoder: {name} must be a bool, got {val!r}")
         if attn_splits is not None and (not isinstance(attn_splits, int) or isinstance(attn_splits, bool)
@@ -123,6 +127,8 @@ class StaticDecoder:
             accumulate = (not bad and model.embed_tokens.weight.is_cuda
                           and all(getattr(b[k], "bias", None) is None for b in self.blocks for k in b if k[:2] != "ln"))
         self.accumulate = accumulate  # may be switched between steps where every block linear can (acc_views)
+        if pdl is None:  # automatic: with accumulate (a GPU; kernels.pdl ignores it before sm_90)
+            self.pdl = accumulate
         if accumulate and bad:
             if bad:
                 raise ValueError(f"StaticDecoder: accumulate=True needs every block linear to be a QuantLinear (fused "
