@@ -172,8 +172,8 @@ def _slot_x(x_ptr, v, u1, ks_p, ks_l, lane1, M, K, stride_xm, BK: tl.constexpr, 
 @triton.jit
 def _l2_ahead(pk_ptr, tile, ks, ok, stride_pn, n_frag, row_words, NB: tl.constexpr, KT: tl.constexpr,
               ASM: tl.constexpr):
-    """Ask L2 for item (tile, ks)'s packed words (nothing unless ok): prefetch.global.L2 of one 128-byte line a thread (the
-    item's NB rows x 4 KT lines; threads past them repeat lines). No register waits on it; the item's own loads,
+    """Ask L2 for item (tile, ks)'s packed words (nothing unless ok): prefetch.global.L2 of one 128-byte line a
+    thread (the item's NB rows x 4 KT lines; threads past them repeat lines). No register waits on it; the item's own loads,
     a few iterations later, then find it in L2. Off under the interpreter (a hint: no result changes)."""
     if ASM:
         LINES: tl.constexpr = NB * KT * 4
@@ -492,7 +492,8 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
         G=p.group_size, HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, BN=cfg.bn, KT=cfg.kt, BM=bm,
         RING=cfg.ring, ATOMIC=cfg.atomic, EVEN_K=k % (64 * cfg.kt) == 0, EVEN_N=p.sz.shape[1] % cfg.bn == 0,
         **({"PDL": True, "launch_pdl": True} if pdl and not _interpreting() else {}),
-        ASM=cfg.asm and not _interpreting(), L2AHEAD=cfg.l2_ahead, TRACE=trace is not None, ADD=add, num_warps=cfg.num_warps, num_stages=1, **extra,
+        ASM=cfg.asm and not _interpreting(), L2AHEAD=cfg.l2_ahead, TRACE=trace is not None, ADD=add,
+        num_warps=cfg.num_warps, num_stages=1, **extra,
     )
 
 
