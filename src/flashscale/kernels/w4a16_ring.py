@@ -306,22 +306,22 @@ def w4a16_ring_kernel(
     tile_p = tile  # the item loaded next
     ks_p = ks
     # prologue: slot j <- item u0 + j; the weight's words first, then (PDL: once the previous kernel is done) x
-    t0, k0 = tile_p, ks_p
+    k0 = ks_p
     w0, s0 = _slot_w(pk_ptr, sz_ptr, u0, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb, kt_first, k_pad, n_frag,
                      K, stride_pn, stride_sg, NB, BK, G, EVEN_K, EVEN_N)
     tile_p, ks_p = _next_item(tile_p, ks_p, S)
     if RING >= 2:
-        t1, k1 = tile_p, ks_p
+        k1 = ks_p
         w1, s1 = _slot_w(pk_ptr, sz_ptr, u0 + 1, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb, kt_first, k_pad,
                          n_frag, K, stride_pn, stride_sg, NB, BK, G, EVEN_K, EVEN_N)
         tile_p, ks_p = _next_item(tile_p, ks_p, S)
     if RING >= 3:
-        t2, k2 = tile_p, ks_p
+        k2 = ks_p
         w2, s2 = _slot_w(pk_ptr, sz_ptr, u0 + 2, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb, kt_first, k_pad,
                          n_frag, K, stride_pn, stride_sg, NB, BK, G, EVEN_K, EVEN_N)
         tile_p, ks_p = _next_item(tile_p, ks_p, S)
     if RING >= 4:
-        t3, k3 = tile_p, ks_p
+        k3 = ks_p
         w3, s3 = _slot_w(pk_ptr, sz_ptr, u0 + 3, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb, kt_first, k_pad,
                          n_frag, K, stride_pn, stride_sg, NB, BK, G, EVEN_K, EVEN_N)
         tile_p, ks_p = _next_item(tile_p, ks_p, S)
