@@ -224,6 +224,10 @@ case "${1:-}" in
     step dec_tests 200 "$PY" -m pytest -q -p no:cacheprovider -n 4 --show-capture=no --tb=short \
       tests/test_infer_decode.py tests/test_qlinear.py tests/test_generate.py tests/kernels/test_pdl.py
     step e2e 330 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT" ;;
+  attn30)  # session 30: the decode attention's position/RoPE/first cached tile before its PDL wait: tests, e2e
+    step dec_tests 200 "$PY" -m pytest -q -p no:cacheprovider -n 4 --show-capture=no --tb=short \
+      tests/test_infer_decode.py tests/test_generate.py
+    step e2e 330 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT" ;;
   ring30)  # next session: Nsight Compute on the ring decode kernel (the M = 1 pick since session 29), then the probe's
     # r-dec rows on all six shapes (round 8 measured three)
     NCU_LIMIT=120 step ncu 260 bash benchmarks/ncu_device.sh ring_28672 ring_8192

@@ -61,8 +61,10 @@ def decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, 
     also the new row), so a short step is one round of loads instead of a loop over the whole context. With
     NS > 1 each writes its unnormalised partial (acc, max, sum) to ws (H * NS, D + 2) fp32, takes a ticket on
     cnt[head] (int32, zero), and the split that draws NS - 1 combines the NS partials in split order (the same
-    bits whatever the arrival order), writes the head's output and puts the ticket back to zero."""
-    pdl_enter(PDL)
+    bits whatever the arrival order), writes the head's output and puts the ticket back to zero.
+
+    PDL: position, RoPE table and the split's first tile of cached rows (< pos: earlier steps wrote them) load before
+    the wait for the kernel ahead (the q/k/v linear), the rest after it."""
     hq = tl.program_id(0)
     sp = tl.program_id(1)
     g = hq // (H // G)
@@ -71,6 +73,15 @@ def decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, 
     rot = (d + D // 2) % D
     cos = tl.load(cos_ptr + d).to(tl.float32)
     sin = tl.load(sin_ptr + d).to(tl.float32)
+    chunk = tl.cdiv(pos, NS)
+    lo = sp * chunk
+    hi = tl.minimum(lo + chunk, pos)
+    t = lo + tl.arange(0, BT)
+    tm = t < hi
+    off = (g * T_MAX + t)[:, None] * D + d[None, :]
+    kt = tl.load(kc_ptr + off, mask=tm[:, None], other=0.0).to(tl.float32)  # (BT, D): the first tile
+    vt = tl.load(vc_ptr + off, mask=tm[:, None], other=0.0).to(tl.float32)
+    pdl_enter(PDL)
     dt = out_ptr.dtype.element_ty
     q = _rope(_ld(qkv_ptr + hq * D + d, dt), _ld(qkv_ptr + hq * D + rot, dt), cos, sin, D)
     q = q.to(dt).to(tl.float32)
@@ -87,15 +98,13 @@ def decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, 
     m_i = tl.where(own_new, s_new, float("-inf"))
     l_i = tl.where(own_new, 1.0, 0.0)
     acc = tl.where(own_new, v_new.to(tl.float32), 0.0)
-    chunk = tl.cdiv(pos, NS)
-    lo = sp * chunk
-    hi = tl.minimum(lo + chunk, pos)
     for t0 in range(lo, hi, BT):  # every turn has a valid row (t0 < hi), so m_new is finite
-        t = t0 + tl.arange(0, BT)
-        tm = t < hi
-        off = (g * T_MAX + t)[:, None] * D + d[None, :]
-        kt = tl.load(kc_ptr + off, mask=tm[:, None], other=0.0).to(tl.float32)  # (BT, D)
-        vt = tl.load(vc_ptr + off, mask=tm[:, None], other=0.0).to(tl.float32)
+        if t0 > lo:  # the first tile was loaded before the wait
+            t = t0 + tl.arange(0, BT)
+            tm = t < hi
+            off = (g * T_MAX + t)[:, None] * D + d[None, :]
+            kt = tl.load(kc_ptr + off, mask=tm[:, None], other=0.0).to(tl.float32)  # (BT, D)
+            vt = tl.load(vc_ptr + off, mask=tm[:, None], other=0.0).to(tl.float32)
         s = tl.where(tm, tl.sum(kt * q[None, :], axis=1) * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=0))
         p = tl.exp(s - m_new)
