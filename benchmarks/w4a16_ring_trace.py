@@ -35,47 +35,16 @@ from pathlib import Path
 import torch
 import triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-from flashscale.kernels import w4a16_ring as WR  # noqa: E402
-from flashscale.kernels.w4a16_pack import PackedW4, pack_w4  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the probe's weights and graph timing
+from w4a16_probe import G, graph_us, random_packed  # noqa: E402  (it puts src/ on the path)
 
-G = 128
+from flashscale.kernels import w4a16_ring as WR  # noqa: E402
+from flashscale.kernels.w4a16_pack import PackedW4  # noqa: E402
+from flashscale.reference.w4a16 import w4a16_linear_ref  # noqa: E402
+
 CONFIGS = [WR.RingConfig(bn=256, kt=2, num_warps=4, ring=2, per_sm=2, atomic=True),
            WR.RingConfig(bn=128, kt=2, num_warps=4, ring=2, per_sm=3, atomic=True),
            WR.RingConfig(bn=128, kt=2, num_warps=4, ring=2, per_sm=4, atomic=False)]
-
-
-def random_packed(k: int, n: int, gen: torch.Generator) -> tuple[PackedW4, torch.Tensor]:
-    """A random group-128 PackedW4 and its dequantized weight (K, N) in float32."""
-    codes = torch.randint(0, 16, (k, n), generator=gen, device="cuda", dtype=torch.uint8)
-    zeros = torch.randint(0, 16, (k // G, n), generator=gen, device="cuda", dtype=torch.uint8)
-    scales = (torch.rand(k // G, n, generator=gen, device="cuda") * 0.02 + 0.001).half()
-    w = (codes.float() - zeros.float().repeat_interleave(G, 0)) * scales.float().repeat_interleave(G, 0)
-    return pack_w4(codes, zeros, scales, group_size=G), w
-
-
-def graph(calls: list, reps: int = 5) -> tuple[torch.cuda.CUDAGraph, float]:
-    """Capture calls back to back; replay; return (graph, us a call, median over reps)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    for _ in range(3):
-        g.replay()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for a, b in ev:
-        a.record()
-        g.replay()
-        b.record()
-    torch.cuda.synchronize()
-    return g, statistics.median(a.elapsed_time(b) for a, b in ev) * 1e3 / len(calls)
 
 
 def summarize(tr: torch.Tensor) -> dict:
@@ -117,7 +86,7 @@ def main(argv=None) -> int:
           f"{'first':>11s} {'steady':>6s} {'/item':>5s} {'flush':>11s} {'tail':>5s} items", flush=True)
     for shape in args.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))
-        base, w = random_packed(k, n, gen)
+        base = random_packed(k, n, gen)
         nbytes = base.qweight.numel() * 4 + base.sz.numel() * 4
         ncopies = max(2, min(32, math.ceil(3 * l2 / nbytes)))
         packs = [base] + [PackedW4(qweight=base.qweight.clone(), sz=base.sz.clone(), perm=None, in_features=k,
@@ -125,19 +94,17 @@ def main(argv=None) -> int:
         r = -(-max(32, ncopies) // ncopies) * ncopies
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
-        ref = (x.float() @ w).float()
-        del w
+        ref = w4a16_linear_ref(x.double(), base, None, compute_dtype=torch.float64).float()
         for cfg in CONFIGS:
             progs = WR.ring_grid(k, n, cfg, cfg.per_sm, torch.cuda.get_device_properties(0).multi_processor_count)[0]
             trace = torch.zeros(r, progs * 8, dtype=torch.int64, device="cuda")
             WR.launch(x, base, None, y, cfg, cfg.per_sm, trace=trace[0])
             err = float((y.float() - ref).abs().max() / ref.abs().max())
-            _, us_plain = graph([lambda i=i: WR.launch(x, packs[i % ncopies], None, y, cfg, cfg.per_sm)
-                                 for i in range(r)])
-            g, us_trace = graph([lambda i=i: WR.launch(x, packs[i % ncopies], None, y, cfg, cfg.per_sm, trace=trace[i])
-                                 for i in range(r)])
-            g.replay()
-            torch.cuda.synchronize()
+            us_plain = graph_us([lambda i=i: WR.launch(x, packs[i], None, y, cfg, cfg.per_sm) for i in range(ncopies)],
+                                ncopies)
+            # the traced calls: R launches over the copies, each with its own trace row; the last replay's remain
+            us_trace = graph_us([lambda i=i: WR.launch(x, packs[i % ncopies], None, y, cfg, cfg.per_sm, trace=trace[i])
+                                 for i in range(r)], r)
             s = summarize(trace.view(r, progs, 8))
             rows.append(dict(impl=cfg.label, per_sm=cfg.per_sm, M=1, K=k, N=n, programs=progs, us=us_plain,
                              us_trace=us_trace, max_rel_err=err, **s))
@@ -145,7 +112,7 @@ def main(argv=None) -> int:
                   f"{s['gap']:5.2f} {s['skew']:5.2f} {s['first_med']:5.2f}/{s['first_max']:5.2f} "
                   f"{s['steady_med']:6.2f} {s['per_item']:5.2f} {s['flush_med']:5.2f}/{s['flush_max']:5.2f} "
                   f"{s['tail']:5.2f} {s['items_med']:.0f}  (err {err:.1e}, {s['clock_ghz']:.2f} GHz)", flush=True)
-            del g, trace
+            del trace
         del packs, base
         torch.cuda.empty_cache()
     doc = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,

@@ -19,23 +19,7 @@ import torch
 
 from flashscale.kernels.w4a16_common import split_k_workspace
 from flashscale.kernels.w4a16_gring import GRING_CONFIGS, GRING_CONFIGS_16, GRingConfig, check_args, w4a16_gring
-from flashscale.kernels.w4a16_pack import pack_w4
-from flashscale.reference.w4a16 import w4a16_linear_ref
-from test_w4a16_ring import sm90_census
-
-
-def _err(y, ref):
-    return ((y.double() - ref).norm() / ref.norm()).item()
-
-
-def _weight(k, n, g, *, sym, gen, act_order=False, device="cpu"):
-    gg = k if g == -1 else g
-    codes = torch.randint(0, 16, (k, n), generator=gen)
-    zeros = torch.full((k // gg, n), 8) if sym else torch.randint(0, 17, (k // gg, n), generator=gen)
-    scales = (torch.rand(k // gg, n, generator=gen) * 0.03 + 0.002).half()
-    g_idx = (torch.arange(k) // gg)[torch.randperm(k, generator=gen)].int() if act_order else None
-    p = pack_w4(codes, zeros, scales, group_size=g, g_idx=g_idx)
-    return p.to(device) if device != "cpu" else p
+from test_w4a16_ring import _weight, assert_within_noise, sm90_census
 
 
 def test_configs():
@@ -124,10 +108,8 @@ def test_gring_kernel_gpu(m, k, n, g, sym, act_order, bias, dtype, cfg):
     c = GRingConfig(bn=bn, kt=2 if g % 128 == 0 or g == -1 else 1, num_warps=warps, stages=stages, per_sm=per_sm,
                     atomic=atomic)
     y = w4a16_gring(x, p, b, config=c)
-    oracle = w4a16_linear_ref(x.double(), p, None if b is None else b.double(), compute_dtype=torch.float64)
-    same_dtype = w4a16_linear_ref(x, p, b, compute_dtype=x.dtype)  # PyTorch: 16-bit weights, then the matmul
     assert y.shape == (m, n) and y.dtype == x.dtype and torch.isfinite(y).all()
-    assert _err(y, oracle) <= 2 * _err(same_dtype, oracle) + 1e-6, (_err(y, oracle), _err(same_dtype, oracle))
+    assert_within_noise(y, x, p, b)
     ws, cnt = split_k_workspace(x.device, 1)
     assert not cnt.any() and not ws.any()  # element tickets put back to zero, the atomic tiles zeroed
     if not atomic:  # the slot reduction is a fixed fold: the same bits again

@@ -43,6 +43,9 @@ from flashscale.kernels.pdl import pdl as pdl_launches
 from flashscale.models.llama import KVCache, Llama
 
 
+LINEARS = ("qkv", "o", "gu", "down")  # a block's linears (q/k/v and gate/up fused or tuples of the model's own)
+
+
 def unsupported(model: nn.Module, max_len: int) -> str | None:
     """Why StaticDecoder cannot take this model (None: it can)."""
     if not isinstance(model, Llama):
@@ -100,9 +103,8 @@ class StaticDecoder:
             raise TypeError(f"StaticDecoder: accumulate must be a bool or None (automatic), got {accumulate!r}")
         if pdl is not None and not isinstance(pdl, bool):
             raise TypeError(f"StaticDecoder: pdl must be a bool or None (automatic: with accumulate), got {pdl!r}")
-        for name, val in (("l2_prefetch", l2_prefetch),):
-            if not isinstance(val, bool):
-                raise TypeError(f"StaticDecoder: {name} must be a bool, got {val!r}")
+        if not isinstance(l2_prefetch, bool):
+            raise TypeError(f"StaticDecoder: l2_prefetch must be a bool, got {l2_prefetch!r}")
         if attn_splits is not None and (not isinstance(attn_splits, int) or isinstance(attn_splits, bool)
                                         or attn_splits < 1 or attn_splits > 64 or attn_splits & (attn_splits - 1)):
             raise ValueError(f"StaticDecoder: attn_splits must be None (automatic) or a power of two in [1, 64], "
@@ -121,19 +123,17 @@ class StaticDecoder:
                 qkv, gu, o, down = (a.q_proj, a.k_proj, a.v_proj), (f.gate_proj, f.up_proj), a.o_proj, f.down_proj
             self.blocks.append(dict(ln1=b.input_layernorm, ln2=b.post_attention_layernorm, qkv=qkv, o=o, gu=gu,
                                     down=down))
-        bad = [f"layer {i} {k}" for i, b in enumerate(self.blocks) for k in ("qkv", "o", "gu", "down")
-               if not hasattr(b[k], "accumulate_")]
+        bad = [f"layer {i} {k}" for i, b in enumerate(self.blocks) for k in LINEARS if not hasattr(b[k], "accumulate_")]
         if accumulate is None:  # automatic: on a GPU wherever every block linear runs the red.add kernel (no bias)
             accumulate = (not bad and model.embed_tokens.weight.is_cuda
-                          and all(getattr(b[k], "bias", None) is None for b in self.blocks for k in b if k[:2] != "ln"))
-        self.accumulate = accumulate  # may be switched between steps where every block linear can (acc_views)
+                          and all(b[k].bias is None for b in self.blocks for k in LINEARS))
+        if accumulate and bad:
+            raise ValueError(f"StaticDecoder: accumulate=True needs every block linear to be a QuantLinear (fused "
+                             f"q/k/v and gate/up: fuse=True with linear_fn=QuantLinear.from_float); not: "
+                             f"{', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}")
+        self.accumulate = accumulate  # may be switched between steps where every block linear can (acc)
         if pdl is None:  # automatic: with accumulate (a GPU; kernels.pdl ignores it before sm_90)
             self.pdl = accumulate
-        if accumulate and bad:
-            if bad:
-                raise ValueError(f"StaticDecoder: accumulate=True needs every block linear to be a QuantLinear (fused "
-                                 f"q/k/v and gate/up: fuse=True with linear_fn=QuantLinear.from_float); not: "
-                                 f"{', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}")
         dev, dt = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
         shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, max_len, cfg.head_dim)
         self.k = torch.zeros(shape, device=dev, dtype=dt)  # (L, G, T, D)
@@ -152,9 +152,10 @@ class StaticDecoder:
         self.act = torch.zeros(1, cfg.intermediate_size, device=dev, dtype=dt)
         self.logits = torch.zeros(1, cfg.vocab_size, device=dev, dtype=torch.float32)
         # accumulate=True: each layer's linear outputs as float32 sums, (1, N) views of one buffer zeroed a step
-        widths = [] if bad else [b[k].out_features for b in self.blocks for k in ("qkv", "o", "gu", "down")]
+        widths = [] if bad else [b[k].out_features for b in self.blocks for k in LINEARS]
         self.acc = torch.zeros(1, sum(widths), device=dev, dtype=torch.float32)
-        self.acc_views = list(torch.split(self.acc, widths, dim=1))
+        views = iter(torch.split(self.acc, widths, dim=1))
+        self.acc_views = [] if bad else [{k: next(views) for k in LINEARS} for _ in self.blocks]
         self.greedy = False  # step writes argmax(logits) into tok (a replayed graph then runs a whole generation)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.length = 0  # positions filled (host-side mirror of pos)
@@ -164,10 +165,11 @@ class StaticDecoder:
         add_rmsnorm_kernel[(1,)](self.x, self.x if r is None else r, norm.weight, self.h, e, norm.eps,
                                  HAS_R=r is not None, BLOCK=triton.next_power_of_2(e), num_warps=8, **po)
 
-    def _linear(self, mods, h: torch.Tensor, i: int, j: int) -> torch.Tensor:
-        """Layer i's linear j (0 qkv, 1 o, 2 gate/up, 3 down) of h: its float32 sum (accumulate) or its output."""
+    def _linear(self, i: int, key: str, h: torch.Tensor) -> torch.Tensor:
+        """Layer i's linear `key` (LINEARS) of h: its float32 sum (accumulate) or its output."""
+        mods = self.blocks[i][key]
         if self.accumulate:
-            return mods.accumulate_(h, self.acc_views[4 * i + j])
+            return mods.accumulate_(h, self.acc_views[i][key])
         return torch.cat([m(h) for m in mods], dim=-1) if isinstance(mods, tuple) else mods(h)
 
     @torch.no_grad()
@@ -187,19 +189,19 @@ class StaticDecoder:
             self.acc.zero_()
         for i, b in enumerate(self.blocks):
             self._norm(b["ln1"], r, po)
-            qkv = self._linear(b["qkv"], self.h, i, 0)  # (1, (H + 2G) D)
+            qkv = self._linear(i, "qkv", self.h)  # (1, (H + 2G) D)
             decode_attention_kernel[(h_q, self.splits)](qkv, cos, sin, self.k[i], self.v[i], self.attn, self.pos,
                                                         self.attn_ws, self.attn_cnt, self.max_len, d ** -0.5, H=h_q,
                                                         G=h_kv, D=d, BT=32, NS=self.splits, num_warps=4, **po)
-            self._norm(b["ln2"], self._linear(b["o"], self.attn, i, 1), po)
+            self._norm(b["ln2"], self._linear(i, "o", self.attn), po)
             f = cfg.intermediate_size
             if isinstance(b["gu"], tuple):
                 g, u = (mod(self.h) for mod in b["gu"])
             else:
-                gu = self._linear(b["gu"], self.h, i, 2)  # (1, 2F)
+                gu = self._linear(i, "gu", self.h)  # (1, 2F)
                 g, u = gu[:, :f], gu[:, f:]
             silu_mul_kernel[(triton.cdiv(f, 1024),)](g, u, self.act, F_=f, BLOCK=1024, num_warps=4, **po)
-            r = self._linear(b["down"], self.act, i, 3)
+            r = self._linear(i, "down", self.act)
         self._norm(m.norm, r, po)
         self.logits.copy_(self.lm_head(self.h))
         if self.greedy:

@@ -51,6 +51,17 @@ def _ld(ptrs, dt):
 
 
 @triton.jit
+def _kv_tile(kc_ptr, vc_ptr, g, T_MAX, t0, hi, d, D: tl.constexpr, BT: tl.constexpr):
+    """Cached rows t0 .. t0 + BT - 1 (those < hi) of kv group g: row mask (BT,), K and V (BT, D) in float32."""
+    t = t0 + tl.arange(0, BT)
+    tm = t < hi
+    off = (g * T_MAX + t)[:, None] * D + d[None, :]
+    kt = tl.load(kc_ptr + off, mask=tm[:, None], other=0.0).to(tl.float32)
+    vt = tl.load(vc_ptr + off, mask=tm[:, None], other=0.0).to(tl.float32)
+    return tm, kt, vt
+
+
+@triton.jit
 def decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, pos_ptr, ws_ptr, cnt_ptr, T_MAX, scale,
                             H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
                             NS: tl.constexpr = 1, PDL: tl.constexpr = False):
@@ -76,11 +87,7 @@ def decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, 
     chunk = tl.cdiv(pos, NS)
     lo = sp * chunk
     hi = tl.minimum(lo + chunk, pos)
-    t = lo + tl.arange(0, BT)
-    tm = t < hi
-    off = (g * T_MAX + t)[:, None] * D + d[None, :]
-    kt = tl.load(kc_ptr + off, mask=tm[:, None], other=0.0).to(tl.float32)  # (BT, D): the first tile
-    vt = tl.load(vc_ptr + off, mask=tm[:, None], other=0.0).to(tl.float32)
+    tm, kt, vt = _kv_tile(kc_ptr, vc_ptr, g, T_MAX, lo, hi, d, D, BT)  # the first tile
     pdl_enter(PDL)
     dt = out_ptr.dtype.element_ty
     q = _rope(_ld(qkv_ptr + hq * D + d, dt), _ld(qkv_ptr + hq * D + rot, dt), cos, sin, D)
@@ -100,11 +107,7 @@ def decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, 
     acc = tl.where(own_new, v_new.to(tl.float32), 0.0)
     for t0 in range(lo, hi, BT):  # every turn has a valid row (t0 < hi), so m_new is finite
         if t0 > lo:  # the first tile was loaded before the wait
-            t = t0 + tl.arange(0, BT)
-            tm = t < hi
-            off = (g * T_MAX + t)[:, None] * D + d[None, :]
-            kt = tl.load(kc_ptr + off, mask=tm[:, None], other=0.0).to(tl.float32)  # (BT, D)
-            vt = tl.load(vc_ptr + off, mask=tm[:, None], other=0.0).to(tl.float32)
+            tm, kt, vt = _kv_tile(kc_ptr, vc_ptr, g, T_MAX, t0, hi, d, D, BT)
         s = tl.where(tm, tl.sum(kt * q[None, :], axis=1) * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=0))
         p = tl.exp(s - m_new)

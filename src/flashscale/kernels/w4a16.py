@@ -201,6 +201,17 @@ def ring_candidates(p: PackedW4, m: int) -> list:
     return list(_ring_configs())
 
 
+def _ring_refusal(what: str, x2d: torch.Tensor, p: PackedW4) -> str:
+    return (f"{what} takes up to 8 tokens and a group size that is a multiple of 128 or one group per row; got "
+            f"M={x2d.shape[0]}, group_size={p.group_size}, K={p.in_features}")
+
+
+def _tune_key(kernel: str, bucket: int, x2d: torch.Tensor, p: PackedW4) -> tuple:
+    """_tune's cache key of a call: kernel family, M bucket, the weight's shape, group and act-order, x's dtype, GPU."""
+    return (kernel, bucket, p.out_features, p.in_features, p.group_size, str(x2d.dtype).removeprefix("torch."),
+            "perm" if p.perm is not None else "noperm", _device_info(x2d.device)[0])
+
+
 def _is_ring(cfg) -> bool:
     return hasattr(cfg, "ring")  # kernels.w4a16_ring.RingConfig (imported where used: it imports this module)
 
@@ -602,8 +613,7 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
     elif kernel == "ring":
         cands, bucket = ring_candidates(p, m), m_bucket(m) if m > 1 else 1
         if not cands and config is None:
-            raise ValueError(f"the ring kernel takes up to 8 tokens and a group size that is a multiple of 128 or "
-                             f"one group per row; got M={m}, group_size={p.group_size}, K={k}")
+            raise ValueError(_ring_refusal("the ring kernel", x2d, p))
     else:
         raise ValueError(f"kernel={kernel!r}; expected None, 'gemv', 'gemm', 'decode', 'ring' or 'wgmma'")
 
@@ -622,8 +632,7 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
     if config is not None:
         cfg, split = config, split_k or split_of(config)
     else:
-        key = (kernel, bucket, n, k, p.group_size, str(x2d.dtype).removeprefix("torch."),
-               "perm" if p.perm is not None else "noperm", _device_info(x2d.device)[0])
+        key = _tune_key(kernel, bucket, x2d, p)
         if kernel == "gemm" and auto and m >= WGMMA_MIN_M and key not in _TUNED:  # only a tuning run looks
             cands = cands + wgmma_candidates(x2d, p, bias)
         def launch(c, s, w=p):
@@ -644,19 +653,16 @@ def w4a16_addmm_(out: torch.Tensor, x2d: torch.Tensor, p: PackedW4) -> torch.Ten
     w4a16_matmul's. Returns out."""
     from flashscale.kernels.w4a16_ring import launch as ring_launch
 
-    m, k = x2d.shape
-    n = p.out_features
+    m, n = x2d.shape[0], p.out_features
     if out.dtype != torch.float32 or tuple(out.shape) != (m, n) or out.stride(1) != 1:
         raise ValueError(f"out must be float32 ({m}, {n}) with unit stride along N, got {out.dtype} "
                          f"{tuple(out.shape)} stride {out.stride()}")
     cands = ring_candidates(p, m)
     if not cands:
-        raise ValueError(f"w4a16_addmm_ takes up to 8 tokens and a group size that is a multiple of 128 or one "
-                         f"group per row; got M={m}, group_size={p.group_size}, K={k}")
+        raise ValueError(_ring_refusal("w4a16_addmm_", x2d, p))
     if m == 0:
         return out
-    key = ("ring-add", m_bucket(m) if m > 1 else 1, n, k, p.group_size, str(x2d.dtype).removeprefix("torch."),
-           "perm" if p.perm is not None else "noperm", _device_info(x2d.device)[0])
+    key = _tune_key("ring-add", m_bucket(m) if m > 1 else 1, x2d, p)
     scratch = []
 
     def launch(c, s, w=p):  # trials add into a scratch copy: out is left as the caller's

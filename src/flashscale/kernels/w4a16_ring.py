@@ -143,13 +143,9 @@ def _slot(pk_ptr, sz_ptr, x_ptr, v, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_of
           G: tl.constexpr, TWO: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
     """Every input of item v (coordinates tile_p, ks_p; past the range u1: the last item again): packed words
     (NB, KT, 128), scale/zero words (32, NB, 2), x words (1, 32, 4, 2, TB, KT)."""
-    ok = v < u1
-    tile_q = tl.where(ok, tile_p, tile_l)
-    ks_q = tl.where(ok, ks_p, ks_l)
-    w, s = _dec_w(pk_ptr, sz_ptr, tile_q, ks_q, w_off, sz_off, nb, kt_first, k_pad, n_frag, K, stride_pn, stride_sg,
-                  NB, BK, G, EVEN_K, EVEN_N)
-    x = _dec_x(x_ptr, stride_xm, ks_q, lane1, M, K, BK, KT, TWO, EVEN_K)
-    return w, s, x
+    w, s = _slot_w(pk_ptr, sz_ptr, v, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb, kt_first, k_pad, n_frag, K,
+                   stride_pn, stride_sg, NB, BK, G, EVEN_K, EVEN_N)
+    return w, s, _slot_x(x_ptr, v, u1, ks_p, ks_l, lane1, M, K, stride_xm, BK, KT, TWO, EVEN_K)
 
 
 @triton.jit
@@ -173,8 +169,8 @@ def _slot_x(x_ptr, v, u1, ks_p, ks_l, lane1, M, K, stride_xm, BK: tl.constexpr, 
 def _l2_ahead(pk_ptr, tile, ks, ok, stride_pn, n_frag, row_words, NB: tl.constexpr, KT: tl.constexpr,
               ASM: tl.constexpr):
     """Ask L2 for item (tile, ks)'s packed words (nothing unless ok): prefetch.global.L2 of one 128-byte line a
-    thread (the item's NB rows x 4 KT lines; threads past them repeat lines). No register waits on it; the item's own loads,
-    a few iterations later, then find it in L2. Off under the interpreter (a hint: no result changes)."""
+    thread (the item's NB rows x 4 KT lines; threads past them repeat lines). No register waits on it; the item's
+    own loads, a few iterations later, then find it in L2. Off under the interpreter (a hint: no result changes)."""
     if ASM:
         LINES: tl.constexpr = NB * KT * 4
         ln = tl.arange(0, LINES)
@@ -350,9 +346,9 @@ def w4a16_ring_kernel(
                           ASM)
                 tile_f, ks_f = _next_item(tile_f, ks_f, S)
         # slot 0: item g (always in range), then refilled with item g + RING
-        acc, accb, tile, ks = _consume(acc, accb, w0, s0, x0, g, u1, tile, ks, pid, P, S, U, CMAX, y_ptr,
-                                           bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, trace_ptr, NB, BN, KT, TWO, BF16,
-                                           HAS_BIAS, ATOMIC, ASM, TRACE, ADD)
+        acc, accb, tile, ks = _consume(acc, accb, w0, s0, x0, g, u1, tile, ks, pid, P, S, U, CMAX, y_ptr, bias_ptr,
+                                       ws_ptr, cnt_ptr, M, N, stride_ym, trace_ptr, NB, BN, KT, TWO, BF16, HAS_BIAS,
+                                       ATOMIC, ASM, TRACE, ADD)
         if TRACE:
             if g == u0:
                 tl.store(trace_ptr + pid * 8 + 2, _clock(TRACE))
@@ -472,16 +468,16 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
     bm = 8 if m <= 8 else 16
     tiles = triton.cdiv(n, cfg.bn)
     slot = cfg.bn * bm  # fp32 values of a tile: NB x 128 x token blocks
-    if add:
+    if add:  # no fold: no workspace, no tickets (y stands in for both pointers, never read through them)
         if bias is not None or y.dtype != torch.float32 or y.stride(1) != 1:
             raise ValueError("add=True takes a float32 y with unit stride along N and no bias")
-        ws, cnt = y, y  # unused
-    elif cfg.atomic:
-        ws, _ = split_k_workspace(x.device, tiles * slot)  # zero, and left zero by the kernel
+        ws = cnt = y
     else:
-        ws = split_k_slices(x.device, tiles * cmax * slot)
-    if not add:
-        _, cnt = split_k_workspace(x.device, tiles)
+        if cfg.atomic:
+            ws, _ = split_k_workspace(x.device, tiles * slot)  # zero, and left zero by the kernel
+        else:
+            ws = split_k_slices(x.device, tiles * cmax * slot)
+        _, cnt = split_k_workspace(x.device, tiles)  # after: a growing workspace replaces the pair
     extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not _interpreting() else {}
     if trace is not None and (trace.dtype != torch.int64 or trace.numel() < 8 * progs or _interpreting()):
         raise ValueError(f"trace must be an int64 tensor of >= {8 * progs} values on a GPU, got "
@@ -507,8 +503,7 @@ def compile_sm90(cfg: RingConfig, *, dtype: str = "bf16", bm: int = 8, group_siz
     from triton.compiler import ASTSource
 
     ptrs = {"x_ptr": "*i32", "pk_ptr": "*i32", "sz_ptr": "*i32", "y_ptr": "*fp32" if add else f"*{dtype}",
-            "bias_ptr": f"*{dtype}",
-            "ws_ptr": "*fp32", "cnt_ptr": "*i32", "trace_ptr": "*i64"}
+            "bias_ptr": f"*{dtype}", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "trace_ptr": "*i64"}
     ints = ("M", "N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg", "S", "U", "CMAX")
     cx = dict(G=group_size, HAS_BIAS=False, BF16=dtype == "bf16", BN=cfg.bn, KT=cfg.kt, BM=bm, RING=cfg.ring,
               ATOMIC=cfg.atomic, EVEN_K=True, EVEN_N=True, ASM=cfg.asm, L2AHEAD=cfg.l2_ahead, TRACE=trace,
