@@ -18,6 +18,9 @@ before they wait (rows "+pdl+l2"; the bf16 rows only differ by run-to-run noise 
 with StaticDecoder(accumulate=True) (row "+acc": each GEMV red.adds its fp32 partials into the layer's output and the
 next kernel reads the sum, no split-K fold at the GEMV's end), and that with PDL (row "+pdl+acc": the ring kernel
 loads its first items' weight words before it waits for the kernel ahead, and never lets the next one in early).
+Rows "+trig": each ring GEMV lets the next kernel launch once its programs all run (its programs then take the SM
+slots the ring's leave and load their first weight words while it ends); "+pro": the RMSNorms and SiLU * up run
+inside the GEMVs that read them (w4a16_prologue: 5 launches a block instead of 8).
 PDL and +acc rows are checked against the model again first.
 """
 
@@ -175,12 +178,18 @@ def main(argv=None) -> int:
             raise SystemExit(f"{impl}: the decode step disagrees with Llama.forward")
         if cpu:
             continue
-        variants = [(False, False, False)] + ([(False, False, True), (True, False, True)] if quantize else [])
-        variants += [] if args.no_pdl else [(True, False, False), (True, True, False)]
-        for use_pdl, l2, acc in variants:
-            name = impl + ("+pdl" if use_pdl else "") + ("+l2" if l2 else "") + ("+acc" if acc else "")
+        variants = [(False, False, False, False, False)]  # pdl, l2 prefetch, accumulate, prologue, trigger
+        if quantize:
+            variants += [(False, False, True, False, False), (True, False, True, False, False),
+                         (True, False, True, False, True), (True, False, True, True, False),
+                         (True, False, True, True, True)]
+        variants += [] if args.no_pdl else [(True, False, False, False, False), (True, True, False, False, False)]
+        for use_pdl, l2, acc, pro, trig in variants:
+            name = (impl + ("+pdl" if use_pdl else "") + ("+l2" if l2 else "") + ("+acc" if acc else "")
+                    + ("+pro" if pro else "") + ("+trig" if trig else ""))
             # eager until time_decode captures the variant
             dec.pdl, dec.l2_prefetch, dec.accumulate, dec.graph = use_pdl, l2, acc, None
+            dec.prologue, dec.trigger = pro, trig
             if use_pdl or acc:  # the eager step of the variant, against the model again (ordering on the GPU)
                 checks[name] = check_against_model(dec, model, prompt)
                 print(f"  {name}: decode step vs Llama.forward, worst relative logit difference {checks[name]:.2e}",
@@ -196,7 +205,7 @@ def main(argv=None) -> int:
             rows.append(dict(impl=name, layers=args.layers, batch=1, tokens=args.tokens, ms_per_token=ms,
                              tokens_per_s=1e3 / ms, weight_bytes=nbytes, TBps=nbytes / (ms * 1e9),
                              lm_head="bf16" if (args.keep_lm_head or not quantize) else "w4a16", pdl=use_pdl,
-                             l2_prefetch=l2, accumulate=acc, **breakdown))
+                             l2_prefetch=l2, accumulate=acc, prologue=pro, trigger=trig, **breakdown))
             print(f"  {name:22s} {1e3 / ms:8.1f} tok/s  {ms:7.3f} ms/token  {nbytes / 1e9:6.2f} GB read/token  "
                   f"{nbytes / (ms * 1e9):5.2f} TB/s  kernels {breakdown.get('kernel_ms', float('nan')):.3f} ms",
                   flush=True)
@@ -222,8 +231,9 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['impl']:22s} {r['tokens_per_s']:8.1f} {r['ms_per_token']:8.3f} {r['weight_bytes'] / 1e9:7.2f} "
               f"{r['TBps']:6.2f}")
-    for suffix in ("", "+acc", "+pdl+acc", "+pdl", "+pdl+l2"):
-        b, q = by.get("bf16" + suffix.replace("+acc", "")) or by.get("bf16"), by.get("flashscale-w4a16" + suffix)
+    for suffix in ("", "+acc", "+pdl+acc", "+pdl+acc+trig", "+pdl+acc+pro", "+pdl+acc+pro+trig", "+pdl", "+pdl+l2"):
+        b = by.get("bf16" + suffix.split("+acc")[0]) or by.get("bf16")
+        q = by.get("flashscale-w4a16" + suffix)
         if b and q:
             print(f"speedup{suffix or ''} {q['tokens_per_s'] / b['tokens_per_s']:.2f}x "
                   f"(against plain bf16: {q['tokens_per_s'] / by['bf16']['tokens_per_s']:.2f}x)")

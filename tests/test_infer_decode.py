@@ -25,6 +25,13 @@ def _model(bias=False, tied=False, seed=3, dtype=torch.float32):
     return Llama(cfg).init_weights(seed=seed).eval().to(DEV, dtype)
 
 
+def _ring_model():
+    """A model whose 4-bit linears (group 128) the ring decode kernel takes (items of 128 inputs in one group)."""
+    cfg = LlamaConfig(vocab_size=96, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64)
+    return Llama(cfg).init_weights(seed=3).eval().to(DEV)
+
+
 def _reference(model, ids, steps):
     """Llama.forward with a KVCache: the prompt's last logits, then one token a call (the tokens given)."""
     dtype = model.embed_tokens.weight.dtype
@@ -122,10 +129,10 @@ def test_accumulate_equals_the_plain_step():
     the model's dtype: the same logits as the plain fused step (on a GPU to within the summation order's rounding),
     over a prompt and two steps and again after the per-step zeroing."""
     cuda = DEV == "cuda"
-    model = _model(dtype=torch.float16 if cuda else torch.float32)  # no bias: the kernel path on a GPU
-    qfn = lambda lin: QuantLinear.from_float(lin, group_size=32, sym=False)  # noqa: E731
+    model = _ring_model().to(torch.float16 if cuda else torch.float32)  # no bias, G 128: the kernel path on a GPU
+    qfn = lambda lin: QuantLinear.from_float(lin, group_size=128, sym=False)  # noqa: E731
     plain = StaticDecoder(model, 12, fuse=True, linear_fn=qfn, accumulate=False)
-    acc = StaticDecoder(model, 12, fuse=True, linear_fn=qfn, accumulate=True)
+    acc = StaticDecoder(model, 12, fuse=True, linear_fn=qfn, accumulate=True, prologue=False)
     assert StaticDecoder(model, 12, fuse=True, linear_fn=qfn).accumulate == cuda  # automatic: on a GPU
     assert not StaticDecoder(model, 12).accumulate  # float linears
     ids = torch.tensor([[9, 3, 44]], device=DEV)
@@ -181,6 +188,43 @@ def test_errors():
 
 @pytest.mark.gpu
 @torch.no_grad()
+def test_prologue_equals_the_accumulating_step(monkeypatch):
+    """prologue=True (accumulate's default): the RMSNorms and SiLU * up run inside the GEMVs (the ring kernel's
+    prologue, w4a16_prologue) over two residual buffers: the same logits as accumulate with the small kernels (on
+    the CPU the ring kernel runs under the interpreter: bitwise), near the plain step; each block's GEMVs take
+    norm, none, norm, silu prologues in that order."""
+    from flashscale.kernels import w4a16
+
+    if DEV == "cpu":  # the ring kernel under the interpreter (QuantLinear takes it on CUDA only)
+        monkeypatch.setattr(QuantLinear, "can_accumulate", lambda self, x2d: self.bias is None and bool(
+            w4a16.ring_candidates(self.packed(), x2d.shape[0])))
+    modes, addmm = [], w4a16.w4a16_addmm_
+
+    def spy(out, x, p, *, prologue=None):
+        modes.append(type(prologue).__name__)
+        return addmm(out, x, p, prologue=prologue)
+
+    monkeypatch.setattr(w4a16, "w4a16_addmm_", spy)
+    model = _ring_model().to(torch.float16)
+    qfn = lambda lin: QuantLinear.from_float(lin, group_size=128, sym=False)  # noqa: E731  ring items need G 128
+    ids = torch.tensor([[9, 3, 44]], device=DEV)
+    got = {}
+    for name, kw in (("plain", dict(accumulate=False)), ("acc", dict(accumulate=True, prologue=False)),
+                     ("pro", dict(accumulate=True))):
+        dec = StaticDecoder(model, 12, fuse=True, linear_fn=qfn, **kw)
+        assert dec.prologue == (name == "pro")
+        got[name] = [dec.prefill(ids).clone(), dec.step(11).clone(), dec.step(70).clone()]
+    assert modes[-8:] == ["XNorm", "NoneType", "XNorm", "XSiLU"] * 2
+    for plain, acc, pro in zip(got["plain"], got["acc"], got["pro"]):
+        assert _rel(pro, acc) < (1e-2 if DEV == "cuda" else 1e-7)  # GPU: the red.adds' order
+        assert _rel(pro, plain) < 2e-2
+    with pytest.raises(ValueError, match="prologue=True .* needs accumulate"):
+        StaticDecoder(model, 12, fuse=True, linear_fn=qfn, accumulate=False, prologue=True)
+    with pytest.raises(TypeError, match="prologue must be a bool or None"):
+        StaticDecoder(model, 12, prologue="yes")
+
+
+@torch.no_grad()
 def test_capture_replays_the_same_steps():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -196,20 +240,23 @@ def test_capture_replays_the_same_steps():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("l2_prefetch,accumulate", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("l2_prefetch,accumulate,prologue,trigger", [
+    (False, False, False, False), (True, False, False, False), (False, True, False, False),
+    (False, True, True, False), (False, True, True, True), (False, True, False, True)])
 @torch.no_grad()
-def test_capture_with_pdl_replays_the_eager_steps(l2_prefetch, accumulate):
+def test_capture_with_pdl_replays_the_eager_steps(l2_prefetch, accumulate, prologue, trigger):
     """The CUDA graph of a step whose kernels launch with programmatic dependent launch (kernels.pdl) gives the
     eager plain-launch logits, 4-bit linears included (the W4A16 GEMVs wait too, after their L2 prefetch; with
-    accumulate, the ring kernel's red.adds after its weight loads: the same logits up to their summation order)."""
+    accumulate, the ring kernel's red.adds after its weight loads: the same logits up to their summation order;
+    with prologue, the norms and SiLU in the GEMVs; with trigger, each ring GEMV lets the next kernel in early)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("needs an sm_90 GPU")
-    model = _model().to(torch.bfloat16)
-    qfn = lambda lin: QuantLinear.from_float(lin, group_size=32, sym=True)  # noqa: E731
+    model = (_ring_model() if accumulate else _model()).to(torch.bfloat16)  # accumulate: G 128, the ring's
+    qfn = lambda lin: QuantLinear.from_float(lin, group_size=128 if accumulate else 32, sym=True)  # noqa: E731
     ids = torch.tensor([[5, 17, 33]], device=DEV)
     plain = StaticDecoder(model, 16, fuse=True, linear_fn=qfn, accumulate=False)
     graphed = StaticDecoder(model, 16, fuse=True, linear_fn=qfn, pdl=True, l2_prefetch=l2_prefetch,
-                            accumulate=accumulate)
+                            accumulate=accumulate, prologue=prologue, trigger=trigger)
     a = [plain.prefill(ids).clone()] + [plain.step(t).clone() for t in (7, 8, 9)]
     graphed.prefill(ids)
     graphed.capture()

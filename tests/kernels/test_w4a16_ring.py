@@ -309,6 +309,103 @@ def test_addmm_api():
         w4a16_addmm_(torch.zeros(9, 32), torch.randn(9, 256).half(), p)
 
 
+PROLOGUE_CASES = [  # mode, M, K, N, (bn, kt, ring, per_sm, atomic): what it exercises
+    ("norm", 1, 512, 64, (16, 2, 2, 3, True)),  # residual + r, chunks shared by many programs
+    ("norm0", 2, 384, 64, (16, 2, 2, 2, True)),  # no r (a decode step's first layer), two rows, one group (G = K)
+    ("silu", 2, 512, 48, (32, 1, 2, 2, False)),  # SiLU(g) * u from a float32 (M, 2K) sum; kt 1 chunks
+    ("silu", 1, 256, 256, (16, 2, 1, 4, True)),  # programs whose items wrap from the last chunk to the first
+]
+
+
+@pytest.mark.parametrize("mode,m,k,n,cfg", PROLOGUE_CASES)
+def test_add_mode_prologue_writes_x_then_adds(mode, m, k, n, cfg):
+    """launch(add=True, prologue=...) (the decode step's norms and SiLU * up inside the GEMV, w4a16_prologue): each
+    program writes the chunks of x its items read; x and the new residual equal the prologue's PyTorch reference
+    bitwise, whole (every chunk written by some program), and out gets x @ W within 2x PyTorch's 16-bit error."""
+    from flashscale.kernels.w4a16_prologue import XNorm, XSiLU, reference
+    from flashscale.kernels.w4a16_ring import launch
+
+    gen = torch.Generator().manual_seed(k + n)
+    p = _weight(k, n, 128 if mode != "norm0" else -1, sym=False, gen=gen)
+    res = torch.randn(m, k, generator=gen).half()
+    w = (torch.rand(k, generator=gen) + 0.5).half()
+    r = torch.randn(m, k, generator=gen) if mode == "norm" else None
+
+    def make():
+        if mode == "silu":
+            return XSiLU(gu=torch.randn(m, 2 * k, generator=torch.Generator().manual_seed(1)) * 3)
+        return XNorm(res=res, weight=w, eps=1e-5, res_out=torch.full_like(res, float("nan")), r=r)
+
+    pro, ref = make(), make()
+    x, x_ref = torch.full((m, k), float("nan")).half(), torch.zeros(m, k).half()
+    reference(ref, x_ref)
+    bn, kt, ring, per_sm, atomic = cfg
+    out = torch.zeros(m, n)
+    launch(x, p, None, out, RingConfig(bn=bn, kt=kt, num_warps=1, ring=ring, per_sm=per_sm, atomic=atomic), per_sm,
+           add=True, prologue=pro)
+    assert torch.equal(x, x_ref)
+    if mode != "silu":
+        assert torch.equal(pro.res_out, ref.res_out) and torch.equal(ref.res_out, res if r is None else ref.res_out)
+    assert_within_noise(out.double(), x_ref, p)
+
+
+def test_addmm_prologue_refusals():
+    """w4a16_addmm_(prologue=...) refuses what its programs cannot write: res_out aliasing res, wrong shapes and
+    dtypes (named), a non-contiguous x, an act-order weight (x is gathered before the kernel)."""
+    from flashscale.kernels.w4a16 import w4a16_addmm_
+    from flashscale.kernels.w4a16_prologue import XNorm, XSiLU
+
+    gen = torch.Generator().manual_seed(7)
+    p = _weight(256, 32, 128, sym=True, gen=gen)
+    x, res, w = torch.zeros(1, 256).half(), torch.randn(1, 256).half(), torch.ones(256).half()
+    out = torch.zeros(1, 32)
+    with pytest.raises(ValueError, match="res_out must be a buffer of its own"):
+        w4a16_addmm_(out, x, p, prologue=XNorm(res=res, weight=w, eps=1e-5, res_out=res))
+    with pytest.raises(ValueError, match=r"prologue r must be torch.float32 \(1, 256\)"):
+        w4a16_addmm_(out, x, p, prologue=XNorm(res=res, weight=w, eps=1e-5, res_out=res.clone(), r=res))
+    with pytest.raises(ValueError, match=r"prologue gu must be torch.float32 \(1, 512\)"):
+        w4a16_addmm_(out, x, p, prologue=XSiLU(gu=torch.zeros(1, 256)))
+    with pytest.raises(ValueError, match="prologue eps must be a positive float"):
+        w4a16_addmm_(out, x, p, prologue=XNorm(res=res, weight=w, eps=0, res_out=res.clone()))
+    with pytest.raises(ValueError, match="x must be contiguous"):
+        w4a16_addmm_(out, torch.zeros(256, 1).half().t(), p, prologue=XSiLU(gu=torch.zeros(1, 512)))
+    with pytest.raises(TypeError, match="prologue must be an XNorm or an XSiLU"):
+        w4a16_addmm_(out, x, p, prologue="norm")
+    pa = _weight(256, 32, 128, sym=True, gen=gen, act_order=True)
+    with pytest.raises(ValueError, match="act-order"):
+        w4a16_addmm_(out, x, pa, prologue=XSiLU(gu=torch.zeros(1, 512)))
+
+
+_COMPILE_PROLOGUE = """
+import json, re, sys
+from flashscale.kernels import w4a16_ring as R
+from flashscale.kernels.aot import ptxas_stats, sass
+rows = []
+for xmode, k in ((1, 4096), (2, 14336)):
+    kk = R.compile_sm90(R.RingConfig(bn=256, kt=2, num_warps=4, ring=2, atomic=True), add=True, pdl=True,
+                        xmode=xmode, trigger=True, k=k)
+    t = sass(kk.asm["cubin"])
+    ops = re.findall(r"\\b(LDG\\.E\\.128|LDG\\.E\\.64|LDG\\.E\\S*|ACQBULK|STG\\S*|BAR\\.SYNC\\S*|PREEXIT|REDG\\S*)", t)
+    rows.append(dict(ptxas_stats(kk.asm["ptx"]), ops=ops, xmode=xmode))
+json.dump(rows, open(sys.argv[1], "w"))
+"""
+
+
+def test_sm90_prologue_and_trigger(tmp_path):
+    """sm_90, the prologue builds under PDL with the early trigger: no spills; the first items' packed words load
+    before the wait (ACQBULK) and nothing is stored before it; the prologue's stores, then a CTA barrier, then the
+    trigger (PREEXIT), then the GEMV's red.adds."""
+    for r in sm90_census(tmp_path, _COMPILE_PROLOGUE):
+        ops = r["ops"]
+        assert r["spill_stores"] == r["spill_loads"] == 0, r
+        wait, trig = ops.index("ACQBULK"), ops.index("PREEXIT")
+        assert ops[:wait].count("LDG.E.128") == 16 and not any(o.startswith("STG") for o in ops[:wait]), ops[:wait]
+        stores = [i for i, o in enumerate(ops) if o.startswith("STG")]
+        assert stores and wait < stores[0] and stores[-1] < trig, (r["xmode"], ops)
+        assert any(o.startswith("BAR.SYNC") for o in ops[stores[-1]:trig]), ops
+        assert min(i for i, o in enumerate(ops) if o.startswith("REDG")) > trig, ops
+
+
 _COMPILE_ADD_PDL = """
 import json, re, sys
 from flashscale.kernels import w4a16_ring as R

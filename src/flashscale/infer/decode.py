@@ -40,6 +40,7 @@ from flashscale.kernels.decode import add_rmsnorm_kernel, decode_attention_kerne
 from flashscale.kernels.pdl import active as pdl_active
 from flashscale.kernels.pdl import launch_options
 from flashscale.kernels.pdl import pdl as pdl_launches
+from flashscale.kernels.w4a16_prologue import XNorm, XSiLU
 from flashscale.models.llama import KVCache, Llama
 
 
@@ -90,7 +91,7 @@ class StaticDecoder:
     def __init__(self, model: Llama, max_len: int, *, fuse: bool = False,
                  linear_fn: Callable[[nn.Linear], nn.Module] | None = None, lm_head: nn.Module | None = None,
                  pdl: bool | None = None, l2_prefetch: bool = False, attn_splits: int | None = None,
-                 accumulate: bool | None = None):
+                 accumulate: bool | None = None, prologue: bool | None = None, trigger: bool = False):
         why = unsupported(model, max_len)
         if why is not None:
             raise ValueError(f"StaticDecoder: {why}")
@@ -105,6 +106,11 @@ class StaticDecoder:
             raise TypeError(f"StaticDecoder: pdl must be a bool or None (automatic: with accumulate), got {pdl!r}")
         if not isinstance(l2_prefetch, bool):
             raise TypeError(f"StaticDecoder: l2_prefetch must be a bool, got {l2_prefetch!r}")
+        if prologue is not None and not isinstance(prologue, bool):
+            raise TypeError(f"StaticDecoder: prologue must be a bool or None (automatic: with accumulate), got "
+                            f"{prologue!r}")
+        if not isinstance(trigger, bool):
+            raise TypeError(f"StaticDecoder: trigger must be a bool, got {trigger!r}")
         if attn_splits is not None and (not isinstance(attn_splits, int) or isinstance(attn_splits, bool)
                                         or attn_splits < 1 or attn_splits > 64 or attn_splits & (attn_splits - 1)):
             raise ValueError(f"StaticDecoder: attn_splits must be None (automatic) or a power of two in [1, 64], "
@@ -134,6 +140,11 @@ class StaticDecoder:
         self.accumulate = accumulate  # may be switched between steps where every block linear can (acc)
         if pdl is None:  # automatic: with accumulate (a GPU; kernels.pdl ignores it before sm_90)
             self.pdl = accumulate
+        if prologue and not accumulate:
+            raise ValueError("StaticDecoder: prologue=True runs the norms and SiLU * up inside the accumulating GEMVs: "
+                             "it needs accumulate")
+        self.prologue = accumulate if prologue is None else prologue  # may be switched with accumulate
+        self.trigger = trigger
         dev, dt = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
         shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, max_len, cfg.head_dim)
         self.k = torch.zeros(shape, device=dev, dtype=dt)  # (L, G, T, D)
@@ -147,6 +158,7 @@ class StaticDecoder:
         self.pos = torch.zeros(1, dtype=torch.long, device=dev)
         e = cfg.hidden_size
         self.x = torch.zeros(1, e, device=dev, dtype=dt)  # residual stream
+        self.x2 = torch.zeros(1, e, device=dev, dtype=dt)  # its second buffer (prologue: a GEMV reads x, writes x2)
         self.h = torch.zeros(1, e, device=dev, dtype=dt)
         self.attn = torch.zeros(1, cfg.num_attention_heads * cfg.head_dim, device=dev, dtype=dt)
         self.act = torch.zeros(1, cfg.intermediate_size, device=dev, dtype=dt)
@@ -165,6 +177,10 @@ class StaticDecoder:
         add_rmsnorm_kernel[(1,)](self.x, self.x if r is None else r, norm.weight, self.h, e, norm.eps,
                                  HAS_R=r is not None, BLOCK=triton.next_power_of_2(e), num_warps=8, **po)
 
+    def _xnorm(self, norm: nn.Module, res: torch.Tensor, r: torch.Tensor | None, res_out: torch.Tensor) -> XNorm:
+        """The prologue res_out <- res + r, h <- RMSNorm(res_out) * weight (norm's)."""
+        return XNorm(res=res, weight=norm.weight, eps=float(norm.eps), res_out=res_out, r=r)
+
     def _linear(self, i: int, key: str, h: torch.Tensor) -> torch.Tensor:
         """Layer i's linear `key` (LINEARS) of h: its float32 sum (accumulate) or its output."""
         mods = self.blocks[i][key]
@@ -175,7 +191,7 @@ class StaticDecoder:
     @torch.no_grad()
     def _step(self) -> None:
         """logits <- the logits (1, V) of `tok` at `pos`; pos += 1 (and tok <- argmax with greedy), in place."""
-        with pdl_launches(self.pdl, l2_prefetch=self.l2_prefetch):
+        with pdl_launches(self.pdl, l2_prefetch=self.l2_prefetch, trigger=self.trigger):
             self._step_body()
 
     def _step_body(self) -> None:
@@ -187,13 +203,23 @@ class StaticDecoder:
         r = None
         if self.accumulate:
             self.acc.zero_()
+        pro = self.accumulate and self.prologue
         for i, b in enumerate(self.blocks):
-            self._norm(b["ln1"], r, po)
-            qkv = self._linear(i, "qkv", self.h)  # (1, (H + 2G) D)
+            if pro:  # x + r -> x2, RMSNorm -> h, inside the q/k/v GEMV
+                qkv = b["qkv"].accumulate_(self.h, self.acc_views[i]["qkv"], self._xnorm(b["ln1"], self.x, r, self.x2))
+            else:
+                self._norm(b["ln1"], r, po)
+                qkv = self._linear(i, "qkv", self.h)  # (1, (H + 2G) D)
             decode_attention_kernel[(h_q, self.splits)](qkv, cos, sin, self.k[i], self.v[i], self.attn, self.pos,
                                                         self.attn_ws, self.attn_cnt, self.max_len, d ** -0.5, H=h_q,
                                                         G=h_kv, D=d, BT=32, NS=self.splits, num_warps=4, **po)
-            self._norm(b["ln2"], self._linear(i, "o", self.attn), po)
+            o = self._linear(i, "o", self.attn)
+            if pro:  # x2 + o -> x, RMSNorm -> h in the gate/up GEMV; SiLU(g) * u -> act in the down GEMV
+                av = self.acc_views[i]
+                b["gu"].accumulate_(self.h, av["gu"], self._xnorm(b["ln2"], self.x2, o, self.x))
+                r = b["down"].accumulate_(self.act, av["down"], XSiLU(gu=av["gu"]))
+                continue
+            self._norm(b["ln2"], o, po)
             f = cfg.intermediate_size
             if isinstance(b["gu"], tuple):
                 g, u = (mod(self.h) for mod in b["gu"])

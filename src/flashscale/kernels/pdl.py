@@ -38,22 +38,25 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 _ON: contextvars.ContextVar[bool] = contextvars.ContextVar("flashscale_pdl", default=False)
 _L2: contextvars.ContextVar[bool] = contextvars.ContextVar("flashscale_pdl_l2", default=False)
+_TRIGGER: contextvars.ContextVar[bool] = contextvars.ContextVar("flashscale_pdl_trigger", default=False)
 
 
 @contextlib.contextmanager
-def pdl(enabled: bool = True, *, l2_prefetch: bool = False):
+def pdl(enabled: bool = True, *, l2_prefetch: bool = False, trigger: bool = False):
     """Within the block, PDL-aware kernels (kernels.decode, the W4A16 GEMV/decode kernels at M <= 16) launch with
     programmatic dependent launch where the device supports it; l2_prefetch: the W4A16 ones prefetch their
-    weights into L2 before waiting."""
-    for name, val in (("enabled", enabled), ("l2_prefetch", l2_prefetch)):
+    weights into L2 before waiting; trigger: the accumulating ring GEMV (w4a16_addmm_) lets the next kernel launch
+    once all its programs run (by default it never does: the next grid launches when it ends)."""
+    for name, val in (("enabled", enabled), ("l2_prefetch", l2_prefetch), ("trigger", trigger)):
         if not isinstance(val, bool):
             raise TypeError(f"pdl({name}) takes a bool, got {val!r}")
-    tokens = _ON.set(enabled), _L2.set(enabled and l2_prefetch)
+    tokens = _ON.set(enabled), _L2.set(enabled and l2_prefetch), _TRIGGER.set(enabled and trigger)
     try:
         yield
     finally:
         _ON.reset(tokens[0])
         _L2.reset(tokens[1])
+        _TRIGGER.reset(tokens[2])
 
 
 def active(device: torch.device) -> bool:
@@ -61,6 +64,11 @@ def active(device: torch.device) -> bool:
     if not _ON.get() or device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1":
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def trigger_active() -> bool:
+    """Whether PDL launches of the accumulating ring GEMV now trigger their dependents early."""
+    return _TRIGGER.get()
 
 
 def l2_prefetch_active() -> bool:

@@ -35,7 +35,7 @@ import triton.testing
 from triton.runtime.errors import OutOfResources
 
 from flashscale.kernels.pdl import active as pdl_active
-from flashscale.kernels.pdl import l2_prefetch_active, launch_options
+from flashscale.kernels.pdl import l2_prefetch_active, launch_options, trigger_active
 from flashscale.kernels.w4a16_common import MAGIC_ONE, split_k_slices, split_k_workspace
 from flashscale.kernels.w4a16_gemm import w4a16_gemm_kernel
 from flashscale.kernels.w4a16_gemv import w4a16_decode_kernel, w4a16_gemv_kernel
@@ -644,13 +644,16 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
     return y
 
 
-def w4a16_addmm_(out: torch.Tensor, x2d: torch.Tensor, p: PackedW4) -> torch.Tensor:
+def w4a16_addmm_(out: torch.Tensor, x2d: torch.Tensor, p: PackedW4, *, prologue=None) -> torch.Tensor:
     """out (M, N) float32 += x2d (M, K) @ dequant(W), in place, on the ring decode kernel (M <= 8): each program
     red.adds its fp32 partial of a tile straight into out, so the call has no split-K fold at its end (no
     ticket, no last contributor re-reading the tile: ~2 us a call on the H200, docs/w4a16_decode.md round 9) and
     whoever reads out next (a launch later on the stream) sees the sum. Summation order, so the last bits, vary
     between calls, as the atomic fold's. Configs: the ring candidates, tuned for this use apart from
-    w4a16_matmul's. Returns out."""
+    w4a16_matmul's. prologue (w4a16_prologue.XNorm / XSiLU): the kernel's programs first write x2d (contiguous; no
+    act-order) from it, the decode step's RMSNorm or SiLU * up in the GEMV (round 10). Under kernels.pdl with
+    trigger=True the launch lets the next kernel in early. Returns out."""
+    from flashscale.kernels import w4a16_prologue
     from flashscale.kernels.w4a16_ring import launch as ring_launch
 
     m, n = x2d.shape[0], p.out_features
@@ -660,18 +663,24 @@ def w4a16_addmm_(out: torch.Tensor, x2d: torch.Tensor, p: PackedW4) -> torch.Ten
     cands = ring_candidates(p, m)
     if not cands:
         raise ValueError(_ring_refusal("w4a16_addmm_", x2d, p))
+    if prologue is not None:
+        w4a16_prologue.check(prologue, x2d)
+        if p.perm is not None:
+            raise ValueError("prologue: the weight has act-order (x is gathered before the kernel); run the "
+                             "prologue's reference first instead")
     if m == 0:
         return out
-    key = _tune_key("ring-add", m_bucket(m) if m > 1 else 1, x2d, p)
+    key = _tune_key("ring-add" + w4a16_prologue.mode_name(prologue), m_bucket(m) if m > 1 else 1, x2d, p)
     scratch = []
 
-    def launch(c, s, w=p):  # trials add into a scratch copy: out is left as the caller's
+    def launch(c, s, w=p):  # trials add into a scratch copy: out is left as the caller's (a prologue rewrites the same)
         if not scratch:
             scratch.append(torch.zeros_like(out))
-        ring_launch(x2d, w, None, scratch[0], c, s, add=True)
+        ring_launch(x2d, w, None, scratch[0], c, s, add=True, prologue=prologue)
 
     cfg, per_sm = _tune(key, cands, lambda c: c.per_sm, launch, ring=lambda: _weight_ring(p))
-    ring_launch(x2d, p, None, out, cfg, per_sm, add=True, pdl=pdl_active(x2d.device))
+    ring_launch(x2d, p, None, out, cfg, per_sm, add=True, pdl=pdl_active(x2d.device), prologue=prologue,
+                trigger=trigger_active())
     return out
 
 

@@ -44,12 +44,13 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait, globaltimer, smid
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, globaltimer, smid
 
 from flashscale.kernels.w4a16 import _device_info, _interpreting, stream_k_grid, x_words
 from flashscale.kernels.w4a16_common import last_split, reset_ticket, split_k_slices, split_k_workspace
 from flashscale.kernels.w4a16_gemv import _dec_item, _dec_layout, _dec_store, _dec_tile, _dec_w, _dec_x, _next_item
 from flashscale.kernels.w4a16_pack import PackedW4
+from flashscale.kernels.w4a16_prologue import Prologue, kernel_args, x_prologue
 
 TRACE_FIELDS = ("t_start_ns", "clk_start", "clk_first", "clk_end", "clk_last_flush", "t_end_ns", "smid", "items")
 
@@ -276,17 +277,22 @@ def _consume(acc, accb, w, sz, xw, u, u1, tile, ks, pid, P, S, U, CMAX, y_ptr, b
 def w4a16_ring_kernel(
     x_ptr, pk_ptr, sz_ptr, y_ptr, bias_ptr, ws_ptr, cnt_ptr, trace_ptr,
     M, N, K, stride_xm, stride_ym, stride_pn, stride_sg, S, U, CMAX,
+    xo_ptr, pa_ptr, pr_ptr, pw_ptr, po_ptr, eps,
     G: tl.constexpr, HAS_BIAS: tl.constexpr, BF16: tl.constexpr, BN: tl.constexpr, KT: tl.constexpr,
     BM: tl.constexpr, RING: tl.constexpr, ATOMIC: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     ASM: tl.constexpr, L2AHEAD: tl.constexpr = 0, TRACE: tl.constexpr = False, ADD: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, XMODE: tl.constexpr = 0, HAS_R: tl.constexpr = False, NBLK: tl.constexpr = 16,
+    PCH: tl.constexpr = 128, TRIGGER: tl.constexpr = False,
 ):
     """x_ptr: x as int32 words (pairs of 16-bit inputs), stride_xm in words; pk_ptr / sz_ptr: PackedW4 qweight
     (N_pad/16, K_pad/64, 32, 4) / sz (NG, N_pad); S items a tile, U items, CMAX workspace slots a tile. TRACE: each
     program writes TRACE_FIELDS (int64) to trace_ptr[pid * 8 ...] (benchmarks/w4a16_ring_trace.py). PDL (a
     programmatic dependent launch, kernels.pdl): the first RING items' packed and scale words are loaded before
     griddepcontrol.wait, everything the previous kernel may write (x, the split-K workspace and tickets, y) after
-    it; the kernel never triggers its dependents early (its SMs stay its own until its programs exit)."""
+    it; the kernel triggers its dependents early only with TRIGGER (after its prologue: every program of this
+    single-wave grid is resident by then, so the next grid's programs only take the SM slots this one's leave).
+    XMODE 1 / 2: before its x loads each program writes the chunks of x (xo_ptr, 16-bit (M, K)) it reads, from
+    w4a16_prologue's XNorm (pa res, pr r, pw weight, po res_out, eps) / XSiLU (pa gu), then a CTA barrier."""
     if TRACE:
         tl.store(trace_ptr + tl.program_id(0) * 8, globaltimer())
         tl.store(trace_ptr + tl.program_id(0) * 8 + 1, _clock(TRACE))
@@ -323,6 +329,11 @@ def w4a16_ring_kernel(
         tile_p, ks_p = _next_item(tile_p, ks_p, S)
     if PDL:  # the weight's first loads are in flight while the previous kernel ends; x, workspace, y after it
         gdc_wait()
+    if XMODE != 0:  # this program's chunks of x, from the previous kernels' outputs (w4a16_prologue)
+        x_prologue(xo_ptr, pa_ptr, pr_ptr, pw_ptr, po_ptr, eps, u0, u1, S, M, K, XMODE, HAS_R, NBLK, BK, PCH)
+        tl.debug_barrier()  # the chunks' stores before any thread's x loads (bar.sync orders them in the CTA)
+    if PDL and TRIGGER:
+        gdc_launch_dependents()
     x0 = _slot_x(x_ptr, u0, u1, k0, ks_l, lane1, M, K, stride_xm, BK, KT, TWO, EVEN_K)
     if RING >= 2:
         x1 = _slot_x(x_ptr, u0 + 1, u1, k1, ks_l, lane1, M, K, stride_xm, BK, KT, TWO, EVEN_K)
@@ -455,16 +466,23 @@ def w4a16_ring(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None, *
 
 
 def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Tensor, cfg: RingConfig, per_sm: int,
-           trace: torch.Tensor | None = None, add: bool = False, pdl: bool = False):
+           trace: torch.Tensor | None = None, add: bool = False, pdl: bool = False, prologue: Prologue | None = None,
+           trigger: bool = False):
     """One launch into y (M, N) (arguments as check_args takes them, M >= 1); returns what Triton's launch returns
     (on a GPU the compiled kernel: .n_regs, .metadata.shared). trace: an int64 tensor of >= 8 x programs values
     (ring_grid) that a TRACE build of the kernel fills with TRACE_FIELDS a program (GPU only). add: y is float32
     (M, N), unit stride along N, and the launch adds x @ dequant(W) into it (red.add; no bias, no split-K fold).
-    pdl: a programmatic dependent launch (kernels.pdl; ignored under the interpreter)."""
+    pdl: a programmatic dependent launch (kernels.pdl; ignored under the interpreter); trigger: with pdl, let the
+    next kernel launch once this one's prologue is done. prologue: x (contiguous, no act-order) is first written
+    by the kernel's programs from a w4a16_prologue.XNorm / XSiLU (checked by the caller: w4a16_prologue.check)."""
     m, k = x.shape
     n = p.out_features
     xw = x_words(x, p)  # (M, K / 2) words of two 16-bit inputs
+    if prologue is not None and (p.perm is not None or xw.data_ptr() != x.data_ptr()):
+        raise ValueError("a prologue writes x where the kernel reads it: x must be contiguous and word-aligned and "
+                         "the weight without act-order")
     progs, items, steps, cmax = ring_grid(k, n, cfg, per_sm, _device_info(x.device)[1])
+    chunk = min(triton.cdiv(items, progs) + 1, steps) * 64 * cfg.kt  # inputs of x a program's prologue writes
     bm = 8 if m <= 8 else 16
     tiles = triton.cdiv(n, cfg.bn)
     slot = cfg.bn * bm  # fp32 values of a tile: NB x 128 x token blocks
@@ -485,9 +503,10 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
     return w4a16_ring_kernel[(progs,)](
         xw, p.qweight, p.sz, y, bias if bias is not None else y, ws, cnt, trace if trace is not None else cnt,
         m, n, k, xw.stride(0), y.stride(0), p.qweight.stride(0), p.sz.stride(0), steps, items, cmax,
+        **kernel_args(prologue, x), PCH=max(128, min(triton.next_power_of_2(chunk), 2048)),
         G=p.group_size, HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, BN=cfg.bn, KT=cfg.kt, BM=bm,
         RING=cfg.ring, ATOMIC=cfg.atomic, EVEN_K=k % (64 * cfg.kt) == 0, EVEN_N=p.sz.shape[1] % cfg.bn == 0,
-        **({"PDL": True, "launch_pdl": True} if pdl and not _interpreting() else {}),
+        **({"PDL": True, "launch_pdl": True, "TRIGGER": trigger} if pdl and not _interpreting() else {}),
         ASM=cfg.asm and not _interpreting(), L2AHEAD=cfg.l2_ahead, TRACE=trace is not None, ADD=add,
         num_warps=cfg.num_warps, num_stages=1, **extra,
     )
@@ -496,21 +515,25 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
 # ---- ahead-of-time sm_90 compiles (no GPU needed) and what the machine code says
 
 def compile_sm90(cfg: RingConfig, *, dtype: str = "bf16", bm: int = 8, group_size: int = 128, trace: bool = False,
-                 add: bool = False, pdl: bool = False):
+                 add: bool = False, pdl: bool = False, xmode: int = 0, trigger: bool = False, k: int = 4096):
     """Compile one config as a launch on an even Llama shape specializes it (K, N multiples of 256, pointers and
-    strides 16-divisible, no bias): returns Triton's CompiledKernel (asm: ptx, cubin)."""
+    strides 16-divisible, no bias): returns Triton's CompiledKernel (asm: ptx, cubin). xmode: the prologue (0 none,
+    1 XNorm with r, 2 XSiLU) for K = k inputs."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     ptrs = {"x_ptr": "*i32", "pk_ptr": "*i32", "sz_ptr": "*i32", "y_ptr": "*fp32" if add else f"*{dtype}",
             "bias_ptr": f"*{dtype}", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "trace_ptr": "*i64"}
+    pro = {"xo_ptr": f"*{dtype}", "pa_ptr": "*fp32" if xmode == 2 else f"*{dtype}",
+           "pr_ptr": "*fp32" if xmode else f"*{dtype}", "pw_ptr": f"*{dtype}", "po_ptr": f"*{dtype}"}
     ints = ("M", "N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg", "S", "U", "CMAX")
     cx = dict(G=group_size, HAS_BIAS=False, BF16=dtype == "bf16", BN=cfg.bn, KT=cfg.kt, BM=bm, RING=cfg.ring,
               ATOMIC=cfg.atomic, EVEN_K=True, EVEN_N=True, ASM=cfg.asm, L2AHEAD=cfg.l2_ahead, TRACE=trace,
-              ADD=add, PDL=pdl)
-    sig = {**ptrs, **{n: "i32" for n in ints}, **{n: "constexpr" for n in cx}}
+              ADD=add, PDL=pdl, XMODE=xmode, HAS_R=xmode == 1, NBLK=min(triton.next_power_of_2(k), 8192) if xmode == 1
+              else 16, PCH=1024 if xmode else 128, TRIGGER=trigger)
+    sig = {**ptrs, **{n: "i32" for n in ints}, **pro, "eps": "fp32", **{n: "constexpr" for n in cx}}
     names = list(sig)
-    aligned = set(ptrs) | {"N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg"}
+    aligned = set(ptrs) | set(pro) | {"N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg"}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in aligned}
     src = ASTSource(fn=w4a16_ring_kernel, signature=sig, constexprs={(names.index(k),): v for k, v in cx.items()},
                     attrs=attrs)

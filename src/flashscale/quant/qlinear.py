@@ -92,18 +92,32 @@ class QuantLinear(nn.Module):
         return w4a16_linear(x, self.packed(), self.bias, impl=None if x.is_cuda else "reference")
 
     @torch.no_grad()
-    def accumulate_(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def accumulate_(self, x: torch.Tensor, out: torch.Tensor, prologue=None) -> torch.Tensor:
         """out (M, N) float32 += x (M, K) @ W^T (+ bias), in place; on CUDA at M <= 8 without bias by
         kernels.w4a16.w4a16_addmm_ (no split-K fold at the kernel's end: a decode step's consumers read the fp32
-        sum, infer.decode.StaticDecoder(accumulate=True)), otherwise through forward. Returns out."""
+        sum, infer.decode.StaticDecoder(accumulate=True)), otherwise through forward. prologue
+        (kernels.w4a16_prologue.XNorm / XSiLU): x (contiguous (M, K)) is first written from it, by the kernel's
+        programs where it can (no act-order), else by the prologue's PyTorch reference. Returns out."""
+        from flashscale.kernels import w4a16_prologue
+
         x2d = x.reshape(-1, x.shape[-1])
         if tuple(out.shape) != (x2d.shape[0], self.out_features) or out.dtype != torch.float32:
             raise ValueError(f"out must be float32 ({x2d.shape[0]}, {self.out_features}), got {out.dtype} "
                              f"{tuple(out.shape)}")
+        if prologue is not None:
+            if x2d.data_ptr() != x.data_ptr() or not x2d.is_contiguous():
+                raise ValueError("accumulate_ with a prologue writes x: x must be a contiguous (M, K) buffer")
+            w4a16_prologue.check(prologue, x2d)
         if self.can_accumulate(x2d):
             from flashscale.kernels.w4a16 import w4a16_addmm_
 
-            return w4a16_addmm_(out, x2d if x2d.stride(-1) == 1 else x2d.contiguous(), self.packed())
+            if prologue is not None and self.packed().perm is not None:
+                w4a16_prologue.reference(prologue, x2d)
+                prologue = None
+            return w4a16_addmm_(out, x2d if x2d.stride(-1) == 1 else x2d.contiguous(), self.packed(),
+                                prologue=prologue)
+        if prologue is not None:
+            w4a16_prologue.reference(prologue, x2d)
         return out.add_(self(x2d).float())
 
     def can_accumulate(self, x2d: torch.Tensor) -> bool:

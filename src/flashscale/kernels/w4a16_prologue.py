@@ -1,0 +1,163 @@
+"""Prologues of the accumulating decode GEMV (kernels.w4a16.w4a16_addmm_): the small kernel that a decode step runs
+before a linear, done by the GEMV's own programs instead (docs/w4a16_decode.md "Round 10").
+
+In a batch-1 decode step every block linear but the attention's output projection follows a tiny kernel: the
+residual add + RMSNorm before q/k/v and before gate/up, SiLU(gate) * up before down. Each is a launch, a wait for
+the GEMV before it and a few microseconds in which HBM idles. With a prologue the GEMV computes its input x itself,
+after it waits for the kernel ahead (PDL) and while its first weight words are already in flight:
+
+    XNorm(res, weight, eps, res_out, r):  res_out <- res + r;  x <- RMSNorm(res_out) * weight
+    XSiLU(gu):                            x <- SiLU(gu[:, :K]) * gu[:, K:]
+
+(r, gu: a linear's float32 sum, rounded to x's dtype first, as the linear would have stored it; the math and its
+roundings are kernels.decode's add_rmsnorm_kernel and silu_mul_kernel.) x (M, K) is the GEMV's input buffer: each
+program writes the chunks of 64 kt inputs that its items read (so the union of the programs writes all of x; a chunk
+shared by programs gets the same bits from each), a CTA barrier, then the GEMV's own x loads. The norm needs the
+sum of squares of the whole row: every program reads it (K values from L2) and sums it itself. res_out must not
+be res (other programs still read res): a decode step alternates two residual buffers.
+
+Shapes: M tokens (<= 8), K inputs; res, res_out, x (M, K) 16-bit contiguous; r (M, K), gu (M, 2K) float32
+contiguous; weight (K,).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+NORM_BLOCK_MAX = 8192  # the sum of squares in one block up to this K, a loop of blocks past it
+
+
+@dataclass(frozen=True)
+class XNorm:
+    """x <- RMSNorm(res + r) * weight (HF order), res_out <- res + r (r None: res)."""
+    res: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+    res_out: torch.Tensor
+    r: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class XSiLU:
+    """x <- SiLU(gu[:, :K]) * gu[:, K:] (gu: the fused gate/up linear's float32 sum, (M, 2K))."""
+    gu: torch.Tensor
+
+
+Prologue = XNorm | XSiLU
+
+
+def _want(name: str, t, shape: tuple, dtype: torch.dtype | tuple, device: torch.device) -> None:
+    dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype not in dtypes:
+        got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"prologue {name} must be {' or '.join(map(str, dtypes))} {shape}, got {got}")
+    if t.device != device:
+        raise ValueError(f"prologue {name} is on {t.device}, x on {device}")
+    if not t.is_contiguous():
+        raise ValueError(f"prologue {name} must be contiguous")
+
+
+def check(pro: Prologue, x2d: torch.Tensor) -> None:
+    """ValueError / TypeError naming the field for a prologue that cannot write x2d (M, K)."""
+    if not isinstance(pro, (XNorm, XSiLU)):
+        raise TypeError(f"prologue must be an XNorm or an XSiLU, got {type(pro).__name__}")
+    m, k = x2d.shape
+    if not x2d.is_contiguous():
+        raise ValueError("x must be contiguous where a prologue writes it")
+    if isinstance(pro, XSiLU):
+        _want("gu", pro.gu, (m, 2 * k), torch.float32, x2d.device)
+        return
+    _want("res", pro.res, (m, k), x2d.dtype, x2d.device)
+    _want("res_out", pro.res_out, (m, k), x2d.dtype, x2d.device)
+    _want("weight", pro.weight, (k,), (x2d.dtype, torch.float32), x2d.device)
+    if pro.r is not None:
+        _want("r", pro.r, (m, k), torch.float32, x2d.device)
+    if pro.res_out.data_ptr() == pro.res.data_ptr() or pro.res_out.data_ptr() == x2d.data_ptr():
+        raise ValueError("prologue res_out must be a buffer of its own (not res, not x): the GEMV's programs read "
+                         "res while others write res_out")
+    if not isinstance(pro.eps, float) or not pro.eps > 0:
+        raise ValueError(f"prologue eps must be a positive float, got {pro.eps!r}")
+
+
+@torch.no_grad()
+def reference(pro: Prologue, x2d: torch.Tensor) -> None:
+    """What the kernel's prologue writes, in PyTorch (the same roundings): x2d (and res_out) in place."""
+    dt = x2d.dtype
+    if isinstance(pro, XSiLU):
+        k = x2d.shape[1]
+        g, u = pro.gu[:, :k].to(dt).float(), pro.gu[:, k:].to(dt)
+        x2d.copy_(((g / (1.0 + torch.exp(-g))).to(dt).float() * u.float()).to(dt))
+        return
+    x = pro.res if pro.r is None else (pro.res.float() + pro.r.to(dt).float()).to(dt)
+    pro.res_out.copy_(x)
+    xf = x.float()
+    rs = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + pro.eps)
+    x2d.copy_(((xf * rs).to(dt).float() * pro.weight.float()).to(dt))
+
+
+def kernel_args(pro: Prologue | None, x2d: torch.Tensor) -> dict:
+    """The ring kernel's prologue arguments (pointers stand in where the mode reads nothing)."""
+    if pro is None:
+        return dict(xo_ptr=x2d, pa_ptr=x2d, pr_ptr=x2d, pw_ptr=x2d, po_ptr=x2d, eps=0.0, XMODE=0, HAS_R=False,
+                    NBLK=16)
+    if isinstance(pro, XSiLU):
+        return dict(xo_ptr=x2d, pa_ptr=pro.gu, pr_ptr=pro.gu, pw_ptr=x2d, po_ptr=x2d, eps=0.0, XMODE=2,
+                    HAS_R=False, NBLK=16)
+    k = x2d.shape[1]
+    return dict(xo_ptr=x2d, pa_ptr=pro.res, pr_ptr=pro.r if pro.r is not None else pro.res, pw_ptr=pro.weight,
+                po_ptr=pro.res_out, eps=pro.eps, XMODE=1, HAS_R=pro.r is not None,
+                NBLK=min(triton.next_power_of_2(k), NORM_BLOCK_MAX))
+
+
+def mode_name(pro: Prologue | None) -> str:
+    return "" if pro is None else ("-norm" if isinstance(pro, XNorm) else "-silu")
+
+
+# ---- the kernel side (called by w4a16_ring_kernel after its PDL wait, before its x loads)
+
+@triton.jit
+def _res_plus_r(pa_ptr, pr_ptr, off, km, dt, HAS_R: tl.constexpr):
+    """res + r at off (r rounded to dt first, the sum too: the model's residual add)."""
+    x = tl.load(pa_ptr + off, mask=km, other=0.0)
+    if HAS_R:
+        r = tl.load(pr_ptr + off, mask=km, other=0.0).to(dt)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(dt)
+    return x
+
+
+@triton.jit
+def x_prologue(xo_ptr, pa_ptr, pr_ptr, pw_ptr, po_ptr, eps, u0, u1, S, M, K, XMODE: tl.constexpr,
+               HAS_R: tl.constexpr, NBLK: tl.constexpr, BK: tl.constexpr, CH: tl.constexpr):
+    """Write x's chunks read by items [u0, u1) (chunk ks = item % S, BK inputs each) for every token row: XMODE 1
+    XNorm (pa res, pr r, pw weight, po res_out), 2 XSiLU (pa gu). CH inputs a round; NBLK a round of the norm's sum
+    of squares over the whole row."""
+    dt = xo_ptr.dtype.element_ty
+    n_el = tl.minimum(u1 - u0, S) * BK  # at most every chunk once
+    for m in range(M):
+        rs = 0.0
+        if XMODE == 1:
+            ss = 0.0
+            for b0 in range(0, K, NBLK):
+                k = b0 + tl.arange(0, NBLK)
+                xf = _res_plus_r(pa_ptr, pr_ptr, m * K + k, k < K, dt, HAS_R).to(tl.float32)
+                ss += tl.sum(xf * xf, axis=0)
+            rs = 1.0 / tl.sqrt(ss / K + eps)
+        for b0 in range(0, n_el, CH):
+            idx = b0 + tl.arange(0, CH)
+            k = ((u0 + idx // BK) % S) * BK + idx % BK
+            km = (idx < n_el) & (k < K)
+            if XMODE == 1:
+                x = _res_plus_r(pa_ptr, pr_ptr, m * K + k, km, dt, HAS_R)
+                tl.store(po_ptr + m * K + k, x, mask=km)
+                w = tl.load(pw_ptr + k, mask=km, other=0.0).to(tl.float32)
+                h = (x.to(tl.float32) * rs).to(dt).to(tl.float32) * w
+                tl.store(xo_ptr + m * K + k, h.to(dt), mask=km)
+            else:
+                g = tl.load(pa_ptr + m * 2 * K + k, mask=km, other=0.0).to(dt).to(tl.float32)
+                u = tl.load(pa_ptr + m * 2 * K + K + k, mask=km, other=0.0).to(dt)
+                a = (g / (1.0 + tl.exp(-g))).to(dt)
+                tl.store(xo_ptr + m * K + k, (a.to(tl.float32) * u.to(tl.float32)).to(dt), mask=km)
