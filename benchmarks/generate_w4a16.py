@@ -20,7 +20,9 @@ next kernel reads the sum, no split-K fold at the GEMV's end), and that with PDL
 loads its first items' weight words before it waits for the kernel ahead, and never lets the next one in early).
 Rows "+trig": each ring GEMV lets the next kernel launch once its programs all run (its programs then take the SM
 slots the ring's leave and load their first weight words while it ends); "+pro": the RMSNorms and SiLU * up run
-inside the GEMVs that read them (w4a16_prologue: 5 launches a block instead of 8).
+inside the GEMVs that read them (w4a16_prologue: 5 launches a block instead of 8); "+head": the final norm and the
+4-bit lm_head in one GEMV adding into the float32 logits (StaticDecoder's default with prologue). --all adds the rows
++trig and +pro alone (results/generate_w4a16-trig-h200.json has them: +pro alone lost, +trig alone gained ~1 %).
 PDL and +acc rows are checked against the model again first.
 """
 
@@ -137,6 +139,7 @@ def main(argv=None) -> int:
     ap.add_argument("--keep-lm-head", action="store_true", help="leave the lm_head in bf16")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu: a tiny model, eager, a self-check only")
     ap.add_argument("--no-pdl", action="store_true", help="skip the +pdl and +pdl+l2 rows (not +pdl+acc)")
+    ap.add_argument("--all", action="store_true", help="also the rows +pdl+acc+trig and +pdl+acc+pro (no trigger)")
     args = ap.parse_args(argv)
     cpu = args.device == "cpu"
     if not cpu and not torch.cuda.is_available():
@@ -178,18 +181,20 @@ def main(argv=None) -> int:
             raise SystemExit(f"{impl}: the decode step disagrees with Llama.forward")
         if cpu:
             continue
-        variants = [(False, False, False, False, False)]  # pdl, l2 prefetch, accumulate, prologue, trigger
+        variants = [(False, False, False, False, False, False)]  # pdl, l2, accumulate, prologue, trigger, head
         if quantize:
-            variants += [(False, False, True, False, False), (True, False, True, False, False),
-                         (True, False, True, False, True), (True, False, True, True, False),
-                         (True, False, True, True, True)]
-        variants += [] if args.no_pdl else [(True, False, False, False, False), (True, True, False, False, False)]
-        for use_pdl, l2, acc, pro, trig in variants:
+            variants += [(False, False, True, False, False, False), (True, False, True, False, False, False)]
+            variants += [(True, False, True, False, True, False), (True, False, True, True, False, False)] * args.all
+            variants += [(True, False, True, True, True, False), (True, False, True, True, True, True)]
+        variants += [] if args.no_pdl else [(True, False, False, False, False, False),
+                                            (True, True, False, False, False, False)]
+        head_acc = dec.head_acc
+        for use_pdl, l2, acc, pro, trig, head in variants:
             name = (impl + ("+pdl" if use_pdl else "") + ("+l2" if l2 else "") + ("+acc" if acc else "")
-                    + ("+pro" if pro else "") + ("+trig" if trig else ""))
+                    + ("+pro" if pro else "") + ("+trig" if trig else "") + ("+head" if head and head_acc else ""))
             # eager until time_decode captures the variant
             dec.pdl, dec.l2_prefetch, dec.accumulate, dec.graph = use_pdl, l2, acc, None
-            dec.prologue, dec.trigger = pro, trig
+            dec.prologue, dec.trigger, dec.head_acc = pro, trig, head and head_acc
             if use_pdl or acc:  # the eager step of the variant, against the model again (ordering on the GPU)
                 checks[name] = check_against_model(dec, model, prompt)
                 print(f"  {name}: decode step vs Llama.forward, worst relative logit difference {checks[name]:.2e}",
@@ -205,7 +210,8 @@ def main(argv=None) -> int:
             rows.append(dict(impl=name, layers=args.layers, batch=1, tokens=args.tokens, ms_per_token=ms,
                              tokens_per_s=1e3 / ms, weight_bytes=nbytes, TBps=nbytes / (ms * 1e9),
                              lm_head="bf16" if (args.keep_lm_head or not quantize) else "w4a16", pdl=use_pdl,
-                             l2_prefetch=l2, accumulate=acc, prologue=pro, trigger=trig, **breakdown))
+                             l2_prefetch=l2, accumulate=acc, prologue=pro, trigger=trig,
+                             head_in_acc=bool(head and head_acc), **breakdown))
             print(f"  {name:22s} {1e3 / ms:8.1f} tok/s  {ms:7.3f} ms/token  {nbytes / 1e9:6.2f} GB read/token  "
                   f"{nbytes / (ms * 1e9):5.2f} TB/s  kernels {breakdown.get('kernel_ms', float('nan')):.3f} ms",
                   flush=True)
@@ -231,7 +237,8 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['impl']:22s} {r['tokens_per_s']:8.1f} {r['ms_per_token']:8.3f} {r['weight_bytes'] / 1e9:7.2f} "
               f"{r['TBps']:6.2f}")
-    for suffix in ("", "+acc", "+pdl+acc", "+pdl+acc+trig", "+pdl+acc+pro", "+pdl+acc+pro+trig", "+pdl", "+pdl+l2"):
+    for suffix in ("", "+acc", "+pdl+acc", "+pdl+acc+trig", "+pdl+acc+pro", "+pdl+acc+pro+trig",
+                   "+pdl+acc+pro+trig+head", "+pdl", "+pdl+l2"):
         b = by.get("bf16" + suffix.split("+acc")[0]) or by.get("bf16")
         q = by.get("flashscale-w4a16" + suffix)
         if b and q:

@@ -91,7 +91,7 @@ class StaticDecoder:
     def __init__(self, model: Llama, max_len: int, *, fuse: bool = False,
                  linear_fn: Callable[[nn.Linear], nn.Module] | None = None, lm_head: nn.Module | None = None,
                  pdl: bool | None = None, l2_prefetch: bool = False, attn_splits: int | None = None,
-                 accumulate: bool | None = None, prologue: bool | None = None, trigger: bool = False):
+                 accumulate: bool | None = None, prologue: bool | None = None, trigger: bool | None = None):
         why = unsupported(model, max_len)
         if why is not None:
             raise ValueError(f"StaticDecoder: {why}")
@@ -109,8 +109,9 @@ class StaticDecoder:
         if prologue is not None and not isinstance(prologue, bool):
             raise TypeError(f"StaticDecoder: prologue must be a bool or None (automatic: with accumulate), got "
                             f"{prologue!r}")
-        if not isinstance(trigger, bool):
-            raise TypeError(f"StaticDecoder: trigger must be a bool, got {trigger!r}")
+        if trigger is not None and not isinstance(trigger, bool):
+            raise TypeError(f"StaticDecoder: trigger must be a bool or None (automatic: with prologue), got "
+                            f"{trigger!r}")
         if attn_splits is not None and (not isinstance(attn_splits, int) or isinstance(attn_splits, bool)
                                         or attn_splits < 1 or attn_splits > 64 or attn_splits & (attn_splits - 1)):
             raise ValueError(f"StaticDecoder: attn_splits must be None (automatic) or a power of two in [1, 64], "
@@ -144,7 +145,7 @@ class StaticDecoder:
             raise ValueError("StaticDecoder: prologue=True runs the norms and SiLU * up inside the accumulating GEMVs: "
                              "it needs accumulate")
         self.prologue = accumulate if prologue is None else prologue  # may be switched with accumulate
-        self.trigger = trigger
+        self.trigger = self.prologue if trigger is None else trigger
         dev, dt = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
         shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, max_len, cfg.head_dim)
         self.k = torch.zeros(shape, device=dev, dtype=dt)  # (L, G, T, D)
@@ -162,12 +163,15 @@ class StaticDecoder:
         self.h = torch.zeros(1, e, device=dev, dtype=dt)
         self.attn = torch.zeros(1, cfg.num_attention_heads * cfg.head_dim, device=dev, dtype=dt)
         self.act = torch.zeros(1, cfg.intermediate_size, device=dev, dtype=dt)
-        self.logits = torch.zeros(1, cfg.vocab_size, device=dev, dtype=torch.float32)
-        # accumulate=True: each layer's linear outputs as float32 sums, (1, N) views of one buffer zeroed a step
+        # accumulate=True: each layer's linear outputs as float32 sums, (1, N) views of one buffer zeroed a step;
+        # the logits the last view (a 4-bit lm_head without bias adds into them, prologue: the final norm in it)
         widths = [] if bad else [b[k].out_features for b in self.blocks for k in LINEARS]
-        self.acc = torch.zeros(1, sum(widths), device=dev, dtype=torch.float32)
-        views = iter(torch.split(self.acc, widths, dim=1))
+        self.acc = torch.zeros(1, sum(widths) + cfg.vocab_size, device=dev, dtype=torch.float32)
+        views = iter(torch.split(self.acc, widths + [cfg.vocab_size], dim=1))
         self.acc_views = [] if bad else [{k: next(views) for k in LINEARS} for _ in self.blocks]
+        self.logits = self.acc[:, sum(widths):]  # (1, V)
+        self.head_acc = (not bad and hasattr(self.lm_head, "accumulate_")
+                         and getattr(self.lm_head, "bias", None) is None)
         self.greedy = False  # step writes argmax(logits) into tok (a replayed graph then runs a whole generation)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.length = 0  # positions filled (host-side mirror of pos)
@@ -228,8 +232,11 @@ class StaticDecoder:
                 g, u = gu[:, :f], gu[:, f:]
             silu_mul_kernel[(triton.cdiv(f, 1024),)](g, u, self.act, F_=f, BLOCK=1024, num_warps=4, **po)
             r = self._linear(i, "down", self.act)
-        self._norm(m.norm, r, po)
-        self.logits.copy_(self.lm_head(self.h))
+        if pro and self.head_acc:  # x + r, the final norm and the lm_head in one GEMV, into the zeroed logits
+            self.lm_head.accumulate_(self.h, self.logits, self._xnorm(m.norm, self.x, r, self.x2))
+        else:
+            self._norm(m.norm, r, po)
+            self.logits.copy_(self.lm_head(self.h))
         if self.greedy:
             self.tok.copy_(self.logits.argmax(-1))
         self.pos.add_(1)
