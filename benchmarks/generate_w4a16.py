@@ -108,7 +108,29 @@ def kernel_breakdown(dec: StaticDecoder, replays: int = 4) -> dict:
         if e.device_time_total > 0:
             per[e.key] = per.get(e.key, 0.0) + e.device_time_total / 1e3 / replays  # us -> ms a token
     top = dict(sorted(per.items(), key=lambda kv: -kv[1])[:8])
-    return {"kernel_ms": sum(per.values()), "by_kernel": {k[:60]: round(v, 4) for k, v in top.items()}}
+    return {"kernel_ms": sum(per.values()), "by_kernel": {k[:60]: round(v, 4) for k, v in top.items()},
+            "critical_ms": critical_path(prof, replays, len(dec.blocks))}
+
+
+def critical_path(prof, replays: int, layers: int) -> dict:
+    """What each kernel adds to the step: kernels in order of their end, each charged end - the previous kernel's
+    end (under PDL a grid starts early, so its own duration overstates it), summed by name over a token (ms); the
+    W4A16 GEMVs by their place in a block (w4a16[0] q/k/v, [1] o, [2] gate/up, [3] down, [head] the lm_head)."""
+    ev = sorted((e for e in prof.events() if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start),
+                key=lambda e: e.time_range.end)
+    per_step = len(ev) // replays
+    out, last = {}, None
+    for i, e in enumerate(ev):
+        if i % per_step == 0:
+            ring = 0
+        name = e.name.split("(")[0].replace("void ", "")[:40]
+        if name.startswith("w4a16_"):
+            name = f"w4a16[{ring % 4 if ring < 4 * layers else 'head'}]"
+            ring += 1
+        if last is not None:
+            out[name] = out.get(name, 0.0) + (e.time_range.end - last) / 1e3 / replays
+        last = e.time_range.end
+    return {k: round(v, 4) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 
 
 def weight_bytes(dec: StaticDecoder) -> int:
@@ -186,15 +208,18 @@ def main(argv=None) -> int:
             variants += [(False, False, True, False, False, False), (True, False, True, False, False, False)]
             variants += [(True, False, True, False, True, False), (True, False, True, True, False, False)] * args.all
             variants += [(True, False, True, True, True, False), (True, False, True, True, True, True)]
+            variants += [(True, 4, True, True, True, True), (True, 8, True, True, True, True)]  # pre-wait L2 items
         variants += [] if args.no_pdl else [(True, False, False, False, False, False),
                                             (True, True, False, False, False, False)]
         head_acc = dec.head_acc
         for use_pdl, l2, acc, pro, trig, head in variants:
+            pre, l2 = (l2, False) if l2 is not True and l2 else (0, l2)  # an int: items asked of L2 before the wait
             name = (impl + ("+pdl" if use_pdl else "") + ("+l2" if l2 else "") + ("+acc" if acc else "")
-                    + ("+pro" if pro else "") + ("+trig" if trig else "") + ("+head" if head and head_acc else ""))
+                    + ("+pro" if pro else "") + ("+trig" if trig else "") + ("+head" if head and head_acc else "")
+                    + (f"+pre{pre}" if pre else ""))
             # eager until time_decode captures the variant
             dec.pdl, dec.l2_prefetch, dec.accumulate, dec.graph = use_pdl, l2, acc, None
-            dec.prologue, dec.trigger, dec.head_acc = pro, trig, head and head_acc
+            dec.prologue, dec.trigger, dec.head_acc, dec.pre_l2 = pro, trig, head and head_acc, pre
             if use_pdl or acc:  # the eager step of the variant, against the model again (ordering on the GPU)
                 checks[name] = check_against_model(dec, model, prompt)
                 print(f"  {name}: decode step vs Llama.forward, worst relative logit difference {checks[name]:.2e}",
@@ -211,7 +236,7 @@ def main(argv=None) -> int:
                              tokens_per_s=1e3 / ms, weight_bytes=nbytes, TBps=nbytes / (ms * 1e9),
                              lm_head="bf16" if (args.keep_lm_head or not quantize) else "w4a16", pdl=use_pdl,
                              l2_prefetch=l2, accumulate=acc, prologue=pro, trigger=trig,
-                             head_in_acc=bool(head and head_acc), **breakdown))
+                             head_in_acc=bool(head and head_acc), pre_l2=pre, **breakdown))
             print(f"  {name:22s} {1e3 / ms:8.1f} tok/s  {ms:7.3f} ms/token  {nbytes / 1e9:6.2f} GB read/token  "
                   f"{nbytes / (ms * 1e9):5.2f} TB/s  kernels {breakdown.get('kernel_ms', float('nan')):.3f} ms",
                   flush=True)

@@ -35,6 +35,17 @@ def test_switch_nests_and_resets():
         with P.pdl("yes"):
             pass
     assert not P._ON.get()
+    with P.pdl(trigger=True, pre_l2=4):  # the accumulating ring GEMV's options
+        assert P.trigger_active() and P.pre_l2_items() == 4
+        with P.pdl(False, trigger=True, pre_l2=4):  # off: no trigger, no pre-wait prefetch
+            assert not P.trigger_active() and P.pre_l2_items() == 0
+    assert not P.trigger_active() and P.pre_l2_items() == 0
+    with pytest.raises(TypeError, match=r"pdl\(trigger\) takes a bool"):
+        with P.pdl(trigger=1):
+            pass
+    with pytest.raises(ValueError, match=r"pdl\(pre_l2\) takes an int 0..8"):
+        with P.pdl(pre_l2=9):
+            pass
 
 
 _COMPILE = """

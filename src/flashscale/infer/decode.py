@@ -146,6 +146,7 @@ class StaticDecoder:
                              "it needs accumulate")
         self.prologue = accumulate if prologue is None else prologue  # may be switched with accumulate
         self.trigger = self.prologue if trigger is None else trigger
+        self.pre_l2 = 0  # items past its ring each ring GEMV asks of L2 before its PDL wait (kernels.pdl)
         dev, dt = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
         shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, max_len, cfg.head_dim)
         self.k = torch.zeros(shape, device=dev, dtype=dt)  # (L, G, T, D)
@@ -195,7 +196,7 @@ class StaticDecoder:
     @torch.no_grad()
     def _step(self) -> None:
         """logits <- the logits (1, V) of `tok` at `pos`; pos += 1 (and tok <- argmax with greedy), in place."""
-        with pdl_launches(self.pdl, l2_prefetch=self.l2_prefetch, trigger=self.trigger):
+        with pdl_launches(self.pdl, l2_prefetch=self.l2_prefetch, trigger=self.trigger, pre_l2=self.pre_l2):
             self._step_body()
 
     def _step_body(self) -> None:

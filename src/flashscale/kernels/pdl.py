@@ -39,24 +39,30 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 _ON: contextvars.ContextVar[bool] = contextvars.ContextVar("flashscale_pdl", default=False)
 _L2: contextvars.ContextVar[bool] = contextvars.ContextVar("flashscale_pdl_l2", default=False)
 _TRIGGER: contextvars.ContextVar[bool] = contextvars.ContextVar("flashscale_pdl_trigger", default=False)
+_PRE_L2: contextvars.ContextVar[int] = contextvars.ContextVar("flashscale_pdl_pre_l2", default=0)
 
 
 @contextlib.contextmanager
-def pdl(enabled: bool = True, *, l2_prefetch: bool = False, trigger: bool = False):
+def pdl(enabled: bool = True, *, l2_prefetch: bool = False, trigger: bool = False, pre_l2: int = 0):
     """Within the block, PDL-aware kernels (kernels.decode, the W4A16 GEMV/decode kernels at M <= 16) launch with
     programmatic dependent launch where the device supports it; l2_prefetch: the W4A16 ones prefetch their
     weights into L2 before waiting; trigger: the accumulating ring GEMV (w4a16_addmm_) lets the next kernel launch
-    once all its programs run (by default it never does: the next grid launches when it ends)."""
+    once all its programs run (by default it never does: the next grid launches when it ends); pre_l2: it asks L2
+    for that many more items' packed words before it waits (0..8)."""
     for name, val in (("enabled", enabled), ("l2_prefetch", l2_prefetch), ("trigger", trigger)):
         if not isinstance(val, bool):
             raise TypeError(f"pdl({name}) takes a bool, got {val!r}")
-    tokens = _ON.set(enabled), _L2.set(enabled and l2_prefetch), _TRIGGER.set(enabled and trigger)
+    if not isinstance(pre_l2, int) or isinstance(pre_l2, bool) or not 0 <= pre_l2 <= 8:
+        raise ValueError(f"pdl(pre_l2) takes an int 0..8, got {pre_l2!r}")
+    tokens = (_ON.set(enabled), _L2.set(enabled and l2_prefetch), _TRIGGER.set(enabled and trigger),
+              _PRE_L2.set(pre_l2 if enabled else 0))
     try:
         yield
     finally:
         _ON.reset(tokens[0])
         _L2.reset(tokens[1])
         _TRIGGER.reset(tokens[2])
+        _PRE_L2.reset(tokens[3])
 
 
 def active(device: torch.device) -> bool:
@@ -69,6 +75,11 @@ def active(device: torch.device) -> bool:
 def trigger_active() -> bool:
     """Whether PDL launches of the accumulating ring GEMV now trigger their dependents early."""
     return _TRIGGER.get()
+
+
+def pre_l2_items() -> int:
+    """Items past its ring the accumulating ring GEMV asks of L2 before its PDL wait."""
+    return _PRE_L2.get()
 
 
 def l2_prefetch_active() -> bool:

@@ -35,7 +35,7 @@ import triton.testing
 from triton.runtime.errors import OutOfResources
 
 from flashscale.kernels.pdl import active as pdl_active
-from flashscale.kernels.pdl import l2_prefetch_active, launch_options, trigger_active
+from flashscale.kernels.pdl import l2_prefetch_active, launch_options, pre_l2_items, trigger_active
 from flashscale.kernels.w4a16_common import MAGIC_ONE, split_k_slices, split_k_workspace
 from flashscale.kernels.w4a16_gemm import w4a16_gemm_kernel
 from flashscale.kernels.w4a16_gemv import w4a16_decode_kernel, w4a16_gemv_kernel
@@ -680,7 +680,7 @@ def w4a16_addmm_(out: torch.Tensor, x2d: torch.Tensor, p: PackedW4, *, prologue=
 
     cfg, per_sm = _tune(key, cands, lambda c: c.per_sm, launch, ring=lambda: _weight_ring(p))
     ring_launch(x2d, p, None, out, cfg, per_sm, add=True, pdl=pdl_active(x2d.device), prologue=prologue,
-                trigger=trigger_active())
+                trigger=trigger_active(), pre_l2=pre_l2_items())
     return out
 
 

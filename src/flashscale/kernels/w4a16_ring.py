@@ -282,7 +282,7 @@ def w4a16_ring_kernel(
     BM: tl.constexpr, RING: tl.constexpr, ATOMIC: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     ASM: tl.constexpr, L2AHEAD: tl.constexpr = 0, TRACE: tl.constexpr = False, ADD: tl.constexpr = False,
     PDL: tl.constexpr = False, XMODE: tl.constexpr = 0, HAS_R: tl.constexpr = False, NBLK: tl.constexpr = 16,
-    PCH: tl.constexpr = 128, TRIGGER: tl.constexpr = False,
+    PCH: tl.constexpr = 128, TRIGGER: tl.constexpr = False, L2PRE: tl.constexpr = 0,
 ):
     """x_ptr: x as int32 words (pairs of 16-bit inputs), stride_xm in words; pk_ptr / sz_ptr: PackedW4 qweight
     (N_pad/16, K_pad/64, 32, 4) / sz (NG, N_pad); S items a tile, U items, CMAX workspace slots a tile. TRACE: each
@@ -327,6 +327,12 @@ def w4a16_ring_kernel(
         w3, s3 = _slot_w(pk_ptr, sz_ptr, u0 + 3, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb, kt_first, k_pad,
                          n_frag, K, stride_pn, stride_sg, NB, BK, G, EVEN_K, EVEN_N)
         tile_p, ks_p = _next_item(tile_p, ks_p, S)
+    if PDL and L2PRE > 0:  # and the next L2PRE items' packed words asked of L2 (the previous kernel's tail)
+        tile_q = (u0 + RING) // S
+        ks_q = u0 + RING - tile_q * S
+        for j in tl.static_range(L2PRE):
+            _l2_ahead(pk_ptr, tile_q, ks_q, u0 + RING + j < u1, stride_pn, n_frag, (k_pad // 64) * 128, NB, KT, ASM)
+            tile_q, ks_q = _next_item(tile_q, ks_q, S)
     if PDL:  # the weight's first loads are in flight while the previous kernel ends; x, workspace, y after it
         gdc_wait()
     if XMODE != 0:  # this program's chunks of x, from the previous kernels' outputs (w4a16_prologue)
@@ -467,13 +473,14 @@ def w4a16_ring(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None, *
 
 def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Tensor, cfg: RingConfig, per_sm: int,
            trace: torch.Tensor | None = None, add: bool = False, pdl: bool = False, prologue: Prologue | None = None,
-           trigger: bool = False):
+           trigger: bool = False, pre_l2: int = 0):
     """One launch into y (M, N) (arguments as check_args takes them, M >= 1); returns what Triton's launch returns
     (on a GPU the compiled kernel: .n_regs, .metadata.shared). trace: an int64 tensor of >= 8 x programs values
     (ring_grid) that a TRACE build of the kernel fills with TRACE_FIELDS a program (GPU only). add: y is float32
     (M, N), unit stride along N, and the launch adds x @ dequant(W) into it (red.add; no bias, no split-K fold).
     pdl: a programmatic dependent launch (kernels.pdl; ignored under the interpreter); trigger: with pdl, let the
-    next kernel launch once this one's prologue is done. prologue: x (contiguous, no act-order) is first written
+    next kernel launch once this one's prologue is done; pre_l2: with pdl, the packed words of that many items past
+    the ring are asked of L2 before the wait (prefetch.global.L2). prologue: x (contiguous, no act-order) is first written
     by the kernel's programs from a w4a16_prologue.XNorm / XSiLU (checked by the caller: w4a16_prologue.check)."""
     m, k = x.shape
     n = p.out_features
@@ -506,7 +513,8 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
         **kernel_args(prologue, x), PCH=max(128, min(triton.next_power_of_2(chunk), 2048)),
         G=p.group_size, HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, BN=cfg.bn, KT=cfg.kt, BM=bm,
         RING=cfg.ring, ATOMIC=cfg.atomic, EVEN_K=k % (64 * cfg.kt) == 0, EVEN_N=p.sz.shape[1] % cfg.bn == 0,
-        **({"PDL": True, "launch_pdl": True, "TRIGGER": trigger} if pdl and not _interpreting() else {}),
+        **({"PDL": True, "launch_pdl": True, "TRIGGER": trigger, "L2PRE": pre_l2} if pdl and not _interpreting()
+           else {}),
         ASM=cfg.asm and not _interpreting(), L2AHEAD=cfg.l2_ahead, TRACE=trace is not None, ADD=add,
         num_warps=cfg.num_warps, num_stages=1, **extra,
     )
@@ -515,7 +523,8 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
 # ---- ahead-of-time sm_90 compiles (no GPU needed) and what the machine code says
 
 def compile_sm90(cfg: RingConfig, *, dtype: str = "bf16", bm: int = 8, group_size: int = 128, trace: bool = False,
-                 add: bool = False, pdl: bool = False, xmode: int = 0, trigger: bool = False, k: int = 4096):
+                 add: bool = False, pdl: bool = False, xmode: int = 0, trigger: bool = False, k: int = 4096,
+                 pre_l2: int = 0):
     """Compile one config as a launch on an even Llama shape specializes it (K, N multiples of 256, pointers and
     strides 16-divisible, no bias): returns Triton's CompiledKernel (asm: ptx, cubin). xmode: the prologue (0 none,
     1 XNorm with r, 2 XSiLU) for K = k inputs."""
@@ -530,7 +539,7 @@ def compile_sm90(cfg: RingConfig, *, dtype: str = "bf16", bm: int = 8, group_siz
     cx = dict(G=group_size, HAS_BIAS=False, BF16=dtype == "bf16", BN=cfg.bn, KT=cfg.kt, BM=bm, RING=cfg.ring,
               ATOMIC=cfg.atomic, EVEN_K=True, EVEN_N=True, ASM=cfg.asm, L2AHEAD=cfg.l2_ahead, TRACE=trace,
               ADD=add, PDL=pdl, XMODE=xmode, HAS_R=xmode == 1, NBLK=min(triton.next_power_of_2(k), 8192) if xmode == 1
-              else 16, PCH=1024 if xmode else 128, TRIGGER=trigger)
+              else 16, PCH=1024 if xmode else 128, TRIGGER=trigger, L2PRE=pre_l2)
     sig = {**ptrs, **{n: "i32" for n in ints}, **pro, "eps": "fp32", **{n: "constexpr" for n in cx}}
     names = list(sig)
     aligned = set(ptrs) | set(pro) | {"N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg"}
