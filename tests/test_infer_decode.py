@@ -247,11 +247,12 @@ def test_capture_replays_the_same_steps():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("l2_prefetch,accumulate,prologue,trigger", [
-    (False, False, False, False), (True, False, False, False), (False, True, False, False),
-    (False, True, True, False), (False, True, True, True), (False, True, False, True)])
+@pytest.mark.parametrize("l2_prefetch,accumulate,prologue,trigger,pre_l2", [
+    (False, False, False, False, 0), (True, False, False, False, 0), (False, True, False, False, 0),
+    (False, True, True, False, 0), (False, True, True, True, 0), (False, True, False, True, 0),
+    (False, True, True, True, 4)])
 @torch.no_grad()
-def test_capture_with_pdl_replays_the_eager_steps(l2_prefetch, accumulate, prologue, trigger):
+def test_capture_with_pdl_replays_the_eager_steps(l2_prefetch, accumulate, prologue, trigger, pre_l2):
     """The CUDA graph of a step whose kernels launch with programmatic dependent launch (kernels.pdl) gives the
     eager plain-launch logits, 4-bit linears included (the W4A16 GEMVs wait too, after their L2 prefetch; with
     accumulate, the ring kernel's red.adds after its weight loads: the same logits up to their summation order;
@@ -264,6 +265,7 @@ def test_capture_with_pdl_replays_the_eager_steps(l2_prefetch, accumulate, prolo
     plain = StaticDecoder(model, 16, fuse=True, linear_fn=qfn, accumulate=False)
     graphed = StaticDecoder(model, 16, fuse=True, linear_fn=qfn, pdl=True, l2_prefetch=l2_prefetch,
                             accumulate=accumulate, prologue=prologue, trigger=trigger)
+    graphed.pre_l2 = pre_l2  # items past the ring asked of L2 before each ring GEMV's wait
     a = [plain.prefill(ids).clone()] + [plain.step(t).clone() for t in (7, 8, 9)]
     graphed.prefill(ids)
     graphed.capture()
