@@ -25,6 +25,13 @@ step, one memset) instead of folding split-K partials itself at its end (a ticke
 of each ~8-40 us GEMV on the H200, docs/w4a16_decode.md round 9), and the next kernel reads the sum, rounded to the
 model's dtype as the linear would have stored it. Measured (results/generate_w4a16-h200.json, 8B shape): 2.328 ->
 2.161 ms a token (1.965 with pdl).
+prologue=True (None, the default: with accumulate) runs the residual add + RMSNorm before q/k/v and gate/up and
+SiLU(gate) * up before down inside those GEMVs (kernels.w4a16_prologue: each program computes the chunks of its
+input it reads, after its PDL wait), over two residual buffers (x, x2); with a 4-bit lm_head the final norm too, the
+head adding into the float32 logits. 5 launches a block instead of 8. trigger=True (None: with prologue) lets each
+ring GEMV's successor launch once its programs run (a GEMV after a GEMV then loads its first weights during the
+first one's tail): 1.956 -> 1.840 ms a token with both (docs/w4a16_decode.md round 10); pre_l2 (an attribute, 0):
+items past its ring each ring GEMV asks of L2 before its wait.
 Shapes: E hidden size, H query heads, G kv heads, D head_dim, L layers, T max_len, V vocab.
 """
 
