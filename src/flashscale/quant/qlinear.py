@@ -104,20 +104,19 @@ class QuantLinear(nn.Module):
         if tuple(out.shape) != (x2d.shape[0], self.out_features) or out.dtype != torch.float32:
             raise ValueError(f"out must be float32 ({x2d.shape[0]}, {self.out_features}), got {out.dtype} "
                              f"{tuple(out.shape)}")
+        kernel = self.can_accumulate(x2d)
         if prologue is not None:
             if x2d.data_ptr() != x.data_ptr() or not x2d.is_contiguous():
                 raise ValueError("accumulate_ with a prologue writes x: x must be a contiguous (M, K) buffer")
-            w4a16_prologue.check(prologue, x2d)
-        if self.can_accumulate(x2d):
-            from flashscale.kernels.w4a16 import w4a16_addmm_
-
-            if prologue is not None and self.packed().perm is not None:
+            if not kernel or self.packed().perm is not None:  # the kernel's programs cannot: PyTorch first
+                w4a16_prologue.check(prologue, x2d)  # (w4a16_addmm_ checks it where the kernel runs it)
                 w4a16_prologue.reference(prologue, x2d)
                 prologue = None
+        if kernel:
+            from flashscale.kernels.w4a16 import w4a16_addmm_
+
             return w4a16_addmm_(out, x2d if x2d.stride(-1) == 1 else x2d.contiguous(), self.packed(),
                                 prologue=prologue)
-        if prologue is not None:
-            w4a16_prologue.reference(prologue, x2d)
         return out.add_(self(x2d).float())
 
     def can_accumulate(self, x2d: torch.Tensor) -> bool:
