@@ -22,8 +22,11 @@ Rows "+trig": each ring GEMV lets the next kernel launch once its programs all r
 slots the ring's leave and load their first weight words while it ends); "+pro": the RMSNorms and SiLU * up run
 inside the GEMVs that read them (w4a16_prologue: 5 launches a block instead of 8); "+head": the final norm and the
 4-bit lm_head in one GEMV adding into the float32 logits (StaticDecoder's default with prologue). --all adds the rows
-+trig and +pro alone (results/generate_w4a16-trig-h200.json has them: +pro alone lost, +trig alone gained ~1 %).
-PDL and +acc rows are checked against the model again first.
++trig and +pro alone (results/generate_w4a16-trig-h200.json has them: +pro alone lost, +trig alone gained ~1 %) and
++pre4 / +pre8 (session 31: slower). "+glue": the step's first and last kernels are flashscale's (embedding and the
+zeroed sums; argmax and pos + 1; PDL-aware) instead of torch's ops, for both precisions ("bf16+glue" is the anchor of
+the rows with it); "+comb": the attention's split combine in the o GEMV's prologue (StaticDecoder.attn_in_o); "+sN":
+N context splits a head instead of the automatic 8. PDL and +acc rows are checked against the model again first.
 """
 
 from __future__ import annotations
@@ -203,23 +206,32 @@ def main(argv=None) -> int:
             raise SystemExit(f"{impl}: the decode step disagrees with Llama.forward")
         if cpu:
             continue
-        variants = [(False, False, False, False, False, False)]  # pdl, l2, accumulate, prologue, trigger, head
+        base = dict(pdl=False, l2=False, acc=False, pro=False, trig=False, head=False, glue=False, comb=False,
+                    splits=None)
+        variants = [base, {**base, "glue": True}]  # the step's first/last kernels: torch's ops, then ours
         if quantize:
-            variants += [(False, False, True, False, False, False), (True, False, True, False, False, False)]
-            variants += [(True, False, True, False, True, False), (True, False, True, True, False, False)] * args.all
-            variants += [(True, False, True, True, True, False), (True, False, True, True, True, True)]
-            variants += [(True, 4, True, True, True, True), (True, 8, True, True, True, True)]  # pre-wait L2 items
-        variants += [] if args.no_pdl else [(True, False, False, False, False, False),
-                                            (True, True, False, False, False, False)]
+            variants += [{**base, "acc": True}, {**base, "pdl": True, "acc": True}]
+            variants += [{**base, "pdl": True, "acc": True, "trig": True},
+                         {**base, "pdl": True, "acc": True, "pro": True}] * args.all
+            top = {**base, "pdl": True, "acc": True, "pro": True, "trig": True, "head": True}  # session 31's default
+            variants += [top, {**top, "glue": True}, {**top, "comb": True}, {**top, "glue": True, "comb": True}]
+            variants += [{**top, "glue": True, "comb": True, "splits": n} for n in (2, 4, 16)]
+            variants += [{**top, "l2": n} for n in (4, 8)] * args.all  # pre-wait L2 items (session 31: slower)
+        variants += [] if args.no_pdl else [{**base, "pdl": True}, {**base, "pdl": True, "l2": True}]
         head_acc = dec.head_acc
-        for use_pdl, l2, acc, pro, trig, head in variants:
+        auto_splits = dec.splits
+        for v in variants:
+            use_pdl, l2, acc, pro, trig, head = (v[k] for k in ("pdl", "l2", "acc", "pro", "trig", "head"))
             pre, l2 = (l2, False) if l2 is not True and l2 else (0, l2)  # an int: items asked of L2 before the wait
             name = (impl + ("+pdl" if use_pdl else "") + ("+l2" if l2 else "") + ("+acc" if acc else "")
                     + ("+pro" if pro else "") + ("+trig" if trig else "") + ("+head" if head and head_acc else "")
-                    + (f"+pre{pre}" if pre else ""))
+                    + (f"+pre{pre}" if pre else "") + ("+glue" if v["glue"] else "")
+                    + ("+comb" if v["comb"] and pro else "") + (f"+s{v['splits']}" if v["splits"] else ""))
             # eager until time_decode captures the variant
             dec.pdl, dec.l2_prefetch, dec.accumulate, dec.graph = use_pdl, l2, acc, None
             dec.prologue, dec.trigger, dec.head_acc, dec.pre_l2 = pro, trig, head and head_acc, pre
+            dec.glue, dec.attn_in_o = v["glue"], v["comb"]
+            dec.set_attn_splits(v["splits"] or auto_splits)
             if use_pdl or acc:  # the eager step of the variant, against the model again (ordering on the GPU)
                 checks[name] = check_against_model(dec, model, prompt)
                 print(f"  {name}: decode step vs Llama.forward, worst relative logit difference {checks[name]:.2e}",
@@ -236,7 +248,8 @@ def main(argv=None) -> int:
                              tokens_per_s=1e3 / ms, weight_bytes=nbytes, TBps=nbytes / (ms * 1e9),
                              lm_head="bf16" if (args.keep_lm_head or not quantize) else "w4a16", pdl=use_pdl,
                              l2_prefetch=l2, accumulate=acc, prologue=pro, trigger=trig,
-                             head_in_acc=bool(head and head_acc), pre_l2=pre, **breakdown))
+                             head_in_acc=bool(head and head_acc), pre_l2=pre, glue=v["glue"],
+                             attn_in_o=bool(v["comb"] and pro), attn_splits=dec.splits, **breakdown))
             print(f"  {name:22s} {1e3 / ms:8.1f} tok/s  {ms:7.3f} ms/token  {nbytes / 1e9:6.2f} GB read/token  "
                   f"{nbytes / (ms * 1e9):5.2f} TB/s  kernels {breakdown.get('kernel_ms', float('nan')):.3f} ms",
                   flush=True)
@@ -262,13 +275,12 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['impl']:22s} {r['tokens_per_s']:8.1f} {r['ms_per_token']:8.3f} {r['weight_bytes'] / 1e9:7.2f} "
               f"{r['TBps']:6.2f}")
-    for suffix in ("", "+acc", "+pdl+acc", "+pdl+acc+trig", "+pdl+acc+pro", "+pdl+acc+pro+trig",
-                   "+pdl+acc+pro+trig+head", "+pdl", "+pdl+l2"):
-        b = by.get("bf16" + suffix.split("+acc")[0]) or by.get("bf16")
-        q = by.get("flashscale-w4a16" + suffix)
-        if b and q:
-            print(f"speedup{suffix or ''} {q['tokens_per_s'] / b['tokens_per_s']:.2f}x "
-                  f"(against plain bf16: {q['tokens_per_s'] / by['bf16']['tokens_per_s']:.2f}x)")
+    for r in rows:  # each 4-bit row against bf16 with the same step glue, and against plain bf16
+        if r["impl"].startswith("flashscale"):
+            b = by.get("bf16+glue" if r["glue"] else "bf16")
+            tag = r["impl"][len("flashscale-w4a16"):] or "plain"
+            print(f"speedup {tag}: {r['tokens_per_s'] / b['tokens_per_s']:.2f}x "
+                  f"(against plain bf16: {r['tokens_per_s'] / by['bf16']['tokens_per_s']:.2f}x)")
     print(f"wrote {path}")
     return 0
 

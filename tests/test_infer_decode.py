@@ -189,9 +189,10 @@ def test_errors():
 @torch.no_grad()
 def test_prologue_equals_the_accumulating_step(monkeypatch):
     """prologue=True (accumulate's default): the RMSNorms and SiLU * up run inside the GEMVs (the ring kernel's
-    prologue, w4a16_prologue) over two residual buffers: the same logits as accumulate with the small kernels (on
-    the CPU the ring kernel runs under the interpreter: bitwise), near the plain step; each block's GEMVs take
-    norm, none, norm, silu prologues in that order."""
+    prologue, w4a16_prologue) over two residual buffers, and the attention's split combine in the o GEMV: the same
+    logits as accumulate with the small kernels (on the CPU the ring kernel runs under the interpreter: bitwise),
+    near the plain step; each block's GEMVs take norm, attn, norm, silu prologues in that order (norm, none, norm,
+    silu with the attention's own combine)."""
     from flashscale.kernels import w4a16
 
     if DEV == "cpu":  # the ring kernel under the interpreter (QuantLinear takes it on CUDA only)
@@ -211,15 +212,18 @@ def test_prologue_equals_the_accumulating_step(monkeypatch):
     head = qfn(model.lm_head)  # a 4-bit lm_head: with prologue the final norm and the head are one GEMV
     for name, kw in (("plain", dict(accumulate=False)), ("acc", dict(accumulate=True, prologue=False)),
                      ("pro", dict(accumulate=True)), ("pro_head", dict(lm_head=head, accumulate=True)), ("acc_head", dict(
-                         lm_head=head, accumulate=True, prologue=False))):
-        dec = StaticDecoder(model, 12, fuse=True, linear_fn=qfn, **kw)
+                         lm_head=head, accumulate=True, prologue=False)), ("pro_own_combine", dict(accumulate=True))):
+        dec = StaticDecoder(model, 12, fuse=True, linear_fn=qfn, attn_splits=2, **kw)
+        dec.attn_in_o = name != "pro_own_combine"  # the attention's split combine in the o GEMV (XAttn) or its own
         assert dec.prologue == name.startswith("pro") and dec.trigger == dec.prologue  # automatic trigger
         got[name] = [dec.prefill(ids).clone(), dec.step(11).clone(), dec.step(70).clone()]
         if name == "pro_head":
-            assert modes[-9:] == ["XNorm", "NoneType", "XNorm", "XSiLU"] * 2 + ["XNorm"]
+            assert modes[-9:] == ["XNorm", "XAttn", "XNorm", "XSiLU"] * 2 + ["XNorm"]
         if name == "pro":
+            assert modes[-8:] == ["XNorm", "XAttn", "XNorm", "XSiLU"] * 2
+        if name == "pro_own_combine":
             assert modes[-8:] == ["XNorm", "NoneType", "XNorm", "XSiLU"] * 2
-    for a, b, tol in (("pro", "acc", 1e-7), ("pro_head", "acc_head", 1e-3)):  # the head: fp32 sums, not fp16 outputs
+    for a, b, tol in (("pro", "acc", 1e-7), ("pro_head", "acc_head", 1e-3), ("pro_own_combine", "acc", 1e-7)):
         for x, y in zip(got[a], got[b]):
             assert _rel(x, y) < (1e-2 if DEV == "cuda" else tol)  # GPU: the red.adds' order
     for pro, plain in zip(got["pro"], got["plain"]):
@@ -247,16 +251,17 @@ def test_capture_replays_the_same_steps():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("l2_prefetch,accumulate,prologue,trigger,pre_l2", [
-    (False, False, False, False, 0), (True, False, False, False, 0), (False, True, False, False, 0),
-    (False, True, True, False, 0), (False, True, True, True, 0), (False, True, False, True, 0),
-    (False, True, True, True, 4)])
+@pytest.mark.parametrize("l2_prefetch,accumulate,prologue,trigger,pre_l2,splits", [
+    (False, False, False, False, 0, None), (True, False, False, False, 0, None), (False, True, False, False, 0, None),
+    (False, True, True, False, 0, None), (False, True, True, True, 0, None), (False, True, False, True, 0, None),
+    (False, True, True, True, 4, None), (False, True, True, True, 0, 4), (False, False, False, False, 0, 4)])
 @torch.no_grad()
-def test_capture_with_pdl_replays_the_eager_steps(l2_prefetch, accumulate, prologue, trigger, pre_l2):
+def test_capture_with_pdl_replays_the_eager_steps(l2_prefetch, accumulate, prologue, trigger, pre_l2, splits):
     """The CUDA graph of a step whose kernels launch with programmatic dependent launch (kernels.pdl) gives the
     eager plain-launch logits, 4-bit linears included (the W4A16 GEMVs wait too, after their L2 prefetch; with
     accumulate, the ring kernel's red.adds after its weight loads: the same logits up to their summation order;
-    with prologue, the norms and SiLU in the GEMVs; with trigger, each ring GEMV lets the next kernel in early)."""
+    with prologue, the norms and SiLU in the GEMVs; with trigger, each ring GEMV lets the next kernel in early;
+    with context splits and prologue, the attention's split combine in the o GEMV)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("needs an sm_90 GPU")
     model = (_ring_model() if accumulate else _model()).to(torch.bfloat16)  # accumulate: G 128, the ring's
@@ -264,7 +269,7 @@ def test_capture_with_pdl_replays_the_eager_steps(l2_prefetch, accumulate, prolo
     ids = torch.tensor([[5, 17, 33]], device=DEV)
     plain = StaticDecoder(model, 16, fuse=True, linear_fn=qfn, accumulate=False)
     graphed = StaticDecoder(model, 16, fuse=True, linear_fn=qfn, pdl=True, l2_prefetch=l2_prefetch,
-                            accumulate=accumulate, prologue=prologue, trigger=trigger)
+                            accumulate=accumulate, prologue=prologue, trigger=trigger, attn_splits=splits)
     graphed.pre_l2 = pre_l2  # items past the ring asked of L2 before each ring GEMV's wait
     a = [plain.prefill(ids).clone()] + [plain.step(t).clone() for t in (7, 8, 9)]
     graphed.prefill(ids)
@@ -272,3 +277,51 @@ def test_capture_with_pdl_replays_the_eager_steps(l2_prefetch, accumulate, prolo
     b = [graphed.logits.clone()] + [graphed.step(t).clone() for t in (7, 8, 9)]
     for x, y in zip(a, b):
         assert _rel(y, x) < 1e-2  # the GEMVs' split-K may add in another order; a stale read is far off
+
+
+@pytest.mark.parametrize("case", ["random", "ties", "all_inf_but_one", "nan", "negative"])
+def test_step_end_argmax_equals_torch(case):
+    """step_end_kernel (the step's last kernel): tok <- the first index of the largest logit over several programs
+    (torch.argmax's answer, NaN counted as the largest), pos += 1, its scratch left as found."""
+    from flashscale.kernels.decode import step_end_kernel
+    gen = torch.Generator().manual_seed(5)
+    v = 1000
+    lg = torch.randn(1, v, generator=gen)
+    if case == "ties":
+        lg[0, 900] = lg[0, 17] = lg[0, 333] = 50.0
+    elif case == "all_inf_but_one":
+        lg.fill_(-float("inf"))
+        lg[0, 999] = -1e30
+    elif case == "nan":
+        lg[0, 600] = float("nan")
+        lg[0, 10] = float("inf")
+    elif case == "negative":
+        lg = -torch.rand(1, v, generator=gen) - 1.0
+    lg = lg.to(DEV)
+    tok, pos = torch.zeros(1, dtype=torch.long, device=DEV), torch.full((1,), 7, dtype=torch.long, device=DEV)
+    best = torch.full((1,), -2 ** 63, dtype=torch.int64, device=DEV)
+    cnt = torch.zeros(1, dtype=torch.int32, device=DEV)
+    step_end_kernel[(-(-v // 128),)](lg, tok, pos, best, cnt, v, BLOCK=128, GREEDY=True)
+    assert tok.item() == lg.argmax(-1).item()
+    assert pos.item() == 8 and best.item() == -2 ** 63 and cnt.item() == 0
+    step_end_kernel[(1,)](lg, tok, pos, best, cnt, v, BLOCK=128, GREEDY=False)
+    assert pos.item() == 9 and tok.item() == lg.argmax(-1).item()
+
+
+@torch.no_grad()
+def test_glue_kernels_equal_torch_ops_and_greedy_steps_take_the_argmax():
+    """The step's own first and last kernels (embedding, zeroed sums; argmax, pos + 1) give torch's ops' logits
+    bitwise, and greedy steps feed each argmax back as the next token."""
+    model = _ring_model().to(torch.float16) if DEV == "cuda" else _ring_model()
+    qfn = lambda lin: QuantLinear.from_float(lin, group_size=128, sym=True)  # noqa: E731
+    decs = [StaticDecoder(model, 16, fuse=True, linear_fn=qfn, accumulate=True) for _ in range(2)]
+    decs[1].glue = False
+    outs = [[d.step(t).clone() for t in (5, 17, 33)] for d in decs]
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    for d in decs:
+        d.greedy = True
+    got = [d.step().clone() for d in decs]  # token 33 again at position 3, then tok <- argmax
+    assert torch.equal(got[0], got[1])
+    assert decs[0].tok.item() == decs[1].tok.item() == got[0].argmax(-1).item()
+    assert decs[0].pos.item() == decs[1].pos.item() == 4

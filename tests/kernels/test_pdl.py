@@ -55,7 +55,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from flashscale.kernels import w4a16_aot as aot
 from flashscale.kernels.aot import sass, sass_instructions, sass_opcode
-from flashscale.kernels.decode import add_rmsnorm_kernel, decode_attention_kernel, silu_mul_kernel
+from flashscale.kernels.decode import (add_rmsnorm_kernel, decode_attention_kernel, silu_mul_kernel,
+                                      step_begin_kernel, step_end_kernel)
 from flashscale.kernels.w4a16 import DecodeConfig, GemvConfig
 
 def small(fn, sig, cx, pdl):
@@ -80,6 +81,10 @@ for pdl in (False, True):
                                                          cnt_ptr="*i32", T_MAX="i32", scale="fp32"),
                            dict(H=32, G=8, D=128, BT=32, NS=8), pdl),
         "silu_mul": small(silu_mul_kernel, dict(g_ptr=bf, u_ptr=bf, out_ptr=bf), dict(F_=14336, BLOCK=1024), pdl),
+        "step_begin": small(step_begin_kernel, dict(tok_ptr="*i64", emb_ptr=bf, x_ptr=bf, acc_ptr="*fp32", E="i32",
+                                                    N_ACC="i32"), dict(BLOCK_E=1024, BLOCK_Z=8192), pdl),
+        "step_end": small(step_end_kernel, dict(logits_ptr="*fp32", tok_ptr="*i64", pos_ptr="*i64", best_ptr="*i64",
+                                                cnt_ptr="*i32", V="i32"), dict(BLOCK=4096, GREEDY=True), pdl),
     }
     for name, k in kernels.items():
         ops = [sass_opcode(i) for _, i in sass_instructions(sass(k.asm["cubin"]))]
@@ -100,7 +105,8 @@ def test_pdl_kernels_wait_before_touching_memory(tmp_path):
     out = tmp_path / "pdl.json"
     compile_offline(_COMPILE, str(out), timeout=600)
     got = json.loads(out.read_text())
-    for name in ("gemv", "decode", "gemv_l2", "decode_l2", "add_rmsnorm", "attention", "silu_mul"):
+    for name in ("gemv", "decode", "gemv_l2", "decode_l2", "add_rmsnorm", "attention", "silu_mul", "step_begin",
+                 "step_end"):
         off, on = got[f"{name} False"], got[f"{name} True"]
         assert off["wait"] is None and off["launch"] is None and off["ptx_wait"] == 0, (name, off)
         assert on["ptx_wait"] == 1 and on["wait"] is not None and on["launch"] is not None, (name, on)

@@ -314,6 +314,8 @@ PROLOGUE_CASES = [  # mode, M, K, N, (bn, kt, ring, per_sm, atomic): what it exe
     ("norm0", 2, 384, 64, (16, 2, 2, 2, True)),  # no r (a decode step's first layer), two rows, one group (G = K)
     ("silu", 2, 512, 48, (32, 1, 2, 2, False)),  # SiLU(g) * u from a float32 (M, 2K) sum; kt 1 chunks
     ("silu", 1, 256, 256, (16, 2, 1, 4, True)),  # programs whose items wrap from the last chunk to the first
+    ("attn", 1, 256, 64, (16, 1, 2, 3, True)),  # the attention's split combine: 4 heads of 64, 4 splits
+    ("attn", 1, 512, 32, (32, 2, 2, 2, False)),  # 4 heads of 128, 8 splits, a split with no rows (max -inf)
 ]
 
 
@@ -322,10 +324,15 @@ def test_add_mode_prologue_writes_x_then_adds(mode, m, k, n, cfg):
     """launch(add=True, prologue=...) (the decode step's norms and SiLU * up inside the GEMV, w4a16_prologue): each
     program writes the chunks of x its items read; x and the new residual equal the prologue's PyTorch reference
     bitwise, whole (every chunk written by some program), and out gets x @ W within 2x PyTorch's 16-bit error."""
-    from flashscale.kernels.w4a16_prologue import XNorm, XSiLU, reference
+    from flashscale.kernels.w4a16_prologue import XAttn, XNorm, XSiLU, reference
     from flashscale.kernels.w4a16_ring import launch
 
     gen = torch.Generator().manual_seed(k + n)
+    hd, ns = (64, 4) if k == 256 else (128, 8)
+    gen_a = torch.Generator().manual_seed(2)
+    ws = torch.randn(k // hd * ns, hd + 2, generator=gen_a) * 4  # (acc, max, sum) rows
+    ws[:, hd + 1] = torch.rand(k // hd * ns, generator=gen_a) * 9 + 1
+    ws[1, hd], ws[1, hd + 1], ws[1, :hd] = float("-inf"), 0.0, 0.0  # an empty split
     p = _weight(k, n, 128 if mode != "norm0" else -1, sym=False, gen=gen)
     res = torch.randn(m, k, generator=gen).half()
     w = (torch.rand(k, generator=gen) + 0.5).half()
@@ -334,6 +341,8 @@ def test_add_mode_prologue_writes_x_then_adds(mode, m, k, n, cfg):
     def make():
         if mode == "silu":
             return XSiLU(gu=torch.randn(m, 2 * k, generator=torch.Generator().manual_seed(1)) * 3)
+        if mode == "attn":
+            return XAttn(ws=ws, splits=ns, head_dim=hd)
         return XNorm(res=res, weight=w, eps=1e-5, res_out=torch.full_like(res, float("nan")), r=r)
 
     pro, ref = make(), make()
@@ -344,7 +353,7 @@ def test_add_mode_prologue_writes_x_then_adds(mode, m, k, n, cfg):
     launch(x, p, None, out, RingConfig(bn=bn, kt=kt, num_warps=1, ring=ring, per_sm=per_sm, atomic=atomic), per_sm,
            add=True, prologue=pro)
     assert torch.equal(x, x_ref)
-    if mode != "silu":
+    if mode.startswith("norm"):
         assert torch.equal(pro.res_out, ref.res_out) and torch.equal(ref.res_out, res if r is None else ref.res_out)
     assert_within_noise(out.double(), x_ref, p)
 
@@ -353,7 +362,7 @@ def test_addmm_prologue_refusals():
     """w4a16_addmm_(prologue=...) refuses what its programs cannot write: res_out aliasing res, wrong shapes and
     dtypes (named), a non-contiguous x, an act-order weight (x is gathered before the kernel)."""
     from flashscale.kernels.w4a16 import w4a16_addmm_
-    from flashscale.kernels.w4a16_prologue import XNorm, XSiLU
+    from flashscale.kernels.w4a16_prologue import XAttn, XNorm, XSiLU
 
     gen = torch.Generator().manual_seed(7)
     p = _weight(256, 32, 128, sym=True, gen=gen)
@@ -369,8 +378,15 @@ def test_addmm_prologue_refusals():
         w4a16_addmm_(out, x, p, prologue=XNorm(res=res, weight=w, eps=0, res_out=res.clone()))
     with pytest.raises(ValueError, match="x must be contiguous"):
         w4a16_addmm_(out, torch.zeros(256, 1).half().t(), p, prologue=XSiLU(gu=torch.zeros(1, 512)))
-    with pytest.raises(TypeError, match="prologue must be an XNorm or an XSiLU"):
+    with pytest.raises(TypeError, match="prologue must be an XNorm, an XSiLU or an XAttn"):
         w4a16_addmm_(out, x, p, prologue="norm")
+    with pytest.raises(ValueError, match="prologue splits must be a power of two >= 2"):
+        w4a16_addmm_(out, x, p, prologue=XAttn(ws=torch.zeros(2, 130), splits=1, head_dim=128))
+    with pytest.raises(ValueError, match="x must have 1 row"):
+        w4a16_addmm_(torch.zeros(2, 32), torch.zeros(2, 256).half(), p,
+                     prologue=XAttn(ws=torch.zeros(4, 130), splits=2, head_dim=128))
+    with pytest.raises(ValueError, match=r"prologue ws must be torch.float32 \(4, 130\)"):
+        w4a16_addmm_(out, x, p, prologue=XAttn(ws=torch.zeros(4, 128), splits=2, head_dim=128))
     pa = _weight(256, 32, 128, sym=True, gen=gen, act_order=True)
     with pytest.raises(ValueError, match="act-order"):
         w4a16_addmm_(out, x, pa, prologue=XSiLU(gu=torch.zeros(1, 512)))
@@ -381,7 +397,7 @@ import json, re, sys
 from flashscale.kernels import w4a16_ring as R
 from flashscale.kernels.aot import ptxas_stats, sass
 rows = []
-for xmode, k in ((1, 4096), (2, 14336)):
+for xmode, k in ((1, 4096), (2, 14336), (3, 4096)):
     kk = R.compile_sm90(R.RingConfig(bn=256, kt=2, num_warps=4, ring=2, atomic=True), add=True, pdl=True,
                         xmode=xmode, trigger=True, k=k)
     t = sass(kk.asm["cubin"])

@@ -32,6 +32,13 @@ head adding into the float32 logits. 5 launches a block instead of 8. trigger=Tr
 ring GEMV's successor launch once its programs run (a GEMV after a GEMV then loads its first weights during the
 first one's tail): 1.956 -> 1.840 ms a token with both (docs/w4a16_decode.md round 10); pre_l2 (an attribute, 0):
 items past its ring each ring GEMV asks of L2 before its wait.
+Attributes (switchable between steps; a captured graph keeps what it recorded): glue (True) runs the step's first
+and last work as two kernels of ours (kernels.decode.step_begin_kernel: the token's embedding and the zeroed float32
+sums; step_end_kernel: argmax into tok with greedy, pos + 1; PDL-aware) instead of torch's index select, copy,
+memset, argmax and add (which restart the chain of PDL launches at every step); attn_in_o (True) with prologue and
+context splits > 1: the attention kernel leaves its splits' partials and the o GEMV combines them in its prologue
+(w4a16_prologue.XAttn) instead of the attention's last split after a ticket; set_attn_splits(n) changes the splits.
+RoPE: cos / sin tables of max_len rows (model.rope), read at pos by the attention kernel.
 Shapes: E hidden size, H query heads, G kv heads, D head_dim, L layers, T max_len, V vocab.
 """
 
@@ -43,11 +50,12 @@ import torch
 import triton
 from torch import nn
 
-from flashscale.kernels.decode import add_rmsnorm_kernel, decode_attention_kernel, silu_mul_kernel
+from flashscale.kernels.decode import (add_rmsnorm_kernel, decode_attention_kernel, silu_mul_kernel, step_begin_kernel,
+                                      step_end_kernel)
 from flashscale.kernels.pdl import active as pdl_active
 from flashscale.kernels.pdl import launch_options
 from flashscale.kernels.pdl import pdl as pdl_launches
-from flashscale.kernels.w4a16_prologue import XNorm, XSiLU
+from flashscale.kernels.w4a16_prologue import XAttn, XNorm, XSiLU
 from flashscale.models.llama import KVCache, Llama
 
 
@@ -80,6 +88,14 @@ def _auto_splits(device: torch.device, heads: int, max_len: int) -> int:
         want = 2
     want = min(want, 16, max(1, -(-max_len // 16)))
     return 1 << (want.bit_length() - 1)  # a power of two, at most want
+
+
+def _check_splits(splits, allow_none: bool = False) -> None:
+    if splits is None and allow_none:
+        return
+    if not isinstance(splits, int) or isinstance(splits, bool) or not 1 <= splits <= 64 or splits & (splits - 1):
+        raise ValueError(f"StaticDecoder: attn_splits must be {'None (automatic) or ' if allow_none else ''}a power "
+                         f"of two in [1, 64], got {splits!r}")
 
 
 def _fuse(mods: list[nn.Linear], linear_fn: Callable[[nn.Linear], nn.Module] | None) -> nn.Module:
@@ -119,10 +135,7 @@ class StaticDecoder:
         if trigger is not None and not isinstance(trigger, bool):
             raise TypeError(f"StaticDecoder: trigger must be a bool or None (automatic: with prologue), got "
                             f"{trigger!r}")
-        if attn_splits is not None and (not isinstance(attn_splits, int) or isinstance(attn_splits, bool)
-                                        or attn_splits < 1 or attn_splits > 64 or attn_splits & (attn_splits - 1)):
-            raise ValueError(f"StaticDecoder: attn_splits must be None (automatic) or a power of two in [1, 64], "
-                             f"got {attn_splits!r}")
+        _check_splits(attn_splits, allow_none=True)
         self.model, self.cfg, self.max_len, self.fused = model, cfg, max_len, fuse
         self.pdl, self.l2_prefetch = pdl, l2_prefetch
         self.lm_head = lm_head if lm_head is not None else model.lm_head
@@ -158,13 +171,16 @@ class StaticDecoder:
         shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, max_len, cfg.head_dim)
         self.k = torch.zeros(shape, device=dev, dtype=dt)  # (L, G, T, D)
         self.v = torch.zeros(shape, device=dev, dtype=dt)
-        self.splits = attn_splits or _auto_splits(dev, cfg.num_attention_heads, max_len)
-        # flash-decoding partials (H * NS, D + 2) and one ticket a head (left at zero by every step)
-        self.attn_ws = torch.zeros(cfg.num_attention_heads * self.splits, cfg.head_dim + 2, device=dev,
-                                   dtype=torch.float32)
-        self.attn_cnt = torch.zeros(cfg.num_attention_heads, device=dev, dtype=torch.int32)
+        self.attn_cnt = torch.zeros(cfg.num_attention_heads, device=dev, dtype=torch.int32)  # a ticket a head
+        self.set_attn_splits(attn_splits or _auto_splits(dev, cfg.num_attention_heads, max_len))
         self.tok = torch.zeros(1, dtype=torch.long, device=dev)
         self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+        cos, sin = model.rope(torch.arange(max_len, device=dev)[None], dt)  # (1, T, 1, D) each
+        self.rope_cos, self.rope_sin = cos.reshape(max_len, -1).contiguous(), sin.reshape(max_len, -1).contiguous()
+        self.glue = True  # the step's first and last kernels are ours (step_begin/_end); False: torch's ops
+        self.attn_in_o = True  # prologue with splits > 1: the o GEMV combines the attention's split partials
+        self.argmax_best = torch.full((1,), -2 ** 63, device=dev, dtype=torch.int64)  # step_end's (left so)
+        self.argmax_cnt = torch.zeros(1, device=dev, dtype=torch.int32)
         e = cfg.hidden_size
         self.x = torch.zeros(1, e, device=dev, dtype=dt)  # residual stream
         self.x2 = torch.zeros(1, e, device=dev, dtype=dt)  # its second buffer (prologue: a GEMV reads x, writes x2)
@@ -183,6 +199,15 @@ class StaticDecoder:
         self.greedy = False  # step writes argmax(logits) into tok (a replayed graph then runs a whole generation)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.length = 0  # positions filled (host-side mirror of pos)
+
+    def set_attn_splits(self, splits: int) -> None:
+        """Context splits a head for the decode attention from the next step on (a power of two in [1, 64]; a
+        captured graph keeps its own: capture again)."""
+        _check_splits(splits)
+        self.splits = splits
+        # flash-decoding partials (H * NS, D + 2), each split's (acc, max, sum)
+        self.attn_ws = torch.zeros(self.cfg.num_attention_heads * splits, self.cfg.head_dim + 2,
+                                   device=self.attn_cnt.device, dtype=torch.float32)
 
     def _norm(self, norm: nn.Module, r: torch.Tensor | None, po: dict) -> None:
         e = self.cfg.hidden_size
@@ -210,11 +235,16 @@ class StaticDecoder:
         cfg, m = self.cfg, self.model
         po = launch_options(pdl_active(self.x.device))  # the step's small kernels' launch options
         h_q, h_kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.x.copy_(m.embed_tokens(self.tok))
-        cos, sin = m.rope(self.pos[None], self.x.dtype)  # (1, 1, 1, D)
+        if self.glue:  # x <- embedding of tok; the linears' float32 sums <- 0 (accumulate)
+            n_acc = self.acc.numel() if self.accumulate else 0
+            step_begin_kernel[(max(1, triton.cdiv(n_acc, 8192)),)](self.tok, m.embed_tokens.weight, self.x, self.acc,
+                                                                   self.cfg.hidden_size, n_acc, BLOCK_E=1024,
+                                                                   BLOCK_Z=8192, num_warps=4, **po)
+        else:
+            self.x.copy_(m.embed_tokens(self.tok))
+            if self.accumulate:
+                self.acc.zero_()
         r = None
-        if self.accumulate:
-            self.acc.zero_()
         pro = self.accumulate and self.prologue
         for i, b in enumerate(self.blocks):
             if pro:  # x + r -> x2, RMSNorm -> h, inside the q/k/v GEMV
@@ -222,10 +252,16 @@ class StaticDecoder:
             else:
                 self._norm(b["ln1"], r, po)
                 qkv = self._linear(i, "qkv", self.h)  # (1, (H + 2G) D)
-            decode_attention_kernel[(h_q, self.splits)](qkv, cos, sin, self.k[i], self.v[i], self.attn, self.pos,
-                                                        self.attn_ws, self.attn_cnt, self.max_len, d ** -0.5, H=h_q,
-                                                        G=h_kv, D=d, BT=32, NS=self.splits, num_warps=4, **po)
-            o = self._linear(i, "o", self.attn)
+            comb = pro and self.attn_in_o and self.splits > 1  # the split combine in the o GEMV's prologue
+            decode_attention_kernel[(h_q, self.splits)](qkv, self.rope_cos, self.rope_sin, self.k[i], self.v[i],
+                                                        self.attn, self.pos, self.attn_ws, self.attn_cnt, self.max_len,
+                                                        d ** -0.5, H=h_q, G=h_kv, D=d, BT=32, NS=self.splits,
+                                                        COMBINE=not comb, num_warps=4, **po)
+            if comb:
+                o = b["o"].accumulate_(self.attn, self.acc_views[i]["o"],
+                                       XAttn(ws=self.attn_ws, splits=self.splits, head_dim=d))
+            else:
+                o = self._linear(i, "o", self.attn)
             if pro:  # x2 + o -> x, RMSNorm -> h in the gate/up GEMV; SiLU(g) * u -> act in the down GEMV
                 av = self.acc_views[i]
                 b["gu"].accumulate_(self.h, av["gu"], self._xnorm(b["ln2"], self.x2, o, self.x))
@@ -245,6 +281,12 @@ class StaticDecoder:
         else:
             self._norm(m.norm, r, po)
             self.logits.copy_(self.lm_head(self.h))
+        if self.glue:  # tok <- argmax(logits) (greedy); pos += 1
+            v = self.cfg.vocab_size
+            step_end_kernel[(triton.cdiv(v, 4096) if self.greedy else 1,)](
+                self.logits, self.tok, self.pos, self.argmax_best, self.argmax_cnt, v, BLOCK=4096,
+                GREEDY=self.greedy, num_warps=8, **po)
+            return
         if self.greedy:
             self.tok.copy_(self.logits.argmax(-1))
         self.pos.add_(1)

@@ -64,15 +64,18 @@ def _kv_tile(kc_ptr, vc_ptr, g, T_MAX, t0, hi, d, D: tl.constexpr, BT: tl.conste
 @triton.jit
 def decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, pos_ptr, ws_ptr, cnt_ptr, T_MAX, scale,
                             H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
-                            NS: tl.constexpr = 1, PDL: tl.constexpr = False):
-    """Program (query head, split): RoPE on q and the new k, the group's first head writes k/v at pos (split 0),
-    then softmax(q K^T) V over positions 0..pos (cache rows < pos, the new row from registers: no race).
+                            NS: tl.constexpr = 1, PDL: tl.constexpr = False, COMBINE: tl.constexpr = True):
+    """Program (query head, split): RoPE on q and the new k (cos_ptr / sin_ptr: (T_MAX, D) tables, row pos), the
+    group's first head writes k/v at pos (split 0), then softmax(q K^T) V over positions 0..pos (cache rows < pos,
+    the new row from registers: no race).
 
     Flash-decoding: the NS splits of a head take consecutive chunks of ceil(pos / NS) cached rows (the last split
     also the new row), so a short step is one round of loads instead of a loop over the whole context. With
     NS > 1 each writes its unnormalised partial (acc, max, sum) to ws (H * NS, D + 2) fp32, takes a ticket on
     cnt[head] (int32, zero), and the split that draws NS - 1 combines the NS partials in split order (the same
-    bits whatever the arrival order), writes the head's output and puts the ticket back to zero.
+    bits whatever the arrival order), writes the head's output and puts the ticket back to zero. COMBINE False
+    (NS > 1): the partials are the output; the kernel that reads them combines them (w4a16_prologue.XAttn in the o
+    projection's GEMV), no ticket, no re-read here.
 
     PDL: position, RoPE table and the split's first tile of cached rows (< pos: earlier steps wrote them) load before
     the wait for the kernel ahead (the q/k/v linear), the rest after it."""
@@ -82,8 +85,8 @@ def decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, 
     pos = tl.load(pos_ptr)
     d = tl.arange(0, D)
     rot = (d + D // 2) % D
-    cos = tl.load(cos_ptr + d).to(tl.float32)
-    sin = tl.load(sin_ptr + d).to(tl.float32)
+    cos = tl.load(cos_ptr + pos * D + d).to(tl.float32)  # the RoPE tables' row at pos
+    sin = tl.load(sin_ptr + pos * D + d).to(tl.float32)
     chunk = tl.cdiv(pos, NS)
     lo = sp * chunk
     hi = tl.minimum(lo + chunk, pos)
@@ -122,7 +125,7 @@ def decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, 
         tl.store(ws_ptr + base + d, acc)
         tl.store(ws_ptr + base + D, m_i)
         tl.store(ws_ptr + base + D + 1, l_i)
-        if last_split(cnt_ptr, hq, NS):  # the W4A16 split-K ticket: barrier, then one acq_rel add
+        if COMBINE and last_split(cnt_ptr, hq, NS):  # the W4A16 split-K ticket: barrier, then one acq_rel add
             sr = (hq * NS + tl.arange(0, NS)) * (D + 2)
             m_s = tl.load(ws_ptr + sr + D, cache_modifier=".cg")  # .cg: through L2 (L1 may hold a stale line)
             l_s = tl.load(ws_ptr + sr + D + 1, cache_modifier=".cg")
@@ -144,3 +147,51 @@ def silu_mul_kernel(g_ptr, u_ptr, out_ptr, F_: tl.constexpr, BLOCK: tl.constexpr
     u = tl.load(u_ptr + offs, mask=m, other=0.0).to(dt)
     a = (g / (1.0 + tl.exp(-g))).to(dt)  # F.silu in the model's dtype, then * up
     tl.store(out_ptr + offs, (a.to(tl.float32) * u.to(tl.float32)).to(dt), mask=m)
+
+
+@triton.jit
+def step_begin_kernel(tok_ptr, emb_ptr, x_ptr, acc_ptr, E, N_ACC, BLOCK_E: tl.constexpr, BLOCK_Z: tl.constexpr,
+                      PDL: tl.constexpr = False):
+    """A step's first kernel: x <- emb[tok] (program 0, (E,) in BLOCK_E rounds) and acc[:N_ACC] <- 0 (float32, the
+    linears' sums of StaticDecoder(accumulate=True): BLOCK_Z a program). One launch where the step ran an index
+    select, a copy and a memset (torch's: no PDL, so the chain of PDL launches restarted at every step)."""
+    pdl_enter(PDL)
+    pid = tl.program_id(0)
+    z = pid * BLOCK_Z + tl.arange(0, BLOCK_Z)
+    tl.store(acc_ptr + z, tl.zeros([BLOCK_Z], dtype=tl.float32), mask=z < N_ACC)
+    if pid == 0:
+        row = tl.load(tok_ptr).to(tl.int64) * E
+        for e0 in range(0, E, BLOCK_E):
+            e = e0 + tl.arange(0, BLOCK_E)
+            tl.store(x_ptr + e, tl.load(emb_ptr + row + e, mask=e < E), mask=e < E)
+
+
+@triton.jit
+def _argmax_key(v, idx):
+    """int64 keys ordered as (value, -index): the largest key is the first index of the largest value (NaN above
+    +inf, as torch.argmax takes NaN for the maximum)."""
+    bits = v.to(tl.int32, bitcast=True)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # float order as signed int order
+    return (ordered.to(tl.int64) << 32) + (0xFFFFFFFF - idx.to(tl.int64))
+
+
+@triton.jit
+def step_end_kernel(logits_ptr, tok_ptr, pos_ptr, best_ptr, cnt_ptr, V, BLOCK: tl.constexpr, GREEDY: tl.constexpr,
+                    PDL: tl.constexpr = False):
+    """A step's last kernel: with GREEDY tok <- argmax(logits[:V]) (float32; the first index of the maximum, as
+    torch.argmax), then pos += 1. Each program reduces BLOCK logits to one key (_argmax_key) and takes an acq_rel
+    atomic max into best_ptr (int64, left at INT64_MIN); the program that draws the last ticket (cnt_ptr, int32,
+    left at 0) reads and resets it, writes tok and pos. Without GREEDY one program adds 1 to pos."""
+    pdl_enter(PDL)
+    if GREEDY:
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        v = tl.load(logits_ptr + offs, mask=offs < V, other=float("-inf"))
+        key = tl.max(tl.where(offs < V, _argmax_key(v, offs), -9223372036854775807 - 1), axis=0)
+        tl.atomic_max(best_ptr, key, sem="acq_rel", scope="gpu")
+        if last_split(cnt_ptr, 0, tl.num_programs(0)):
+            best = tl.atomic_xchg(best_ptr, -9223372036854775807 - 1, sem="acq_rel", scope="gpu")
+            tl.store(tok_ptr, 0xFFFFFFFF - (best & 0xFFFFFFFF))
+            tl.store(pos_ptr, tl.load(pos_ptr) + 1)
+            reset_ticket(cnt_ptr, 0)
+    else:
+        tl.store(pos_ptr, tl.load(pos_ptr) + 1)

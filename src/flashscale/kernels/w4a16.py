@@ -650,8 +650,8 @@ def w4a16_addmm_(out: torch.Tensor, x2d: torch.Tensor, p: PackedW4, *, prologue=
     ticket, no last contributor re-reading the tile: ~2 us a call on the H200, docs/w4a16_decode.md round 9) and
     whoever reads out next (a launch later on the stream) sees the sum. Summation order, so the last bits, vary
     between calls, as the atomic fold's. Configs: the ring candidates, tuned for this use apart from
-    w4a16_matmul's. prologue (w4a16_prologue.XNorm / XSiLU): the kernel's programs first write x2d (contiguous; no
-    act-order) from it, the decode step's RMSNorm or SiLU * up in the GEMV (round 10). Under kernels.pdl with
+    w4a16_matmul's. prologue (w4a16_prologue.XNorm / XSiLU / XAttn): the kernel's programs first write x2d
+    (contiguous; no act-order) from it, the decode step's RMSNorm, SiLU * up or attention combine in the GEMV. Under kernels.pdl with
     trigger=True the launch lets the next kernel in early. Returns out."""
     from flashscale.kernels import w4a16_prologue
     from flashscale.kernels.w4a16_ring import launch as ring_launch

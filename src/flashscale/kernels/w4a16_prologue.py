@@ -8,6 +8,7 @@ after it waits for the kernel ahead (PDL) and while its first weight words are a
 
     XNorm(res, weight, eps, res_out, r):  res_out <- res + r;  x <- RMSNorm(res_out) * weight
     XSiLU(gu):                            x <- SiLU(gu[:, :K]) * gu[:, K:]
+    XAttn(ws, splits, head_dim):          x <- the decode attention's output, combined from its splits' partials
 
 (r, gu: a linear's float32 sum, rounded to x's dtype first, as the linear would have stored it; the math and its
 roundings are kernels.decode's add_rmsnorm_kernel and silu_mul_kernel.) x (M, K) is the GEMV's input buffer: each
@@ -16,8 +17,11 @@ shared by programs gets the same bits from each), a CTA barrier, then the GEMV's
 sum of squares of the whole row: every program reads it (K values from L2) and sums it itself. res_out must not
 be res (other programs still read res): a decode step alternates two residual buffers.
 
-Shapes: M tokens (<= 8), K inputs; res, res_out, x (M, K) 16-bit contiguous; r (M, K), gu (M, 2K) float32
-contiguous; weight (K,).
+XAttn takes the place of the attention kernel's own split combine (its last split's ticket, re-read and store):
+the o projection's programs combine the partials of the heads their chunks cover, after their PDL wait.
+
+Shapes: M tokens (<= 8; XAttn 1), K inputs; res, res_out, x (M, K) 16-bit contiguous; r (M, K), gu (M, 2K) float32
+contiguous; weight (K,); ws (H * splits, head_dim + 2) float32 (acc, max, sum a row), K = H * head_dim.
 """
 
 from __future__ import annotations
@@ -47,7 +51,16 @@ class XSiLU:
     gu: torch.Tensor
 
 
-Prologue = XNorm | XSiLU
+@dataclass(frozen=True)
+class XAttn:
+    """x <- softmax-weighted combine of the attention's split partials: for head h, rows s of ws[h * splits + s]
+    = (acc (head_dim,), max, sum) unnormalised (kernels.decode.decode_attention_kernel with COMBINE False)."""
+    ws: torch.Tensor
+    splits: int
+    head_dim: int
+
+
+Prologue = XNorm | XSiLU | XAttn
 
 
 def _want(name: str, t, shape: tuple, dtype: torch.dtype | tuple, device: torch.device) -> None:
@@ -63,11 +76,22 @@ def _want(name: str, t, shape: tuple, dtype: torch.dtype | tuple, device: torch.
 
 def check(pro: Prologue, x2d: torch.Tensor) -> None:
     """ValueError / TypeError naming the field for a prologue that cannot write x2d (M, K)."""
-    if not isinstance(pro, (XNorm, XSiLU)):
-        raise TypeError(f"prologue must be an XNorm or an XSiLU, got {type(pro).__name__}")
+    if not isinstance(pro, (XNorm, XSiLU, XAttn)):
+        raise TypeError(f"prologue must be an XNorm, an XSiLU or an XAttn, got {type(pro).__name__}")
     m, k = x2d.shape
     if not x2d.is_contiguous():
         raise ValueError("x must be contiguous where a prologue writes it")
+    if isinstance(pro, XAttn):
+        ns, d = pro.splits, pro.head_dim
+        if not isinstance(ns, int) or isinstance(ns, bool) or ns < 2 or ns & (ns - 1):
+            raise ValueError(f"prologue splits must be a power of two >= 2 (one split: the attention writes x), "
+                             f"got {ns!r}")
+        if not isinstance(d, int) or isinstance(d, bool) or d < 1 or k % d:
+            raise ValueError(f"prologue head_dim must be a positive int dividing x's {k} columns, got {d!r}")
+        if m != 1:
+            raise ValueError(f"prologue XAttn combines one token's heads: x must have 1 row, got {m}")
+        _want("ws", pro.ws, (k // d * ns, d + 2), torch.float32, x2d.device)
+        return
     if isinstance(pro, XSiLU):
         _want("gu", pro.gu, (m, 2 * k), torch.float32, x2d.device)
         return
@@ -87,6 +111,14 @@ def check(pro: Prologue, x2d: torch.Tensor) -> None:
 def reference(pro: Prologue, x2d: torch.Tensor) -> None:
     """What the kernel's prologue writes, in PyTorch (the same roundings): x2d (and res_out) in place."""
     dt = x2d.dtype
+    if isinstance(pro, XAttn):
+        d = pro.head_dim
+        part = pro.ws.view(-1, pro.splits, d + 2)  # (H, NS, D + 2)
+        m = part[..., d]
+        w = torch.exp(m - m.max(1, keepdim=True).values)  # (H, NS)
+        o = (w[..., None] * part[..., :d]).sum(1) / (w * part[..., d + 1]).sum(1)[:, None]
+        x2d.copy_(o.reshape(x2d.shape).to(dt))
+        return
     if isinstance(pro, XSiLU):
         k = x2d.shape[1]
         g, u = pro.gu[:, :k].to(dt).float(), pro.gu[:, k:].to(dt)
@@ -104,6 +136,9 @@ def kernel_args(pro: Prologue | None, x2d: torch.Tensor) -> dict:
     if pro is None:
         return dict(xo_ptr=x2d, pa_ptr=x2d, pr_ptr=x2d, pw_ptr=x2d, po_ptr=x2d, eps=0.0, XMODE=0, HAS_R=False,
                     NBLK=16)
+    if isinstance(pro, XAttn):  # NBLK: the splits, PHD: the head dim
+        return dict(xo_ptr=x2d, pa_ptr=pro.ws, pr_ptr=pro.ws, pw_ptr=x2d, po_ptr=x2d, eps=0.0, XMODE=3, HAS_R=False,
+                    NBLK=pro.splits, PHD=pro.head_dim)
     if isinstance(pro, XSiLU):
         return dict(xo_ptr=x2d, pa_ptr=pro.gu, pr_ptr=pro.gu, pw_ptr=x2d, po_ptr=x2d, eps=0.0, XMODE=2,
                     HAS_R=False, NBLK=16)
@@ -114,7 +149,7 @@ def kernel_args(pro: Prologue | None, x2d: torch.Tensor) -> dict:
 
 
 def mode_name(pro: Prologue | None) -> str:
-    return "" if pro is None else ("-norm" if isinstance(pro, XNorm) else "-silu")
+    return "" if pro is None else {XNorm: "-norm", XSiLU: "-silu", XAttn: "-attn"}[type(pro)]
 
 
 # ---- the kernel side (called by w4a16_ring_kernel after its PDL wait, before its x loads)
@@ -131,10 +166,10 @@ def _res_plus_r(pa_ptr, pr_ptr, off, km, dt, HAS_R: tl.constexpr):
 
 @triton.jit
 def x_prologue(xo_ptr, pa_ptr, pr_ptr, pw_ptr, po_ptr, eps, u0, u1, S, M, K, XMODE: tl.constexpr,
-               HAS_R: tl.constexpr, NBLK: tl.constexpr, BK: tl.constexpr, CH: tl.constexpr):
+               HAS_R: tl.constexpr, NBLK: tl.constexpr, BK: tl.constexpr, CH: tl.constexpr, PHD: tl.constexpr = 1):
     """Write x's chunks read by items [u0, u1) (chunk ks = item % S, BK inputs each) for every token row: XMODE 1
-    XNorm (pa res, pr r, pw weight, po res_out), 2 XSiLU (pa gu). CH inputs a round; NBLK a round of the norm's sum
-    of squares over the whole row."""
+    XNorm (pa res, pr r, pw weight, po res_out), 2 XSiLU (pa gu), 3 XAttn (pa ws, NBLK splits, PHD head dim; one
+    row). CH inputs a round; NBLK (XNorm) a round of the norm's sum of squares over the whole row."""
     dt = xo_ptr.dtype.element_ty
     n_el = tl.minimum(u1 - u0, S) * BK  # at most every chunk once
     for m in range(M):
@@ -156,6 +191,15 @@ def x_prologue(xo_ptr, pa_ptr, pr_ptr, pw_ptr, po_ptr, eps, u0, u1, S, M, K, XMO
                 w = tl.load(pw_ptr + k, mask=km, other=0.0).to(tl.float32)
                 h = (x.to(tl.float32) * rs).to(dt).to(tl.float32) * w
                 tl.store(xo_ptr + m * K + k, h.to(dt), mask=km)
+            elif XMODE == 3:  # decode_attention_kernel's combine, for the heads of these inputs
+                sp = ((k // PHD) * NBLK)[:, None] + tl.arange(0, NBLK)[None, :]  # (CH, NS) partial rows
+                ok = km[:, None] & (sp >= 0)
+                m_s = tl.load(pa_ptr + sp * (PHD + 2) + PHD, mask=ok, other=0.0)
+                l_s = tl.load(pa_ptr + sp * (PHD + 2) + PHD + 1, mask=ok, other=0.0)
+                a_s = tl.load(pa_ptr + sp * (PHD + 2) + (k % PHD)[:, None], mask=ok, other=0.0)
+                w = tl.exp(m_s - tl.max(m_s, axis=1)[:, None])
+                o = tl.sum(w * a_s, axis=1) / tl.sum(w * l_s, axis=1)
+                tl.store(xo_ptr + k, o.to(dt), mask=km)
             else:
                 g = tl.load(pa_ptr + m * 2 * K + k, mask=km, other=0.0).to(dt).to(tl.float32)
                 u = tl.load(pa_ptr + m * 2 * K + K + k, mask=km, other=0.0).to(dt)

@@ -50,7 +50,7 @@ from flashscale.kernels.w4a16 import _device_info, _interpreting, stream_k_grid,
 from flashscale.kernels.w4a16_common import last_split, reset_ticket, split_k_slices, split_k_workspace
 from flashscale.kernels.w4a16_gemv import _dec_item, _dec_layout, _dec_store, _dec_tile, _dec_w, _dec_x, _next_item
 from flashscale.kernels.w4a16_pack import PackedW4
-from flashscale.kernels.w4a16_prologue import Prologue, kernel_args, x_prologue
+from flashscale.kernels.w4a16_prologue import Prologue, XAttn, kernel_args, x_prologue
 
 TRACE_FIELDS = ("t_start_ns", "clk_start", "clk_first", "clk_end", "clk_last_flush", "t_end_ns", "smid", "items")
 
@@ -282,7 +282,7 @@ def w4a16_ring_kernel(
     BM: tl.constexpr, RING: tl.constexpr, ATOMIC: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     ASM: tl.constexpr, L2AHEAD: tl.constexpr = 0, TRACE: tl.constexpr = False, ADD: tl.constexpr = False,
     PDL: tl.constexpr = False, XMODE: tl.constexpr = 0, HAS_R: tl.constexpr = False, NBLK: tl.constexpr = 16,
-    PCH: tl.constexpr = 128, TRIGGER: tl.constexpr = False, L2PRE: tl.constexpr = 0,
+    PCH: tl.constexpr = 128, TRIGGER: tl.constexpr = False, L2PRE: tl.constexpr = 0, PHD: tl.constexpr = 1,
 ):
     """x_ptr: x as int32 words (pairs of 16-bit inputs), stride_xm in words; pk_ptr / sz_ptr: PackedW4 qweight
     (N_pad/16, K_pad/64, 32, 4) / sz (NG, N_pad); S items a tile, U items, CMAX workspace slots a tile. TRACE: each
@@ -291,8 +291,9 @@ def w4a16_ring_kernel(
     griddepcontrol.wait, everything the previous kernel may write (x, the split-K workspace and tickets, y) after
     it; the kernel triggers its dependents early only with TRIGGER (after its prologue: every program of this
     single-wave grid is resident by then, so the next grid's programs only take the SM slots this one's leave).
-    XMODE 1 / 2: before its x loads each program writes the chunks of x (xo_ptr, 16-bit (M, K)) it reads, from
-    w4a16_prologue's XNorm (pa res, pr r, pw weight, po res_out, eps) / XSiLU (pa gu), then a CTA barrier."""
+    XMODE 1 / 2 / 3: before its x loads each program writes the chunks of x (xo_ptr, 16-bit (M, K)) it reads, from
+    w4a16_prologue's XNorm (pa res, pr r, pw weight, po res_out, eps) / XSiLU (pa gu) / XAttn (pa ws, NBLK splits,
+    PHD head dim), then a CTA barrier."""
     if TRACE:
         tl.store(trace_ptr + tl.program_id(0) * 8, globaltimer())
         tl.store(trace_ptr + tl.program_id(0) * 8 + 1, _clock(TRACE))
@@ -336,7 +337,7 @@ def w4a16_ring_kernel(
     if PDL:  # the weight's first loads are in flight while the previous kernel ends; x, workspace, y after it
         gdc_wait()
     if XMODE != 0:  # this program's chunks of x, from the previous kernels' outputs (w4a16_prologue)
-        x_prologue(xo_ptr, pa_ptr, pr_ptr, pw_ptr, po_ptr, eps, u0, u1, S, M, K, XMODE, HAS_R, NBLK, BK, PCH)
+        x_prologue(xo_ptr, pa_ptr, pr_ptr, pw_ptr, po_ptr, eps, u0, u1, S, M, K, XMODE, HAS_R, NBLK, BK, PCH, PHD)
         tl.debug_barrier()  # the chunks' stores before any thread's x loads (bar.sync orders them in the CTA)
     if PDL and TRIGGER:
         gdc_launch_dependents()
@@ -480,8 +481,9 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
     (M, N), unit stride along N, and the launch adds x @ dequant(W) into it (red.add; no bias, no split-K fold).
     pdl: a programmatic dependent launch (kernels.pdl; ignored under the interpreter); trigger: with pdl, let the
     next kernel launch once this one's prologue is done; pre_l2: with pdl, the packed words of that many items past
-    the ring are asked of L2 before the wait (prefetch.global.L2). prologue: x (contiguous, no act-order) is first written
-    by the kernel's programs from a w4a16_prologue.XNorm / XSiLU (checked by the caller: w4a16_prologue.check)."""
+    the ring are asked of L2 before the wait (prefetch.global.L2). prologue: x (contiguous, no act-order) is first
+    written by the kernel's programs from a w4a16_prologue.XNorm / XSiLU / XAttn (checked by the caller:
+    w4a16_prologue.check)."""
     m, k = x.shape
     n = p.out_features
     xw = x_words(x, p)  # (M, K / 2) words of two 16-bit inputs
@@ -510,7 +512,7 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
     return w4a16_ring_kernel[(progs,)](
         xw, p.qweight, p.sz, y, bias if bias is not None else y, ws, cnt, trace if trace is not None else cnt,
         m, n, k, xw.stride(0), y.stride(0), p.qweight.stride(0), p.sz.stride(0), steps, items, cmax,
-        **kernel_args(prologue, x), PCH=max(128, min(triton.next_power_of_2(chunk), 2048)),
+        **kernel_args(prologue, x), PCH=_prologue_round(prologue, chunk),
         G=p.group_size, HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, BN=cfg.bn, KT=cfg.kt, BM=bm,
         RING=cfg.ring, ATOMIC=cfg.atomic, EVEN_K=k % (64 * cfg.kt) == 0, EVEN_N=p.sz.shape[1] % cfg.bn == 0,
         **({"PDL": True, "launch_pdl": True, "TRIGGER": trigger, "L2PRE": pre_l2} if pdl and not _interpreting()
@@ -520,6 +522,12 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
     )
 
 
+def _prologue_round(prologue: Prologue | None, chunk: int) -> int:
+    """Inputs of x a prologue round writes: the program's chunk up to 2048 (XAttn: 1024 partial values a round)."""
+    pch = max(128, min(triton.next_power_of_2(chunk), 2048))
+    return min(pch, max(16, 1024 // prologue.splits)) if isinstance(prologue, XAttn) else pch
+
+
 # ---- ahead-of-time sm_90 compiles (no GPU needed) and what the machine code says
 
 def compile_sm90(cfg: RingConfig, *, dtype: str = "bf16", bm: int = 8, group_size: int = 128, trace: bool = False,
@@ -527,19 +535,21 @@ def compile_sm90(cfg: RingConfig, *, dtype: str = "bf16", bm: int = 8, group_siz
                  pre_l2: int = 0):
     """Compile one config as a launch on an even Llama shape specializes it (K, N multiples of 256, pointers and
     strides 16-divisible, no bias): returns Triton's CompiledKernel (asm: ptx, cubin). xmode: the prologue (0 none,
-    1 XNorm with r, 2 XSiLU) for K = k inputs."""
+    1 XNorm with r, 2 XSiLU, 3 XAttn of 8 splits, head dim 128) for K = k inputs."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     ptrs = {"x_ptr": "*i32", "pk_ptr": "*i32", "sz_ptr": "*i32", "y_ptr": "*fp32" if add else f"*{dtype}",
             "bias_ptr": f"*{dtype}", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "trace_ptr": "*i64"}
-    pro = {"xo_ptr": f"*{dtype}", "pa_ptr": "*fp32" if xmode == 2 else f"*{dtype}",
+    pro = {"xo_ptr": f"*{dtype}", "pa_ptr": "*fp32" if xmode in (2, 3) else f"*{dtype}",
            "pr_ptr": "*fp32" if xmode else f"*{dtype}", "pw_ptr": f"*{dtype}", "po_ptr": f"*{dtype}"}
     ints = ("M", "N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg", "S", "U", "CMAX")
     cx = dict(G=group_size, HAS_BIAS=False, BF16=dtype == "bf16", BN=cfg.bn, KT=cfg.kt, BM=bm, RING=cfg.ring,
               ATOMIC=cfg.atomic, EVEN_K=True, EVEN_N=True, ASM=cfg.asm, L2AHEAD=cfg.l2_ahead, TRACE=trace,
-              ADD=add, PDL=pdl, XMODE=xmode, HAS_R=xmode == 1, NBLK=min(triton.next_power_of_2(k), 8192) if xmode == 1
-              else 16, PCH=1024 if xmode else 128, TRIGGER=trigger, L2PRE=pre_l2)
+              ADD=add, PDL=pdl, XMODE=xmode, HAS_R=xmode == 1,
+              NBLK={1: min(triton.next_power_of_2(k), 8192), 3: 8}.get(xmode, 16),
+              PCH={0: 128, 3: 128}.get(xmode, 1024),
+              TRIGGER=trigger, L2PRE=pre_l2, PHD=128 if xmode == 3 else 1)
     sig = {**ptrs, **{n: "i32" for n in ints}, **pro, "eps": "fp32", **{n: "constexpr" for n in cx}}
     names = list(sig)
     aligned = set(ptrs) | set(pro) | {"N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg"}

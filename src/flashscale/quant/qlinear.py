@@ -96,8 +96,8 @@ class QuantLinear(nn.Module):
         """out (M, N) float32 += x (M, K) @ W^T (+ bias), in place; on CUDA at M <= 8 without bias by
         kernels.w4a16.w4a16_addmm_ (no split-K fold at the kernel's end: a decode step's consumers read the fp32
         sum, infer.decode.StaticDecoder(accumulate=True)), otherwise through forward. prologue
-        (kernels.w4a16_prologue.XNorm / XSiLU): x (contiguous (M, K)) is first written from it, by the kernel's
-        programs where it can (no act-order), else by the prologue's PyTorch reference. Returns out."""
+        (kernels.w4a16_prologue.XNorm / XSiLU / XAttn): x (contiguous (M, K)) is first written from it, by the
+        kernel's programs where it can (no act-order), else by the prologue's PyTorch reference. Returns out."""
         from flashscale.kernels import w4a16_prologue
 
         x2d = x.reshape(-1, x.shape[-1])
