@@ -97,7 +97,7 @@ def main(argv=None) -> int:
         ref = w4a16_linear_ref(x.double(), base, None, compute_dtype=torch.float64).float()
         for cfg in CONFIGS:
             progs = WR.ring_grid(k, n, cfg, cfg.per_sm, torch.cuda.get_device_properties(0).multi_processor_count)[0]
-            trace = torch.zeros(r, progs * 8, dtype=torch.int64, device="cuda")
+            trace = torch.zeros(r, progs * WR.TRACE_STRIDE, dtype=torch.int64, device="cuda")
             WR.launch(x, base, None, y, cfg, cfg.per_sm, trace=trace[0])
             err = float((y.float() - ref).abs().max() / ref.abs().max())
             us_plain = graph_us([lambda i=i: WR.launch(x, packs[i], None, y, cfg, cfg.per_sm) for i in range(ncopies)],
@@ -105,7 +105,7 @@ def main(argv=None) -> int:
             # the traced calls: R launches over the copies, each with its own trace row; the last replay's remain
             us_trace = graph_us([lambda i=i: WR.launch(x, packs[i % ncopies], None, y, cfg, cfg.per_sm, trace=trace[i])
                                  for i in range(r)], r)
-            s = summarize(trace.view(r, progs, 8))
+            s = summarize(trace.view(r, progs, WR.TRACE_STRIDE))
             rows.append(dict(impl=cfg.label, per_sm=cfg.per_sm, M=1, K=k, N=n, programs=progs, us=us_plain,
                              us_trace=us_trace, max_rel_err=err, **s))
             print(f"{'':{len(gpu)}s}  {shape:12s} {cfg.label:34s} {us_plain:6.2f} {us_trace:6.2f} {s['span']:6.2f} "

@@ -200,9 +200,9 @@ def test_prologue_equals_the_accumulating_step(monkeypatch):
             w4a16.ring_candidates(self.packed(), x2d.shape[0])))
     modes, addmm = [], w4a16.w4a16_addmm_
 
-    def spy(out, x, p, *, prologue=None):
+    def spy(out, x, p, *, prologue=None, trace=None):
         modes.append(type(prologue).__name__)
-        return addmm(out, x, p, prologue=prologue)
+        return addmm(out, x, p, prologue=prologue, trace=trace)
 
     monkeypatch.setattr(w4a16, "w4a16_addmm_", spy)
     model = _ring_model().to(torch.float16)
@@ -271,6 +271,7 @@ def test_capture_with_pdl_replays_the_eager_steps(l2_prefetch, accumulate, prolo
     graphed = StaticDecoder(model, 16, fuse=True, linear_fn=qfn, pdl=True, l2_prefetch=l2_prefetch,
                             accumulate=accumulate, prologue=prologue, trigger=trigger, attn_splits=splits)
     graphed.pre_l2 = pre_l2  # items past the ring asked of L2 before each ring GEMV's wait
+    graphed.attn_in_o = splits is not None  # the o GEMV combines the attention's split partials (XAttn)
     a = [plain.prefill(ids).clone()] + [plain.step(t).clone() for t in (7, 8, 9)]
     graphed.prefill(ids)
     graphed.capture()

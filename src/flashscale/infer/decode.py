@@ -178,7 +178,8 @@ class StaticDecoder:
         cos, sin = model.rope(torch.arange(max_len, device=dev)[None], dt)  # (1, T, 1, D) each
         self.rope_cos, self.rope_sin = cos.reshape(max_len, -1).contiguous(), sin.reshape(max_len, -1).contiguous()
         self.glue = True  # the step's first and last kernels are ours (step_begin/_end); False: torch's ops
-        self.attn_in_o = True  # prologue with splits > 1: the o GEMV combines the attention's split partials
+        self.attn_in_o = False  # prologue, splits > 1: the o GEMV combines the attention's partials (slower, 32)
+        self.trace: torch.Tensor | None = None  # enable_trace()
         self.argmax_best = torch.full((1,), -2 ** 63, device=dev, dtype=torch.int64)  # step_end's (left so)
         self.argmax_cnt = torch.zeros(1, device=dev, dtype=torch.int32)
         e = cfg.hidden_size
@@ -209,6 +210,26 @@ class StaticDecoder:
         self.attn_ws = torch.zeros(self.cfg.num_attention_heads * splits, self.cfg.head_dim + 2,
                                    device=self.attn_cnt.device, dtype=torch.float32)
 
+    TRACE_SLOTS = ("qkv", "attn", "o", "gu", "down")  # a layer's launches in a trace buffer (the head: layer L)
+
+    def enable_trace(self, on: bool = True, max_programs: int = 1024) -> None:
+        """Diagnostics (GPU, from the next step or capture on): TRACE builds of the ring GEMVs and the attention
+        write their programs' timestamps into self.trace (L + 1, 5, max_programs, 16) int64, [layer, TRACE_SLOTS
+        index, program] (w4a16_ring.TRACE_FIELDS; the lm_head at [L, 0]); benchmarks/decode_step_trace.py reads it."""
+        if not on:
+            self.trace = None
+            return
+        if not self.x.is_cuda:
+            raise ValueError("enable_trace needs the model on a CUDA device")
+        self.trace = torch.zeros(len(self.blocks) + 1, len(self.TRACE_SLOTS), max_programs, 16,
+                                 device=self.x.device, dtype=torch.int64)
+
+    def _trace(self, layer: int, slot: str) -> torch.Tensor | None:
+        return None if self.trace is None else self.trace[layer, self.TRACE_SLOTS.index(slot)]
+
+    def _attn_trace(self, layer: int) -> dict:
+        return {} if self.trace is None else {"trace_ptr": self._trace(layer, "attn"), "TRACE": True}
+
     def _norm(self, norm: nn.Module, r: torch.Tensor | None, po: dict) -> None:
         e = self.cfg.hidden_size
         add_rmsnorm_kernel[(1,)](self.x, self.x if r is None else r, norm.weight, self.h, e, norm.eps,
@@ -222,7 +243,7 @@ class StaticDecoder:
         """Layer i's linear `key` (LINEARS) of h: its float32 sum (accumulate) or its output."""
         mods = self.blocks[i][key]
         if self.accumulate:
-            return mods.accumulate_(h, self.acc_views[i][key])
+            return mods.accumulate_(h, self.acc_views[i][key], trace=self._trace(i, key))
         return torch.cat([m(h) for m in mods], dim=-1) if isinstance(mods, tuple) else mods(h)
 
     @torch.no_grad()
@@ -248,7 +269,8 @@ class StaticDecoder:
         pro = self.accumulate and self.prologue
         for i, b in enumerate(self.blocks):
             if pro:  # x + r -> x2, RMSNorm -> h, inside the q/k/v GEMV
-                qkv = b["qkv"].accumulate_(self.h, self.acc_views[i]["qkv"], self._xnorm(b["ln1"], self.x, r, self.x2))
+                qkv = b["qkv"].accumulate_(self.h, self.acc_views[i]["qkv"], self._xnorm(b["ln1"], self.x, r, self.x2),
+                                           trace=self._trace(i, "qkv"))
             else:
                 self._norm(b["ln1"], r, po)
                 qkv = self._linear(i, "qkv", self.h)  # (1, (H + 2G) D)
@@ -256,16 +278,18 @@ class StaticDecoder:
             decode_attention_kernel[(h_q, self.splits)](qkv, self.rope_cos, self.rope_sin, self.k[i], self.v[i],
                                                         self.attn, self.pos, self.attn_ws, self.attn_cnt, self.max_len,
                                                         d ** -0.5, H=h_q, G=h_kv, D=d, BT=32, NS=self.splits,
-                                                        COMBINE=not comb, num_warps=4, **po)
+                                                        COMBINE=not comb, num_warps=4, **po, **self._attn_trace(i))
             if comb:
                 o = b["o"].accumulate_(self.attn, self.acc_views[i]["o"],
-                                       XAttn(ws=self.attn_ws, splits=self.splits, head_dim=d))
+                                       XAttn(ws=self.attn_ws, splits=self.splits, head_dim=d),
+                                       trace=self._trace(i, "o"))
             else:
                 o = self._linear(i, "o", self.attn)
             if pro:  # x2 + o -> x, RMSNorm -> h in the gate/up GEMV; SiLU(g) * u -> act in the down GEMV
                 av = self.acc_views[i]
-                b["gu"].accumulate_(self.h, av["gu"], self._xnorm(b["ln2"], self.x2, o, self.x))
-                r = b["down"].accumulate_(self.act, av["down"], XSiLU(gu=av["gu"]))
+                b["gu"].accumulate_(self.h, av["gu"], self._xnorm(b["ln2"], self.x2, o, self.x),
+                                    trace=self._trace(i, "gu"))
+                r = b["down"].accumulate_(self.act, av["down"], XSiLU(gu=av["gu"]), trace=self._trace(i, "down"))
                 continue
             self._norm(b["ln2"], o, po)
             f = cfg.intermediate_size
@@ -277,7 +301,8 @@ class StaticDecoder:
             silu_mul_kernel[(triton.cdiv(f, 1024),)](g, u, self.act, F_=f, BLOCK=1024, num_warps=4, **po)
             r = self._linear(i, "down", self.act)
         if pro and self.head_acc:  # x + r, the final norm and the lm_head in one GEMV, into the zeroed logits
-            self.lm_head.accumulate_(self.h, self.logits, self._xnorm(m.norm, self.x, r, self.x2))
+            self.lm_head.accumulate_(self.h, self.logits, self._xnorm(m.norm, self.x, r, self.x2),
+                                     trace=self._trace(len(self.blocks), "qkv"))
         else:
             self._norm(m.norm, r, po)
             self.logits.copy_(self.lm_head(self.h))

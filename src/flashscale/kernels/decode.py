@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import globaltimer, smid
 
 from flashscale.kernels.pdl import pdl_enter
 from flashscale.kernels.w4a16_common import last_split, reset_ticket
@@ -64,7 +65,8 @@ def _kv_tile(kc_ptr, vc_ptr, g, T_MAX, t0, hi, d, D: tl.constexpr, BT: tl.conste
 @triton.jit
 def decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, pos_ptr, ws_ptr, cnt_ptr, T_MAX, scale,
                             H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
-                            NS: tl.constexpr = 1, PDL: tl.constexpr = False, COMBINE: tl.constexpr = True):
+                            NS: tl.constexpr = 1, PDL: tl.constexpr = False, COMBINE: tl.constexpr = True,
+                            trace_ptr=None, TRACE: tl.constexpr = False):
     """Program (query head, split): RoPE on q and the new k (cos_ptr / sin_ptr: (T_MAX, D) tables, row pos), the
     group's first head writes k/v at pos (split 0), then softmax(q K^T) V over positions 0..pos (cache rows < pos,
     the new row from registers: no race).
@@ -78,9 +80,15 @@ def decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, 
     projection's GEMV), no ticket, no re-read here.
 
     PDL: position, RoPE table and the split's first tile of cached rows (< pos: earlier steps wrote them) load before
-    the wait for the kernel ahead (the q/k/v linear), the rest after it."""
+    the wait for the kernel ahead (the q/k/v linear), the rest after it. TRACE (diagnostics, GPU): program
+    hq * NS + sp writes %globaltimer at its start, after its wait and at its end to trace_ptr (int64) at 16 * program
+    + 0, 8 and 5 (the ring GEMV's TRACE_FIELDS places), and its SM at + 6."""
     hq = tl.program_id(0)
     sp = tl.program_id(1)
+    if TRACE:
+        tp = trace_ptr + (hq * NS + sp) * 16
+        tl.store(tp, globaltimer())
+        tl.store(tp + 6, smid().to(tl.int64))
     g = hq // (H // G)
     pos = tl.load(pos_ptr)
     d = tl.arange(0, D)
@@ -92,6 +100,8 @@ def decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, 
     hi = tl.minimum(lo + chunk, pos)
     tm, kt, vt = _kv_tile(kc_ptr, vc_ptr, g, T_MAX, lo, hi, d, D, BT)  # the first tile
     pdl_enter(PDL)
+    if TRACE:
+        tl.store(tp + 8, globaltimer())
     dt = out_ptr.dtype.element_ty
     q = _rope(_ld(qkv_ptr + hq * D + d, dt), _ld(qkv_ptr + hq * D + rot, dt), cos, sin, D)
     q = q.to(dt).to(tl.float32)
@@ -134,6 +144,8 @@ def decode_attention_kernel(qkv_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, 
             o = tl.sum(w[:, None] * a_s, axis=0) / tl.sum(w * l_s, axis=0)
             tl.store(out_ptr + hq * D + d, o.to(dt))
             reset_ticket(cnt_ptr, hq)
+    if TRACE:
+        tl.store(tp + 5, globaltimer())
 
 
 @triton.jit

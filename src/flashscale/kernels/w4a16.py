@@ -644,15 +644,18 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
     return y
 
 
-def w4a16_addmm_(out: torch.Tensor, x2d: torch.Tensor, p: PackedW4, *, prologue=None) -> torch.Tensor:
+def w4a16_addmm_(out: torch.Tensor, x2d: torch.Tensor, p: PackedW4, *, prologue=None,
+                 trace: torch.Tensor | None = None) -> torch.Tensor:
     """out (M, N) float32 += x2d (M, K) @ dequant(W), in place, on the ring decode kernel (M <= 8): each program
     red.adds its fp32 partial of a tile straight into out, so the call has no split-K fold at its end (no
     ticket, no last contributor re-reading the tile: ~2 us a call on the H200, docs/w4a16_decode.md round 9) and
     whoever reads out next (a launch later on the stream) sees the sum. Summation order, so the last bits, vary
     between calls, as the atomic fold's. Configs: the ring candidates, tuned for this use apart from
     w4a16_matmul's. prologue (w4a16_prologue.XNorm / XSiLU / XAttn): the kernel's programs first write x2d
-    (contiguous; no act-order) from it, the decode step's RMSNorm, SiLU * up or attention combine in the GEMV. Under kernels.pdl with
-    trigger=True the launch lets the next kernel in early. Returns out."""
+    (contiguous; no act-order) from it, the decode step's RMSNorm, SiLU * up or attention combine in the GEMV. Under
+    kernels.pdl with trigger=True the launch lets the next kernel in early. trace (diagnostics, GPU): an int64 buffer
+    of >= w4a16_ring.TRACE_STRIDE values a program that a TRACE build of the kernel fills with its programs'
+    timestamps (w4a16_ring.TRACE_FIELDS). Returns out."""
     from flashscale.kernels import w4a16_prologue
     from flashscale.kernels.w4a16_ring import launch as ring_launch
 
@@ -680,7 +683,7 @@ def w4a16_addmm_(out: torch.Tensor, x2d: torch.Tensor, p: PackedW4, *, prologue=
 
     cfg, per_sm = _tune(key, cands, lambda c: c.per_sm, launch, ring=lambda: _weight_ring(p))
     ring_launch(x2d, p, None, out, cfg, per_sm, add=True, pdl=pdl_active(x2d.device), prologue=prologue,
-                trigger=trigger_active(), pre_l2=pre_l2_items())
+                trigger=trigger_active(), pre_l2=pre_l2_items(), trace=trace)
     return out
 
 

@@ -52,7 +52,9 @@ from flashscale.kernels.w4a16_gemv import _dec_item, _dec_layout, _dec_store, _d
 from flashscale.kernels.w4a16_pack import PackedW4
 from flashscale.kernels.w4a16_prologue import Prologue, XAttn, kernel_args, x_prologue
 
-TRACE_FIELDS = ("t_start_ns", "clk_start", "clk_first", "clk_end", "clk_last_flush", "t_end_ns", "smid", "items")
+TRACE_FIELDS = ("t_start_ns", "clk_start", "clk_first", "clk_end", "clk_last_flush", "t_end_ns", "smid", "items",
+                "t_wait_ns", "t_x_ns", "t_first_ns")  # t_wait: after the PDL wait; t_x: prologue done, x loads next
+TRACE_STRIDE = 16  # int64 values a program in a trace buffer
 
 REGS_PER_SM = 65536
 MAX_TOKENS = 16
@@ -259,12 +261,12 @@ def _consume(acc, accb, w, sz, xw, u, u1, tile, ks, pid, P, S, U, CMAX, y_ptr, b
              BF16: tl.constexpr, HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr, ASM: tl.constexpr,
              TRACE: tl.constexpr, ADD: tl.constexpr):
     """Item u (tile, ks) from its slot; at the end of this program's part of the tile, flush it (TRACE builds: the
-    clock at the start of the program's last flush to trace_ptr[pid * 8 + 4])."""
+    clock at the start of the program's last flush to trace_ptr[pid * 16 + 4])."""
     acc, accb = _dec_item(acc, accb, w, sz, xw, NB, KT, TWO, BF16, ASM)
     if (ks == S - 1) | (u == u1 - 1):
         if TRACE:
             if u == u1 - 1:
-                tl.store(trace_ptr + pid * 8 + 4, _clock(TRACE))
+                tl.store(trace_ptr + pid * 16 + 4, _clock(TRACE))
         _flush(acc, accb, tile, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, NB, BN, TWO,
                HAS_BIAS, ATOMIC, ADD)
         acc = tl.zeros_like(acc)
@@ -286,7 +288,7 @@ def w4a16_ring_kernel(
 ):
     """x_ptr: x as int32 words (pairs of 16-bit inputs), stride_xm in words; pk_ptr / sz_ptr: PackedW4 qweight
     (N_pad/16, K_pad/64, 32, 4) / sz (NG, N_pad); S items a tile, U items, CMAX workspace slots a tile. TRACE: each
-    program writes TRACE_FIELDS (int64) to trace_ptr[pid * 8 ...] (benchmarks/w4a16_ring_trace.py). PDL (a
+    program writes TRACE_FIELDS (int64) to trace_ptr[pid * 16 ...] (benchmarks/w4a16_ring_trace.py). PDL (a
     programmatic dependent launch, kernels.pdl): the first RING items' packed and scale words are loaded before
     griddepcontrol.wait, everything the previous kernel may write (x, the split-K workspace and tickets, y) after
     it; the kernel triggers its dependents early only with TRIGGER (after its prologue: every program of this
@@ -295,8 +297,8 @@ def w4a16_ring_kernel(
     w4a16_prologue's XNorm (pa res, pr r, pw weight, po res_out, eps) / XSiLU (pa gu) / XAttn (pa ws, NBLK splits,
     PHD head dim), then a CTA barrier."""
     if TRACE:
-        tl.store(trace_ptr + tl.program_id(0) * 8, globaltimer())
-        tl.store(trace_ptr + tl.program_id(0) * 8 + 1, _clock(TRACE))
+        tl.store(trace_ptr + tl.program_id(0) * 16, globaltimer())
+        tl.store(trace_ptr + tl.program_id(0) * 16 + 1, _clock(TRACE))
     NB: tl.constexpr = BN // 16
     BK: tl.constexpr = KT * 64
     TWO: tl.constexpr = BM == 16
@@ -336,11 +338,15 @@ def w4a16_ring_kernel(
             tile_q, ks_q = _next_item(tile_q, ks_q, S)
     if PDL:  # the weight's first loads are in flight while the previous kernel ends; x, workspace, y after it
         gdc_wait()
+    if TRACE:
+        tl.store(trace_ptr + pid * 16 + 8, globaltimer())
     if XMODE != 0:  # this program's chunks of x, from the previous kernels' outputs (w4a16_prologue)
         x_prologue(xo_ptr, pa_ptr, pr_ptr, pw_ptr, po_ptr, eps, u0, u1, S, M, K, XMODE, HAS_R, NBLK, BK, PCH, PHD)
         tl.debug_barrier()  # the chunks' stores before any thread's x loads (bar.sync orders them in the CTA)
     if PDL and TRIGGER:
         gdc_launch_dependents()
+    if TRACE:
+        tl.store(trace_ptr + pid * 16 + 9, globaltimer())
     x0 = _slot_x(x_ptr, u0, u1, k0, ks_l, lane1, M, K, stride_xm, BK, KT, TWO, EVEN_K)
     if RING >= 2:
         x1 = _slot_x(x_ptr, u0 + 1, u1, k1, ks_l, lane1, M, K, stride_xm, BK, KT, TWO, EVEN_K)
@@ -369,7 +375,8 @@ def w4a16_ring_kernel(
                                        ATOMIC, ASM, TRACE, ADD)
         if TRACE:
             if g == u0:
-                tl.store(trace_ptr + pid * 8 + 2, _clock(TRACE))
+                tl.store(trace_ptr + pid * 16 + 2, _clock(TRACE))
+                tl.store(trace_ptr + pid * 16 + 10, globaltimer())
         w0, s0, x0 = _slot(pk_ptr, sz_ptr, x_ptr, g + RING, u1, tile_p, ks_p, tile_l, ks_l, w_off, sz_off, nb,
                            kt_first, lane1, k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK, KT, G, TWO,
                            EVEN_K, EVEN_N)
@@ -403,7 +410,7 @@ def w4a16_ring_kernel(
             tile_p, ks_p = _next_item(tile_p, ks_p, S)
 
     if TRACE:
-        tp = trace_ptr + pid * 8
+        tp = trace_ptr + pid * 16
         tl.store(tp + 3, _clock(TRACE))
         tl.store(tp + 5, globaltimer())
         tl.store(tp + 6, smid().to(tl.int64))
@@ -506,8 +513,8 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
             ws = split_k_slices(x.device, tiles * cmax * slot)
         _, cnt = split_k_workspace(x.device, tiles)  # after: a growing workspace replaces the pair
     extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not _interpreting() else {}
-    if trace is not None and (trace.dtype != torch.int64 or trace.numel() < 8 * progs or _interpreting()):
-        raise ValueError(f"trace must be an int64 tensor of >= {8 * progs} values on a GPU, got "
+    if trace is not None and (trace.dtype != torch.int64 or trace.numel() < TRACE_STRIDE * progs or _interpreting()):
+        raise ValueError(f"trace must be an int64 tensor of >= {TRACE_STRIDE * progs} values on a GPU, got "
                          f"{trace.dtype} x {trace.numel()}")
     return w4a16_ring_kernel[(progs,)](
         xw, p.qweight, p.sz, y, bias if bias is not None else y, ws, cnt, trace if trace is not None else cnt,
