@@ -16,10 +16,14 @@ of the step, against the previous launch's last program end (prev_end), in us:
   span      last end - prev_end (what the launch adds to the step: generate_w4a16's critical_ms per call)
 
 Medians over the layers for each launch of a block (qkv, attn, o, gu, down) and the lm_head. The step is timed
-untraced and traced in the same run (the stamps' overhead). Writes OUT/decode_step_trace-<gpu>.json: rows
-(impl flashscale-w4a16, launch, the figures above, programs) and the step's times.
+untraced and traced in the same run (the stamps' overhead). Also: late (the fraction of programs that started
+after prev_end: no SM slot free before) and, for the last tenth of programs to end, how much later than the median
+they started (tail_start, means over them) and left the wait (tail_wait), the fraction of them that started late (tail_late), and
+how many more items they had (tail_items). Variants: attention tile rows (btN) and context splits (sN). Writes
+OUT/decode_step_trace-<gpu>.json: rows (impl flashscale-w4a16, variant, launch, the figures above, programs), the
+steps' times, and every program of layers 1 and L/2 of the first variant (launches[].raw).
 
-    python benchmarks/decode_step_trace.py --out $OUT [--layers 32] [--tokens 64]
+    python benchmarks/decode_step_trace.py --out $OUT [--layers 32] [--tokens 128] [--variants default,bt16]
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from flashscale.models.llama import Llama  # noqa: E402
 from flashscale.quant.qlinear import QuantLinear  # noqa: E402
 
 FIELDS = dict(start=0, end=5, wait=8, x=9, first=10)
+RAW = ("start", "wait", "x", "first", "end")  # a program's raw row (us from prev_end), then smid and items
 
 
 def launch_figures(tr: torch.Tensor, prev_end: float) -> dict:
@@ -54,7 +59,15 @@ def launch_figures(tr: torch.Tensor, prev_end: float) -> dict:
     end_max = float(t[:, FIELDS["end"]].max())
     out = dict(programs=int(t.shape[0]), lead=(float(t[:, 0].min()) - prev_end) / 1e3,
                start=(med(0) - prev_end) / 1e3, wait=(med(FIELDS["wait"]) - prev_end) / 1e3,
-               tail=(end_max - med(FIELDS["end"])) / 1e3, span=(end_max - prev_end) / 1e3, _end=end_max)
+               tail=(end_max - med(FIELDS["end"])) / 1e3, span=(end_max - prev_end) / 1e3, _end=end_max,
+               start_max=(float(t[:, 0].max()) - prev_end) / 1e3,
+               wait_max=(float(t[:, FIELDS["wait"]].max()) - prev_end) / 1e3,
+               late=float((t[:, 0] > prev_end).double().mean()))  # programs that started after prev_end
+    last = t[t[:, FIELDS["end"]] >= torch.quantile(t[:, FIELDS["end"]], 0.9)]  # the last tenth to end
+    out.update(tail_start=(float(last[:, 0].mean()) - med(0)) / 1e3,  # how much later they started (mean)
+               tail_wait=(float(last[:, FIELDS["wait"]].mean()) - med(FIELDS["wait"])) / 1e3,
+               tail_late=float((last[:, 0] > prev_end).double().mean()),
+               tail_items=float(last[:, 7].mean()) - med(7))
     if bool((t[:, FIELDS["x"]] > 0).all()):  # ring GEMVs: prologue, first item, loop
         out.update(pro=(med(FIELDS["x"]) - med(FIELDS["wait"])) / 1e3,
                    first=(med(FIELDS["first"]) - med(FIELDS["x"])) / 1e3,
@@ -74,14 +87,20 @@ def analyse(trace: torch.Tensor) -> tuple[list[dict], list[dict]]:
         f = launch_figures(tr, prev)
         if not f:
             continue
-        prev = f.pop("_end")
-        per.append(dict(layer=i, launch="head" if i == layers else StaticDecoder.TRACE_SLOTS[j], **f))
+        end = f.pop("_end")
+        row = dict(layer=i, launch="head" if i == layers else StaticDecoder.TRACE_SLOTS[j], **f)
+        if i in (1, layers // 2):  # two layers' programs in full: RAW fields (us from prev_end), smid, items
+            t = tr[tr[:, 0] > 0].double()
+            row["raw"] = [[round((float(r[FIELDS[k]]) - prev) / 1e3, 3) if r[FIELDS[k]] > 0 else None for k in RAW]
+                          + [int(r[6]), int(r[7])] for r in t]
+        prev = end
+        per.append(row)
     kinds = []
     for kind in (*StaticDecoder.TRACE_SLOTS, "head"):
         rows = [r for r in per if r["launch"] == kind and not (kind == "qkv" and r["layer"] == 0)]
         if not rows:
             continue
-        keys = [k for k in rows[0] if k not in ("layer", "launch")]
+        keys = [k for k in rows[0] if k not in ("layer", "launch", "raw")]
         kinds.append(dict(launch=kind, calls=len(rows), **{k: round(statistics.median(r[k] for r in rows), 3)
                                                            for k in keys if all(k in r for r in rows)}))
     return per, kinds
@@ -91,7 +110,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--layers", type=int, default=32)
-    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=128, help="generated tokens (the cache: 16 more positions)")
+    ap.add_argument("--variants", default="default,bt16",
+                    help="comma-separated: default, btN (attention tiles of N rows), sN (N context splits)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -109,35 +130,46 @@ def main(argv=None) -> int:
     model.eval()
     qfn = lambda lin: QuantLinear.from_float(lin, group_size=128, sym=True)  # noqa: E731
     dec = StaticDecoder(model, args.tokens + 16, fuse=True, linear_fn=qfn, lm_head=qfn(model.lm_head))
-    first = 17
-    plain = time_decode(dec, args.tokens, first)
-    dec.graph = None
-    dec.enable_trace()
-    traced = time_decode(dec, args.tokens, first)  # the last replay's stamps stay in dec.trace
-    per, kinds = analyse(dec.trace)
-    starts = dec.trace[1 if args.layers > 1 else 0, 0, :, 0]  # a q/k/v GEMV's program starts: the timer's step
-    steps = torch.diff(starts[starts > 0].sort().values)
-    res = [int(steps[steps > 0].min())] if bool((steps > 0).any()) else []
+    auto = dec.splits
     gpu = torch.cuda.get_device_name()
     tag = "h200" if "H200" in gpu else gpu.lower().replace(" ", "-")
-    rows = [dict(impl="flashscale-w4a16", **k) for k in kinds]
+    rows, steps_ms, raw = [], {}, None
+    for variant in args.variants.split(","):
+        dec.attn_block = int(variant[2:]) if variant.startswith("bt") else 32
+        dec.set_attn_splits(int(variant[1:]) if variant.startswith("s") else auto)
+        dec.enable_trace(False)
+        dec.graph = None
+        plain = time_decode(dec, args.tokens, 17)
+        dec.graph = None
+        dec.enable_trace()
+        traced = time_decode(dec, args.tokens, 17)  # the last replay's stamps stay in dec.trace
+        per, kinds = analyse(dec.trace)
+        steps_ms[variant] = dict(ms_per_token=plain, ms_per_token_traced=traced, attn_block=dec.attn_block,
+                                 splits=dec.splits)
+        rows += [dict(impl="flashscale-w4a16", variant=variant, **k) for k in kinds]
+        raw = per if raw is None else raw  # the first variant's launches in full
+        print(f"{variant}: step {plain:.3f} ms a token, traced {traced:.3f} (attention tiles of {dec.attn_block} "
+              f"rows, {dec.splits} splits)")
+        cols = ["launch", "programs", "lead", "start", "wait", "pro", "first", "loop", "tail", "span", "late",
+                "tail_start", "tail_wait", "tail_late", "tail_items"]
+        print(" ".join(f"{c[:8]:>8}" for c in cols))
+        for r in kinds:
+            print(" ".join(f"{r[c]:>8}" if isinstance(r.get(c), str) else f"{r[c]:8.2f}" if c in r else f"{'-':>8}"
+                           for c in cols))
+    starts = dec.trace[1 if args.layers > 1 else 0, 0, :, 0]  # a q/k/v GEMV's program starts: the timer's step
+    gaps = torch.diff(starts[starts > 0].sort().values)
     doc = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                model=f"llama3-8B shape, {args.layers} layers, random weights, 4-bit (G 128) with a 4-bit lm_head",
-               tokens=args.tokens, ms_per_token=plain, ms_per_token_traced=traced,
-               globaltimer_step_ns=res[0] if res else None, splits=dec.splits, rows=rows, launches=per)
+               tokens=args.tokens, steps=steps_ms,
+               globaltimer_step_ns=int(gaps[gaps > 0].min()) if bool((gaps > 0).any()) else None, rows=rows,
+               launches=raw)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"decode_step_trace-{tag}.json"
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.write_text(json.dumps(doc))
     tmp.replace(path)
-    print(f"step {plain:.3f} ms a token, traced {traced:.3f}; globaltimer step {doc['globaltimer_step_ns']} ns")
-    cols = ["launch", "calls", "programs", "lead", "start", "wait", "pro", "first", "loop", "tail", "span"]
-    print(" ".join(f"{c:>8}" for c in cols))
-    for r in kinds:
-        print(" ".join(f"{r.get(c, '-'):>8}" if isinstance(r.get(c, "-"), (str, int)) else f"{r[c]:8.2f}"
-                       for c in cols))
     print(f"wrote {path}")
     return 0
 

@@ -230,6 +230,11 @@ case "${1:-}" in
   trace32)  # session 32: the decode step's timeline (decode_step_trace.py), then the e2e rows again (XAttn off)
     step trace 200 "$PY" benchmarks/decode_step_trace.py --out "$OUT"
     step e2e 420 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT" ;;
+  trace32b)  # session 32: the timeline again with late starters and the last tenth's figures, attention tiles 32/16
+    step trace 240 "$PY" benchmarks/decode_step_trace.py --out "$OUT" --variants default,bt16,s4 ;;
+  trace32_old)
+    step trace 200 "$PY" benchmarks/decode_step_trace.py --out "$OUT"
+    step e2e 420 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT" ;;
   glue32)  # session 32: the step's own first/last kernels (embedding + zeroed sums; argmax + pos), the attention's
     # split combine in the o GEMV (XAttn): decode/QuantLinear/generate/PDL GPU tests, then the e2e rows
     step dec_tests 300 "$PY" -m pytest -q -p no:cacheprovider -n 4 --show-capture=no --tb=short \

@@ -180,6 +180,7 @@ class StaticDecoder:
         self.glue = True  # the step's first and last kernels are ours (step_begin/_end); False: torch's ops
         self.attn_in_o = False  # prologue, splits > 1: the o GEMV combines the attention's partials (slower, 32)
         self.trace: torch.Tensor | None = None  # enable_trace()
+        self.attn_block = 32  # cached rows a tile of the decode attention (its registers: 167 at 32 on sm_90)
         self.argmax_best = torch.full((1,), -2 ** 63, device=dev, dtype=torch.int64)  # step_end's (left so)
         self.argmax_cnt = torch.zeros(1, device=dev, dtype=torch.int32)
         e = cfg.hidden_size
@@ -277,7 +278,8 @@ class StaticDecoder:
             comb = pro and self.attn_in_o and self.splits > 1  # the split combine in the o GEMV's prologue
             decode_attention_kernel[(h_q, self.splits)](qkv, self.rope_cos, self.rope_sin, self.k[i], self.v[i],
                                                         self.attn, self.pos, self.attn_ws, self.attn_cnt, self.max_len,
-                                                        d ** -0.5, H=h_q, G=h_kv, D=d, BT=32, NS=self.splits,
+                                                        d ** -0.5, H=h_q, G=h_kv, D=d, BT=self.attn_block,
+                                                        NS=self.splits,
                                                         COMBINE=not comb, num_warps=4, **po, **self._attn_trace(i))
             if comb:
                 o = b["o"].accumulate_(self.attn, self.acc_views[i]["o"],

@@ -1,0 +1,57 @@
+"""benchmarks/decode_step_trace.py's analysis (CPU, synthetic stamps): each launch measured against the previous
+launch's last end, medians over layers, the late starters and the last tenth's figures."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    path = ROOT / "benchmarks" / "decode_step_trace.py"
+    spec = importlib.util.spec_from_file_location("bench_decode_step_trace", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_analyse_synthetic_step():
+    mod = _load()
+    layers, progs = 3, 20
+    tr = torch.zeros(layers + 1, 5, 64, 16, dtype=torch.int64)
+    t = 10_000_000  # ns
+    for i in range(layers):
+        for j in range(5):
+            prev = t
+            for p in range(progs):
+                late = p == progs - 1  # one program starts 1 us after the previous launch ended, and ends last
+                row = tr[i, j, p]
+                row[0] = prev + (1000 if late else -2000)
+                row[8] = prev + 500 + (1000 if late else 0)
+                row[5] = prev + 4000 + (3000 if late else p)
+                row[7] = 5 + late
+                if j != 1:  # a ring GEMV: prologue 800 ns, first item 1 us
+                    row[9], row[10] = row[8] + 800, row[8] + 1800
+            t = prev + 7000
+    tr[layers, 0, :4, 0] = t - 1000
+    tr[layers, 0, :4, 8] = t + 300
+    tr[layers, 0, :4, 9] = t + 600
+    tr[layers, 0, :4, 10] = t + 900
+    tr[layers, 0, :4, 5] = t + 5000
+    per, kinds = mod.analyse(tr)
+    assert len(per) == 5 * layers + 1 and per[-1]["launch"] == "head"
+    assert "raw" in per[5] and len(per[5]["raw"]) == progs  # layer 1 in full
+    o = next(k for k in kinds if k["launch"] == "o")
+    assert o["calls"] == layers and o["programs"] == progs
+    assert abs(o["span"] - 7.0) < 1e-6 and abs(o["wait"] - 0.5) < 1e-6 and abs(o["pro"] - 0.8) < 1e-6
+    assert abs(o["first"] - 1.0) < 1e-6 and abs(o["lead"] + 2.0) < 1e-6 and abs(o["start_max"] - 1.0) < 1e-6
+    assert abs(o["late"] - 1 / progs) < 1e-6 and o["tail_late"] > 0 and o["tail_items"] > 0
+    assert abs(o["tail"] - (7.0 - 4.0095)) < 1e-3  # the late program's end against the median end
+    attn = next(k for k in kinds if k["launch"] == "attn")
+    assert "pro" not in attn and abs(attn["span"] - 7.0) < 1e-6
+    head = next(k for k in kinds if k["launch"] == "head")
+    assert head["calls"] == 1 and abs(head["span"] - 5.0) < 1e-6 and abs(head["lead"] + 1.0) < 1e-6
