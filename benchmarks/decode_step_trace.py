@@ -18,8 +18,8 @@ of the step, against the previous launch's last program end (prev_end), in us:
 Medians over the layers for each launch of a block (qkv, attn, o, gu, down) and the lm_head. The step is timed
 untraced and traced in the same run (the stamps' overhead). Also: late (the fraction of programs that started
 after prev_end: no SM slot free before) and, for the last tenth of programs to end, how much later than the median
-they started (tail_start, means over them) and left the wait (tail_wait), the fraction of them that started late (tail_late), and
-how many more items they had (tail_items). Variants: attention tile rows (btN) and context splits (sN). Writes
+they started (tail_start, means over them) and left the wait (tail_wait), the fraction of them that started late
+(tail_late), and how many more items they had (tail_items). Variants: attention tile rows (btN) and context splits (sN). Writes
 OUT/decode_step_trace-<gpu>.json: rows (impl flashscale-w4a16, variant, launch, the figures above, programs), the
 steps' times, and every program of layers 1 and L/2 of the first variant (launches[].raw).
 

@@ -20,6 +20,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh pro31     # ~9 min: prologue + trigger (+ the head): tests, e2e rows
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh glue32    # ~10 min: step glue kernels + XAttn: tests, e2e rows
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace32   # ~6 min: the decode step's timeline, e2e rows
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace32b  # ~3 min: the timeline, late starters, variants
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh ring30    # ~8 min: ncu of the ring decode kernel (unrun),
 #                                                                  # the probe's r-dec rows on all six shapes
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: backward dispatch GPU tests, FA2's
@@ -232,9 +233,6 @@ case "${1:-}" in
     step e2e 420 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT" ;;
   trace32b)  # session 32: the timeline again with late starters and the last tenth's figures, attention tiles 32/16
     step trace 240 "$PY" benchmarks/decode_step_trace.py --out "$OUT" --variants default,bt16,s4 ;;
-  trace32_old)
-    step trace 200 "$PY" benchmarks/decode_step_trace.py --out "$OUT"
-    step e2e 420 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT" ;;
   glue32)  # session 32: the step's own first/last kernels (embedding + zeroed sums; argmax + pos), the attention's
     # split combine in the o GEMV (XAttn): decode/QuantLinear/generate/PDL GPU tests, then the e2e rows
     step dec_tests 300 "$PY" -m pytest -q -p no:cacheprovider -n 4 --show-capture=no --tb=short \
