@@ -312,6 +312,7 @@ def test_addmm_api():
 PROLOGUE_CASES = [  # mode, M, K, N, (bn, kt, ring, per_sm, atomic): what it exercises
     ("norm", 1, 512, 64, (16, 2, 2, 3, True)),  # residual + r, chunks shared by many programs
     ("norm0", 2, 384, 64, (16, 2, 2, 2, True)),  # no r (a decode step's first layer), two rows, one group (G = K)
+    ("norm", 1, 4096, 48, (16, 1, 2, 1, True)),  # 48 items a program: the prologue writes x in two rounds
     ("silu", 2, 512, 48, (32, 1, 2, 2, False)),  # SiLU(g) * u from a float32 (M, 2K) sum; kt 1 chunks
     ("silu", 1, 256, 256, (16, 2, 1, 4, True)),  # programs whose items wrap from the last chunk to the first
     ("attn", 1, 256, 64, (16, 1, 2, 3, True)),  # the attention's split combine: 4 heads of 64, 4 splits

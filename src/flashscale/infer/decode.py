@@ -81,12 +81,14 @@ def unsupported(model: nn.Module, max_len: int) -> str | None:
 
 def _auto_splits(device: torch.device, heads: int, max_len: int) -> int:
     """Context splits a head for the decode attention (flash-decoding): about two programs an SM on a GPU (8 at
-    32 heads on 132 SMs), no more than a split per 16 cache positions; 2 on the CPU (the interpreter's tests)."""
+    32 heads on 132 SMs), no more than a split per 32 cache positions (a tile of rows at a full cache: the 8B step
+    at 144 positions took 1.788 ms a token with 8 splits, 1.767 with 4, docs/w4a16_decode.md round 11); 2 on the
+    CPU (the interpreter's tests)."""
     if device.type == "cuda":
         want = max(1, 2 * torch.cuda.get_device_properties(device).multi_processor_count // heads)
     else:
         want = 2
-    want = min(want, 16, max(1, -(-max_len // 16)))
+    want = min(want, 16, max(1, max_len // 32))
     return 1 << (want.bit_length() - 1)  # a power of two, at most want
 
 

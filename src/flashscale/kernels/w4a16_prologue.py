@@ -175,13 +175,23 @@ def x_prologue(xo_ptr, pa_ptr, pr_ptr, pw_ptr, po_ptr, eps, u0, u1, S, M, K, XMO
     for m in range(M):
         rs = 0.0
         if XMODE == 1:
+            # the first round's inputs load with the row, before its sum (they do not depend on it: one L2 round
+            # trip instead of two, the barrier of the block sum between them)
+            idx = tl.arange(0, CH)
+            k = ((u0 + idx // BK) % S) * BK + idx % BK
+            km = (idx < n_el) & (k < K)
+            x1 = _res_plus_r(pa_ptr, pr_ptr, m * K + k, km, dt, HAS_R)
+            w1 = tl.load(pw_ptr + k, mask=km, other=0.0).to(tl.float32)
             ss = 0.0
             for b0 in range(0, K, NBLK):
-                k = b0 + tl.arange(0, NBLK)
-                xf = _res_plus_r(pa_ptr, pr_ptr, m * K + k, k < K, dt, HAS_R).to(tl.float32)
+                kk = b0 + tl.arange(0, NBLK)
+                xf = _res_plus_r(pa_ptr, pr_ptr, m * K + kk, kk < K, dt, HAS_R).to(tl.float32)
                 ss += tl.sum(xf * xf, axis=0)
             rs = 1.0 / tl.sqrt(ss / K + eps)
-        for b0 in range(0, n_el, CH):
+            tl.store(po_ptr + m * K + k, x1, mask=km)
+            h = (x1.to(tl.float32) * rs).to(dt).to(tl.float32) * w1
+            tl.store(xo_ptr + m * K + k, h.to(dt), mask=km)
+        for b0 in range(CH if XMODE == 1 else 0, n_el, CH):
             idx = b0 + tl.arange(0, CH)
             k = ((u0 + idx // BK) % S) * BK + idx % BK
             km = (idx < n_el) & (k < K)

@@ -539,10 +539,11 @@ def _prologue_round(prologue: Prologue | None, chunk: int) -> int:
 
 def compile_sm90(cfg: RingConfig, *, dtype: str = "bf16", bm: int = 8, group_size: int = 128, trace: bool = False,
                  add: bool = False, pdl: bool = False, xmode: int = 0, trigger: bool = False, k: int = 4096,
-                 pre_l2: int = 0):
+                 pre_l2: int = 0, pch: int | None = None):
     """Compile one config as a launch on an even Llama shape specializes it (K, N multiples of 256, pointers and
     strides 16-divisible, no bias): returns Triton's CompiledKernel (asm: ptx, cubin). xmode: the prologue (0 none,
-    1 XNorm with r, 2 XSiLU, 3 XAttn of 8 splits, head dim 128) for K = k inputs."""
+    1 XNorm with r, 2 XSiLU, 3 XAttn of 8 splits, head dim 128) for K = k inputs, pch inputs a prologue round
+    (default 1024, XAttn 128)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -555,7 +556,7 @@ def compile_sm90(cfg: RingConfig, *, dtype: str = "bf16", bm: int = 8, group_siz
               ATOMIC=cfg.atomic, EVEN_K=True, EVEN_N=True, ASM=cfg.asm, L2AHEAD=cfg.l2_ahead, TRACE=trace,
               ADD=add, PDL=pdl, XMODE=xmode, HAS_R=xmode == 1,
               NBLK={1: min(triton.next_power_of_2(k), 8192), 3: 8}.get(xmode, 16),
-              PCH={0: 128, 3: 128}.get(xmode, 1024),
+              PCH=pch or {0: 128, 3: 128}.get(xmode, 1024),
               TRIGGER=trigger, L2PRE=pre_l2, PHD=128 if xmode == 3 else 1)
     sig = {**ptrs, **{n: "i32" for n in ints}, **pro, "eps": "fp32", **{n: "constexpr" for n in cx}}
     names = list(sig)
