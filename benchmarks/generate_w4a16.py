@@ -26,7 +26,9 @@ inside the GEMVs that read them (w4a16_prologue: 5 launches a block instead of 8
 +pre4 / +pre8 (session 31: slower). "+glue": the step's first and last kernels are flashscale's (embedding and the
 zeroed sums; argmax and pos + 1; PDL-aware) instead of torch's ops, for both precisions ("bf16+glue" is the anchor of
 the rows with it); "+comb": the attention's split combine in the o GEMV's prologue (StaticDecoder.attn_in_o); "+sN":
-N context splits a head instead of the automatic 8. PDL and +acc rows are checked against the model again first.
+N context splits a head instead of the automatic (4 at 144 positions since session 32; 8 before); "+tuned": each
+GEMV's config chosen by the whole step's time (StaticDecoder.tune_in_step; the run's last row: it pins them). PDL
+and +acc rows are checked against the model again first.
 """
 
 from __future__ import annotations
@@ -189,7 +191,7 @@ def main(argv=None) -> int:
     model.eval()
     max_len = (8 if cpu else args.tokens) + 16
     prompt = [int(t) for t in torch.randint(0, cfg.vocab_size, (6,))]
-    rows, checks = [], {}
+    rows, checks, tuned_in_step = [], {}, {}
     for quantize in (False, True):
         impl = "flashscale-w4a16" if quantize else "bf16"
         lm_head = model.lm_head
@@ -207,15 +209,16 @@ def main(argv=None) -> int:
         if cpu:
             continue
         base = dict(pdl=False, l2=False, acc=False, pro=False, trig=False, head=False, glue=False, comb=False,
-                    splits=None)
+                    splits=None, tune=False)
         variants = [base, {**base, "glue": True}]  # the step's first/last kernels: torch's ops, then ours
         if quantize:
             variants += [{**base, "acc": True}, {**base, "pdl": True, "acc": True}]
             variants += [{**base, "pdl": True, "acc": True, "trig": True},
                          {**base, "pdl": True, "acc": True, "pro": True}] * args.all
             top = {**base, "pdl": True, "acc": True, "pro": True, "trig": True, "head": True}  # session 31's default
-            variants += [top, {**top, "glue": True}, {**top, "comb": True}, {**top, "glue": True, "comb": True}]
-            variants += [{**top, "glue": True, "comb": True, "splits": n} for n in (2, 4, 16)]
+            variants += [top, {**top, "glue": True}, {**top, "glue": True, "comb": True}]
+            variants += [{**top, "glue": True, "splits": n} for n in (8,)] * args.all  # session 31's automatic
+            variants += [{**top, "glue": True, "tune": True}]  # last: it pins the step GEMVs' configs
             variants += [{**top, "l2": n} for n in (4, 8)] * args.all  # pre-wait L2 items (session 31: slower)
         variants += [] if args.no_pdl else [{**base, "pdl": True}, {**base, "pdl": True, "l2": True}]
         head_acc = dec.head_acc
@@ -226,7 +229,8 @@ def main(argv=None) -> int:
             name = (impl + ("+pdl" if use_pdl else "") + ("+l2" if l2 else "") + ("+acc" if acc else "")
                     + ("+pro" if pro else "") + ("+trig" if trig else "") + ("+head" if head and head_acc else "")
                     + (f"+pre{pre}" if pre else "") + ("+glue" if v["glue"] else "")
-                    + ("+comb" if v["comb"] and pro else "") + (f"+s{v['splits']}" if v["splits"] else ""))
+                    + ("+comb" if v["comb"] and pro else "") + (f"+s{v['splits']}" if v["splits"] else "")
+                    + ("+tuned" if v["tune"] else ""))
             # eager until time_decode captures the variant
             dec.pdl, dec.l2_prefetch, dec.accumulate, dec.graph = use_pdl, l2, acc, None
             dec.prologue, dec.trigger, dec.head_acc, dec.pre_l2 = pro, trig, head and head_acc, pre
@@ -238,6 +242,10 @@ def main(argv=None) -> int:
                       flush=True)
                 if checks[name] > 0.25:
                     raise SystemExit(f"{name}: the decode step disagrees with Llama.forward")
+            if v["tune"]:  # each GEMV's config by the whole step's time (StaticDecoder.tune_in_step)
+                dec.prefill(torch.tensor([[prompt[-1]]], device=dec.x.device))
+                tuned_in_step.update(dec.tune_in_step())
+                print(f"  tuned in the step: {tuned_in_step}", flush=True)
             ms = time_decode(dec, args.tokens, prompt[-1])
             try:  # where the time goes: kernels vs the gaps between them
                 breakdown = kernel_breakdown(dec)
@@ -267,7 +275,7 @@ def main(argv=None) -> int:
                                     date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                                     model=f"llama3-8B shape, {args.layers} layers, random weights",
                                     group_size=args.group_size, rows=rows, step_checks=checks,
-                                    tuned=tuned_configs()), indent=1))
+                                    tuned=tuned_configs(), tuned_in_step=tuned_in_step), indent=1))
     tmp.replace(path)
     by = {r["impl"]: r for r in rows}
     print(f"\nLlama-3-8B-shaped decode, batch 1, {args.tokens} tokens, CUDA graph, {gpu}")

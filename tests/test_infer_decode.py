@@ -184,6 +184,10 @@ def test_errors():
     assert "power of two" in unsupported(odd, 8)
     with pytest.raises(ValueError, match="generate: cuda_graph"):
         generate(model, torch.zeros(2, 3, dtype=torch.long, device=DEV), max_new_tokens=2, cuda_graph=True)
+    with pytest.raises(ValueError, match="tune_in_step needs a GPU decoder with accumulate"):
+        StaticDecoder(model, 16).tune_in_step()  # float linears: no accumulate
+    with pytest.raises(ValueError, match="attn_splits must be a power of two"):
+        StaticDecoder(model, 16).set_attn_splits(3)
 
 
 @torch.no_grad()
@@ -326,3 +330,32 @@ def test_glue_kernels_equal_torch_ops_and_greedy_steps_take_the_argmax():
     assert torch.equal(got[0], got[1])
     assert decs[0].tok.item() == decs[1].tok.item() == got[0].argmax(-1).item()
     assert decs[0].pos.item() == decs[1].pos.item() == 4
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_tune_in_step_pins_configs_and_keeps_the_step():
+    """tune_in_step (the accumulating GEMVs' configs by the whole step's time) pins one config per ring-add key, leaves
+    the decoder where it was (tok, pos, length; no graph), and the step after it gives the same logits as before it
+    (up to the red.adds' order)."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("needs an sm_90 GPU")
+    from flashscale.kernels import w4a16
+
+    model = _ring_model().to(torch.bfloat16)
+    qfn = lambda lin: QuantLinear.from_float(lin, group_size=128, sym=True)  # noqa: E731
+    dec = StaticDecoder(model, 32, fuse=True, linear_fn=qfn, lm_head=qfn(model.lm_head))
+    ids = torch.tensor([[5, 17, 33]], device=DEV)
+    before = dec.prefill(ids).clone()
+    pos, length = dec.pos.clone(), dec.length
+    chosen = dec.tune_in_step(replays=4)
+    assert chosen and all(k.startswith("ring-add") for k in chosen)
+    assert set(chosen) <= {"|".join(map(str, k)) for k in w4a16.ring_add_choices()}
+    assert torch.equal(dec.pos, pos) and dec.length == length and dec.graph is None
+    assert torch.equal(dec.logits, before)
+    a = dec.step(7).clone()
+    ref = StaticDecoder(model, 32, fuse=True, linear_fn=qfn, lm_head=qfn(model.lm_head))
+    ref.prefill(ids)
+    assert _rel(a, ref.step(7)) < 1e-2
+    with pytest.raises(ValueError, match="too short"):
+        dec.tune_in_step(replays=40)

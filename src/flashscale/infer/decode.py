@@ -204,6 +204,51 @@ class StaticDecoder:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.length = 0  # positions filled (host-side mirror of pos)
 
+    @torch.no_grad()
+    def tune_in_step(self, replays: int = 16) -> dict:
+        """Choose each accumulating GEMV's config by timing the whole captured step (GPU; accumulate): the W4A16
+        tuner times a shape alone, where in the step a GEMV also overlaps its neighbours (PDL: weights loaded before
+        the wait, the early trigger), so the fastest alone need not be the fastest here. For each ring-add key in
+        turn (a shape and its prologue), every candidate config is pinned and `replays` replays of the step are timed;
+        the best stays pinned (kernels.w4a16.pin_config). tok, pos, logits and the cache length are restored after;
+        a captured graph is dropped (capture again). Returns {key: label of the chosen config}."""
+        from flashscale.kernels import w4a16
+
+        if not self.x.is_cuda or not self.accumulate:
+            raise ValueError("tune_in_step needs a GPU decoder with accumulate")
+        if self.length + replays + 3 > self.max_len:
+            raise ValueError(f"tune_in_step runs {replays} + 3 steps from position {self.length}: a static cache of "
+                             f"{self.max_len} positions is too short")
+        saved = (self.tok.clone(), self.pos.clone(), self.logits.clone(), self.length)
+        self._step()  # every key tuned alone first
+        torch.cuda.synchronize()
+
+        def step_ms() -> float:
+            self.pos.copy_(saved[1])
+            self.graph = None
+            self.capture()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(replays):
+                self.graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end) / replays
+
+        chosen = {}
+        for key, cands in w4a16.ring_add_choices().items():
+            times = []
+            for cfg, split in cands:
+                w4a16.pin_config(key, cfg, split)
+                times.append((step_ms(), cfg.label, cfg, split))
+            best = min(times, key=lambda t: t[0])
+            w4a16.pin_config(key, best[2], best[3])
+            chosen["|".join(map(str, key))] = best[1]
+        for t, old in zip((self.tok, self.pos, self.logits), saved[:3]):
+            t.copy_(old)
+        self.length, self.graph = saved[3], None
+        return chosen
+
     def set_attn_splits(self, splits: int) -> None:
         """Context splits a head for the decode attention from the next step on (a power of two in [1, 64]; a
         captured graph keeps its own: capture again)."""

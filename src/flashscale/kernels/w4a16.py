@@ -262,6 +262,25 @@ def load_tuned_configs(table: dict[str, dict]) -> None:
         _TUNED[(kind, int(bucket), int(n), int(kk), int(g), dtype, act, dev)] = dict(v)
 
 
+def ring_add_choices() -> dict[tuple, list]:
+    """The accumulating ring GEMV's tuned keys of this process (w4a16_addmm_'s: one per shape and prologue kind)
+    -> their candidate configs, the tuned one first: what a caller that times a whole decode step may pin
+    (pin_config) in its place."""
+    out = {}
+    for key, fields in _TUNED.items():
+        if str(key[0]).startswith("ring-add"):
+            cur = dict(fields)
+            split = cur.pop("split_k")
+            tuned = _config_class(cur)(**cur)
+            out[key] = [(tuned, split)] + [(c, c.per_sm) for c in _ring_configs() if c != tuned]
+    return out
+
+
+def pin_config(key: tuple, cfg, split: int) -> None:
+    """Make `key`'s tuned choice (cfg, split): later calls of that key run it untimed."""
+    _TUNED[key] = dict(asdict(cfg), split_k=split)
+
+
 def _config_class(fields: dict):
     if "consumers" in fields:
         from flashscale.kernels.w4a16_wgmma import WgmmaConfig
