@@ -21,6 +21,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh glue32    # ~10 min: step glue kernels + XAttn: tests, e2e rows
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace32   # ~6 min: the decode step's timeline, e2e rows
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace32b  # ~3 min: the timeline, late starters, variants
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh final32   # ~10 min: e2e rows (+tuned), GPU tests, trace
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh ring30    # ~8 min: ncu of the ring decode kernel (unrun),
 #                                                                  # the probe's r-dec rows on all six shapes
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: backward dispatch GPU tests, FA2's
@@ -231,6 +232,11 @@ case "${1:-}" in
   trace32)  # session 32: the decode step's timeline (decode_step_trace.py), then the e2e rows again (XAttn off)
     step trace 200 "$PY" benchmarks/decode_step_trace.py --out "$OUT"
     step e2e 420 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT" ;;
+  final32)  # session 32's code (glue kernels, XNorm preload, splits rule, tune_in_step): e2e rows, GPU tests, trace
+    step e2e 300 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT"
+    step dec_tests 260 "$PY" -m pytest -q -p no:cacheprovider -n 4 --show-capture=no --tb=short \
+      tests/test_infer_decode.py tests/test_qlinear.py tests/test_generate.py tests/kernels/test_pdl.py
+    step trace 100 "$PY" benchmarks/decode_step_trace.py --out "$OUT" --variants default ;;
   trace32b)  # session 32: the timeline again with late starters and the last tenth's figures, attention tiles 32/16
     step trace 240 "$PY" benchmarks/decode_step_trace.py --out "$OUT" --variants default,bt16,s4 ;;
   glue32)  # session 32: the step's own first/last kernels (embedding + zeroed sums; argmax + pos), the attention's
