@@ -170,9 +170,43 @@ def main(argv=None) -> int:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc))
     tmp.replace(path)
+    plot(doc, path.with_suffix(".png"))
     print(f"wrote {path}")
     return 0
 
 
+def plot(doc: dict, path: Path) -> None:
+    """A block's launches as stacked bars (wait, prologue, first item, loop, tail: us, medians over layers) for
+    each variant."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    rows = [r for r in doc["rows"] if r["launch"] != "head"]
+    parts = [("wait", "#999999"), ("pro", "#e08030"), ("first", "#d0b020"), ("loop", "#3070b0"), ("tail", "#c03030")]
+    fig, ax = plt.subplots(figsize=(9, 0.35 * len(rows) + 1.5))
+    names = [f"{r.get('variant', '')} {r['launch']}" for r in rows]
+    left = [0.0] * len(rows)
+    for key, color in parts:
+        vals = [r.get(key, 0.0) if key != "loop" or "loop" in r else r["span"] - r["wait"] - r["tail"]
+                for r in rows]
+        ax.barh(names, vals, left=left, color=color, label=key + (" (attention: its work)" if key == "loop" else ""))
+        left = [a + b for a, b in zip(left, vals)]
+    ax.invert_yaxis()
+    ax.set_xlabel("us after the previous launch's last program ends (medians over layers)")
+    ax.set_title(f"4-bit decode step, one block's launches, {doc['gpu']}")
+    ax.legend(fontsize=8, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.2))
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--plot":  # a png beside a results file: --plot results/NAME.json
+        src = Path(sys.argv[2])
+        plot(json.loads(src.read_text()), src.with_suffix(".png"))
+        raise SystemExit(0)
     raise SystemExit(main())

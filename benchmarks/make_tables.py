@@ -210,8 +210,15 @@ SECTIONS = [
      ["model", "method", "bits", "group_size", "layers", "seconds", "peak_gpu_gb", "passed"]),
     ("generate_w4a16-h200.json", "Decode at batch 1, Llama-3-8B shape (random weights)",
      ["impl", "layers", "batch", "tokens", "ms_per_token", "kernel_ms", "tokens_per_s", "TBps"]),
+    ("generate_w4a16-glue-h200.json", "The same, session 32's first run (the step's glue kernels; the attention's "
+     "split combine in the o GEMV at 2-16 splits)", ["impl", "ms_per_token", "kernel_ms", "tokens_per_s", "TBps"]),
     ("generate_w4a16-trig-h200.json", "The same, session 31's first run of the prologue and trigger rows",
      ["impl", "ms_per_token", "kernel_ms", "tokens_per_s", "TBps"]),
+    ("decode_step_trace-h200.json", "Where the 4-bit decode step's time goes: each launch of a block, us after the "
+     "previous launch's last program ends (medians over layers; benchmarks/decode_step_trace.py)",
+     ["variant", "launch", "programs", "wait", "pro", "first", "loop", "tail", "span"]),
+    ("decode_step_trace-variants-h200.json", "The same before the XNorm preload and the splits rule, with attention "
+     "variants", ["variant", "launch", "programs", "wait", "pro", "first", "loop", "tail", "span"]),
     ("parallel-overhead-h200.json", "Parallel engine overhead at world size 1", None),
     ("attention-fp8-accuracy.json", "FP8 attention accuracy (RMSE against float64), CPU emulation", ["method", "engine", "rmse", "fa3_rmse"]),
     ("attention-fp8-accuracy-h200.json", "FP8 attention accuracy on the H200, 1 x 2048 x 4 heads x 128 (FA3's outlier setting)",
