@@ -39,11 +39,11 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from generate_w4a16 import time_decode  # noqa: E402  (it puts src/ on the path)
+from generate_w4a16 import random_model, time_decode  # noqa: E402  (it puts src/ on the path)
+from plotting import plot_only, pyplot  # noqa: E402
 
 from flashscale.infer.decode import StaticDecoder  # noqa: E402
 from flashscale.models.config import preset  # noqa: E402
-from flashscale.models.llama import Llama  # noqa: E402
 from flashscale.quant.qlinear import QuantLinear  # noqa: E402
 
 FIELDS = dict(start=0, end=5, wait=8, x=9, first=10)
@@ -117,17 +117,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    cfg = preset("llama3-8B", num_hidden_layers=args.layers)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        torch.set_default_dtype(torch.bfloat16)
-        model = Llama(cfg)
-        torch.set_default_dtype(torch.float32)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, cfg.initializer_range)
-    model.eval()
+    model = random_model(preset("llama3-8B", num_hidden_layers=args.layers), "cuda", torch.bfloat16)
     qfn = lambda lin: QuantLinear.from_float(lin, group_size=128, sym=True)  # noqa: E731
     dec = StaticDecoder(model, args.tokens + 16, fuse=True, linear_fn=qfn, lm_head=qfn(model.lm_head))
     auto = dec.splits
@@ -178,12 +168,8 @@ def main(argv=None) -> int:
 def plot(doc: dict, path: Path) -> None:
     """A block's launches as stacked bars (wait, prologue, first item, loop, tail: us, medians over layers) for
     each variant."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     rows = [r for r in doc["rows"] if r["launch"] != "head"]
     parts = [("wait", "#999999"), ("pro", "#e08030"), ("first", "#d0b020"), ("loop", "#3070b0"), ("tail", "#c03030")]
@@ -205,8 +191,4 @@ def plot(doc: dict, path: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--plot":  # a png beside a results file: --plot results/NAME.json
-        src = Path(sys.argv[2])
-        plot(json.loads(src.read_text()), src.with_suffix(".png"))
-        raise SystemExit(0)
-    raise SystemExit(main())
+    raise SystemExit(0 if plot_only(sys.argv[1:], plot) else main())

@@ -46,6 +46,8 @@ import triton
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plotting import plot_only, pyplot  # noqa: E402
 
 import flashscale.models.llama as llama_mod  # noqa: E402
 from flashscale.infer.decode import StaticDecoder  # noqa: E402
@@ -86,17 +88,25 @@ def check_against_model(dec: StaticDecoder, model: Llama, prompt: list[int]) -> 
 
 
 @torch.no_grad()
+def random_model(cfg: LlamaConfig, device: str, dtype: torch.dtype) -> Llama:
+    """The benchmark's model: cfg's shape, weights N(0, initializer_range) from seed 0, eval mode."""
+    torch.manual_seed(0)
+    with torch.device(device):
+        torch.set_default_dtype(dtype)
+        model = Llama(cfg)
+        torch.set_default_dtype(torch.float32)
+    for p in model.parameters():
+        if p.dim() == 2:
+            p.normal_(0.0, cfg.initializer_range)
+    return model.eval()
+
+
+@torch.no_grad()
 def time_decode(dec: StaticDecoder, tokens: int, first: int) -> float:
     dec.greedy = True  # the graph feeds its own argmax back: N replays are the whole generation
     dec.prefill(torch.tensor([[first]], device=dec.x.device))
     dec.capture()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(tokens):
-        dec.graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / tokens  # ms per token
+    return dec.replay_ms(tokens)  # ms per token
 
 
 @torch.no_grad()
@@ -179,17 +189,7 @@ def main(argv=None) -> int:
     cfg = (LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128) if cpu
            else preset("llama3-8B", num_hidden_layers=args.layers))
-    dtype = torch.float16 if cpu else torch.bfloat16  # the interpreter mishandles bf16 casts
-    torch.manual_seed(0)
-    with torch.device(args.device):
-        torch.set_default_dtype(dtype)
-        model = Llama(cfg)
-        torch.set_default_dtype(torch.float32)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, cfg.initializer_range)
-    model.eval()
+    model = random_model(cfg, args.device, torch.float16 if cpu else torch.bfloat16)  # interpreter: no bf16 casts
     max_len = (8 if cpu else args.tokens) + 16
     prompt = [int(t) for t in torch.randint(0, cfg.vocab_size, (6,))]
     rows, checks, tuned_in_step = [], {}, {}
@@ -297,12 +297,8 @@ def main(argv=None) -> int:
 
 def plot(doc: dict, path: Path) -> None:
     """ms a token by variant (bf16 rows grey, 4-bit blue), the 3x target as a line."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     rows = doc["rows"]
     fig, ax = plt.subplots(figsize=(9, 0.35 * len(rows) + 1.5))
@@ -321,8 +317,4 @@ def plot(doc: dict, path: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--plot":  # a png beside a results file: --plot results/NAME.json
-        src = Path(sys.argv[2])
-        plot(json.loads(src.read_text()), src.with_suffix(".png"))
-        raise SystemExit(0)
-    raise SystemExit(main())
+    raise SystemExit(0 if plot_only(sys.argv[1:], plot) else main())

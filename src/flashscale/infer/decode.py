@@ -225,15 +225,9 @@ class StaticDecoder:
 
         def step_ms() -> float:
             self.pos.copy_(saved[1])
-            self.graph = None
+            self.length, self.graph = saved[3], None
             self.capture()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(replays):
-                self.graph.replay()
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end) / replays
+            return self.replay_ms(replays)
 
         chosen = {}
         for key, cands in w4a16.ring_add_choices().items():
@@ -248,6 +242,22 @@ class StaticDecoder:
             t.copy_(old)
         self.length, self.graph = saved[3], None
         return chosen
+
+    def replay_ms(self, n: int) -> float:
+        """Replay the captured step n times (pos advances n: the cache must hold them); ms a replay (CUDA events)."""
+        if self.graph is None:
+            raise ValueError("replay_ms replays a captured step: capture() first")
+        if self.length + n > self.max_len:
+            raise ValueError(f"replay_ms: {n} steps from position {self.length} pass the static cache's "
+                             f"{self.max_len} positions")
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(n):
+            self.graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        self.length += n
+        return start.elapsed_time(end) / n
 
     def set_attn_splits(self, splits: int) -> None:
         """Context splits a head for the decode attention from the next step on (a power of two in [1, 64]; a

@@ -1,0 +1,34 @@
+"""Shared plotting glue of the benchmark scripts: matplotlib when it is installed, and the `--plot RESULTS.json`
+entry that renders a results file's png again without rerunning its measurement."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None where matplotlib is missing (the JSON is what counts)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def plot_only(argv: list[str], plot: Callable[[dict, Path], None]) -> bool:
+    """`--plot results/NAME.json`: write NAME.png beside it with plot(doc, path); True when that was the call."""
+    if len(argv) == 2 and argv[0] == "--plot":
+        src = Path(argv[1])
+        plot(json.loads(src.read_text()), src.with_suffix(".png"))
+        return True
+    return False
+
+
+if __name__ == "__main__":
+    sys.exit("a helper module of the benchmark scripts")
