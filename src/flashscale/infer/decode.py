@@ -35,9 +35,12 @@ items past its ring each ring GEMV asks of L2 before its wait.
 Attributes (switchable between steps; a captured graph keeps what it recorded): glue (True) runs the step's first
 and last work as two kernels of ours (kernels.decode.step_begin_kernel: the token's embedding and the zeroed float32
 sums; step_end_kernel: argmax into tok with greedy, pos + 1; PDL-aware) instead of torch's index select, copy,
-memset, argmax and add (which restart the chain of PDL launches at every step); attn_in_o (True) with prologue and
-context splits > 1: the attention kernel leaves its splits' partials and the o GEMV combines them in its prologue
-(w4a16_prologue.XAttn) instead of the attention's last split after a ticket; set_attn_splits(n) changes the splits.
+memset, argmax and add (which restart the chain of PDL launches at every step: 1.858 -> 1.826 ms a token on the 8B
+step); attn_in_o (False) with prologue and context splits > 1: the attention kernel leaves its splits' partials and
+the o GEMV combines them in its prologue (w4a16_prologue.XAttn) instead of the attention's last split after a
+ticket (slower on the H200: docs/w4a16_decode.md round 11); set_attn_splits(n) changes the splits; attn_block the
+attention's tile rows. tune_in_step() pins each GEMV's config by the captured step's time (1.782 -> 1.712 ms);
+replay_ms(n) times n replays; enable_trace() records the programs' timestamps (benchmarks/decode_step_trace.py).
 RoPE: cos / sin tables of max_len rows (model.rope), read at pos by the attention kernel.
 Shapes: E hidden size, H query heads, G kv heads, D head_dim, L layers, T max_len, V vocab.
 """
