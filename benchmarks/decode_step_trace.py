@@ -19,7 +19,8 @@ Medians over the layers for each launch of a block (qkv, attn, o, gu, down) and 
 untraced and traced in the same run (the stamps' overhead). Also: late (the fraction of programs that started
 after prev_end: no SM slot free before) and, for the last tenth of programs to end, how much later than the median
 they started (tail_start, means over them) and left the wait (tail_wait), the fraction of them that started late
-(tail_late), and how many more items they had (tail_items). Variants: attention tile rows (btN) and context splits (sN). Writes
+(tail_late), and how many more items they had (tail_items). Variants: attention tile rows (btN), context splits (sN)
+and dyn (the GEMVs take their items from counters, StaticDecoder.dyn: it should shrink the tails). Writes
 OUT/decode_step_trace-<gpu>.json: rows (impl flashscale-w4a16, variant, launch, the figures above, programs), the
 steps' times, and every program of layers 1 and L/2 of the first variant (launches[].raw).
 
@@ -112,7 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=128, help="generated tokens (the cache: 16 more positions)")
     ap.add_argument("--variants", default="default,bt16",
-                    help="comma-separated: default, btN (attention tiles of N rows), sN (N context splits)")
+                    help="comma-separated: default, btN (attention tiles of N rows), sN (N context splits), dyn")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -127,6 +128,7 @@ def main(argv=None) -> int:
     for variant in args.variants.split(","):
         dec.attn_block = int(variant[2:]) if variant.startswith("bt") else 32
         dec.set_attn_splits(int(variant[1:]) if variant.startswith("s") else auto)
+        dec.dyn = variant == "dyn"  # the GEMVs' items from counters (w4a16_ring DYN)
         dec.enable_trace(False)
         dec.graph = None
         plain = time_decode(dec, args.tokens, 17)

@@ -28,8 +28,9 @@ inside the GEMVs that read them (w4a16_prologue: 5 launches a block instead of 8
 zeroed sums; argmax and pos + 1; PDL-aware) instead of torch's ops, for both precisions ("bf16+glue" is the anchor of
 the rows with it); "+comb": the attention's split combine in the o GEMV's prologue (StaticDecoder.attn_in_o); "+sN":
 N context splits a head instead of the automatic (4 at 144 positions since session 32; 8 before); "+tuned": each
-GEMV's config chosen by the whole step's time (StaticDecoder.tune_in_step; the run's last row: it pins them). PDL
-and +acc rows are checked against the model again first.
+GEMV's config chosen by the whole step's time (StaticDecoder.tune_in_step; the run's last rows: it pins them);
+"+dyn": the GEMVs but down take their items from a counter a launch (StaticDecoder.dyn, w4a16_ring's DYN build: slow
+programs take fewer). PDL and +acc rows are checked against the model again first.
 """
 
 from __future__ import annotations
@@ -210,7 +211,7 @@ def main(argv=None) -> int:
         if cpu:
             continue
         base = dict(pdl=False, l2=False, acc=False, pro=False, trig=False, head=False, glue=False, comb=False,
-                    splits=None, tune=False)
+                    splits=None, tune=False, dyn=False)
         variants = [base, {**base, "glue": True}]  # the step's first/last kernels: torch's ops, then ours
         if quantize:
             variants += [{**base, "acc": True}, {**base, "pdl": True, "acc": True}]
@@ -219,7 +220,9 @@ def main(argv=None) -> int:
             top = {**base, "pdl": True, "acc": True, "pro": True, "trig": True, "head": True}  # session 31's default
             variants += [top, {**top, "glue": True}, {**top, "glue": True, "comb": True}]
             variants += [{**top, "glue": True, "splits": n} for n in (8,)] * args.all  # session 31's automatic
-            variants += [{**top, "glue": True, "tune": True}]  # last: it pins the step GEMVs' configs
+            variants += [{**top, "glue": True, "dyn": True}]  # items taken from a counter a launch (w4a16_ring DYN)
+            variants += [{**top, "glue": True, "tune": True}, {**top, "glue": True, "dyn": True, "tune": True}]  # last:
+            # tune_in_step pins the step GEMVs' configs
             variants += [{**top, "l2": n} for n in (4, 8)] * args.all  # pre-wait L2 items (session 31: slower)
         variants += [] if args.no_pdl else [{**base, "pdl": True}, {**base, "pdl": True, "l2": True}]
         head_acc = dec.head_acc
@@ -231,11 +234,11 @@ def main(argv=None) -> int:
                     + ("+pro" if pro else "") + ("+trig" if trig else "") + ("+head" if head and head_acc else "")
                     + (f"+pre{pre}" if pre else "") + ("+glue" if v["glue"] else "")
                     + ("+comb" if v["comb"] and pro else "") + (f"+s{v['splits']}" if v["splits"] else "")
-                    + ("+tuned" if v["tune"] else ""))
+                    + ("+dyn" if v["dyn"] else "") + ("+tuned" if v["tune"] else ""))
             # eager until time_decode captures the variant
             dec.pdl, dec.l2_prefetch, dec.accumulate, dec.graph = use_pdl, l2, acc, None
             dec.prologue, dec.trigger, dec.head_acc, dec.pre_l2 = pro, trig, head and head_acc, pre
-            dec.glue, dec.attn_in_o = v["glue"], v["comb"]
+            dec.glue, dec.attn_in_o, dec.dyn = v["glue"], v["comb"], v["dyn"]
             dec.set_attn_splits(v["splits"] or auto_splits)
             if use_pdl or acc:  # the eager step of the variant, against the model again (ordering on the GPU)
                 checks[name] = check_against_model(dec, model, prompt)
@@ -258,7 +261,7 @@ def main(argv=None) -> int:
                              lm_head="bf16" if (args.keep_lm_head or not quantize) else "w4a16", pdl=use_pdl,
                              l2_prefetch=l2, accumulate=acc, prologue=pro, trigger=trig,
                              head_in_acc=bool(head and head_acc), pre_l2=pre, glue=v["glue"],
-                             attn_in_o=bool(v["comb"] and pro), attn_splits=dec.splits, **breakdown))
+                             attn_in_o=bool(v["comb"] and pro), attn_splits=dec.splits, dyn=v["dyn"], **breakdown))
             print(f"  {name:22s} {1e3 / ms:8.1f} tok/s  {ms:7.3f} ms/token  {nbytes / 1e9:6.2f} GB read/token  "
                   f"{nbytes / (ms * 1e9):5.2f} TB/s  kernels {breakdown.get('kernel_ms', float('nan')):.3f} ms",
                   flush=True)

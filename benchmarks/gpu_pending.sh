@@ -22,6 +22,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace32   # ~6 min: the decode step's timeline, e2e rows
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace32b  # ~3 min: the timeline, late starters, variants
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh final32   # ~10 min: e2e rows (+tuned), GPU tests, trace
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh dyn33     # ~12 min, unrun: DYN tests, e2e +dyn, timelines
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh ring30    # ~8 min: ncu of the ring decode kernel (unrun),
 #                                                                  # the probe's r-dec rows on all six shapes
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: backward dispatch GPU tests, FA2's
@@ -232,6 +233,12 @@ case "${1:-}" in
   trace32)  # session 32: the decode step's timeline (decode_step_trace.py), then the e2e rows again (XAttn off)
     step trace 200 "$PY" benchmarks/decode_step_trace.py --out "$OUT"
     step e2e 420 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT" ;;
+  dyn33)  # next session: the DYN ring build (items from a counter a launch: the tails, docs/w4a16_decode.md round 11)
+    # in the decode step: its GPU tests, the e2e rows (+dyn, +dyn+tuned), the timeline with and without it
+    step dec_tests 260 "$PY" -m pytest -q -p no:cacheprovider -n 4 --show-capture=no --tb=short \
+      tests/test_infer_decode.py tests/test_qlinear.py tests/test_generate.py tests/kernels/test_pdl.py
+    step e2e 320 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT"
+    step trace 150 "$PY" benchmarks/decode_step_trace.py --out "$OUT" --variants default,dyn ;;
   final32)  # session 32's code (glue kernels, XNorm preload, splits rule, tune_in_step): e2e rows, GPU tests, trace
     step e2e 300 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT"
     step dec_tests 260 "$PY" -m pytest -q -p no:cacheprovider -n 4 --show-capture=no --tb=short \

@@ -196,7 +196,8 @@ def test_prologue_equals_the_accumulating_step(monkeypatch):
     prologue, w4a16_prologue) over two residual buffers, and the attention's split combine in the o GEMV: the same
     logits as accumulate with the small kernels (on the CPU the ring kernel runs under the interpreter: bitwise),
     near the plain step; each block's GEMVs take norm, attn, norm, silu prologues in that order (norm, none, norm,
-    silu with the attention's own combine)."""
+    silu with the attention's own combine); with dyn (items from a counter a launch, zeroed by the step's first
+    kernel) every GEMV but down takes its counter and the logits are the same up to the partials' order."""
     from flashscale.kernels import w4a16
 
     if DEV == "cpu":  # the ring kernel under the interpreter (QuantLinear takes it on CUDA only)
@@ -204,9 +205,9 @@ def test_prologue_equals_the_accumulating_step(monkeypatch):
             w4a16.ring_candidates(self.packed(), x2d.shape[0])))
     modes, addmm = [], w4a16.w4a16_addmm_
 
-    def spy(out, x, p, *, prologue=None, trace=None):
-        modes.append(type(prologue).__name__)
-        return addmm(out, x, p, prologue=prologue, trace=trace)
+    def spy(out, x, p, *, prologue=None, trace=None, counter=None):
+        modes.append(type(prologue).__name__ + ("+dyn" if counter is not None else ""))
+        return addmm(out, x, p, prologue=prologue, trace=trace, counter=counter)
 
     monkeypatch.setattr(w4a16, "w4a16_addmm_", spy)
     model = _ring_model().to(torch.float16)
@@ -216,9 +217,11 @@ def test_prologue_equals_the_accumulating_step(monkeypatch):
     head = qfn(model.lm_head)  # a 4-bit lm_head: with prologue the final norm and the head are one GEMV
     for name, kw in (("plain", dict(accumulate=False)), ("acc", dict(accumulate=True, prologue=False)),
                      ("pro", dict(accumulate=True)), ("pro_head", dict(lm_head=head, accumulate=True)), ("acc_head", dict(
-                         lm_head=head, accumulate=True, prologue=False)), ("pro_own_combine", dict(accumulate=True))):
+                         lm_head=head, accumulate=True, prologue=False)), ("pro_own_combine", dict(accumulate=True)),
+                     ("pro_head_dyn", dict(lm_head=head, accumulate=True))):
         dec = StaticDecoder(model, 12, fuse=True, linear_fn=qfn, attn_splits=2, **kw)
-        dec.attn_in_o = name != "pro_own_combine"  # the attention's split combine in the o GEMV (XAttn) or its own
+        dec.attn_in_o = name not in ("pro_own_combine", "pro_head_dyn")  # the split combine in the o GEMV (XAttn)
+        dec.dyn = name.endswith("dyn")  # items taken from a counter a launch (w4a16_ring DYN)
         assert dec.prologue == name.startswith("pro") and dec.trigger == dec.prologue  # automatic trigger
         got[name] = [dec.prefill(ids).clone(), dec.step(11).clone(), dec.step(70).clone()]
         if name == "pro_head":
@@ -227,7 +230,10 @@ def test_prologue_equals_the_accumulating_step(monkeypatch):
             assert modes[-8:] == ["XNorm", "XAttn", "XNorm", "XSiLU"] * 2
         if name == "pro_own_combine":
             assert modes[-8:] == ["XNorm", "NoneType", "XNorm", "XSiLU"] * 2
-    for a, b, tol in (("pro", "acc", 1e-7), ("pro_head", "acc_head", 1e-3), ("pro_own_combine", "acc", 1e-7)):
+        if name == "pro_head_dyn":
+            assert modes[-9:] == ["XNorm+dyn", "NoneType+dyn", "XNorm+dyn", "XSiLU"] * 2 + ["XNorm+dyn"]
+    for a, b, tol in (("pro", "acc", 1e-7), ("pro_head", "acc_head", 1e-3), ("pro_own_combine", "acc", 1e-7),
+                      ("pro_head_dyn", "pro_head", 1e-5)):  # dyn: the same items, partials summed in another order
         for x, y in zip(got[a], got[b]):
             assert _rel(x, y) < (1e-2 if DEV == "cuda" else tol)  # GPU: the red.adds' order
     for pro, plain in zip(got["pro"], got["plain"]):
@@ -255,17 +261,21 @@ def test_capture_replays_the_same_steps():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("l2_prefetch,accumulate,prologue,trigger,pre_l2,splits", [
-    (False, False, False, False, 0, None), (True, False, False, False, 0, None), (False, True, False, False, 0, None),
-    (False, True, True, False, 0, None), (False, True, True, True, 0, None), (False, True, False, True, 0, None),
-    (False, True, True, True, 4, None), (False, True, True, True, 0, 4), (False, False, False, False, 0, 4)])
+@pytest.mark.parametrize("l2_prefetch,accumulate,prologue,trigger,pre_l2,splits,dyn", [
+    (False, False, False, False, 0, None, False), (True, False, False, False, 0, None, False),
+    (False, True, False, False, 0, None, False), (False, True, True, False, 0, None, False),
+    (False, True, True, True, 0, None, False), (False, True, False, True, 0, None, False),
+    (False, True, True, True, 4, None, False), (False, True, True, True, 0, 4, False),
+    (False, False, False, False, 0, 4, False), (False, True, True, True, 0, None, True),
+    (False, True, False, False, 0, None, True)])
 @torch.no_grad()
-def test_capture_with_pdl_replays_the_eager_steps(l2_prefetch, accumulate, prologue, trigger, pre_l2, splits):
+def test_capture_with_pdl_replays_the_eager_steps(l2_prefetch, accumulate, prologue, trigger, pre_l2, splits, dyn):
     """The CUDA graph of a step whose kernels launch with programmatic dependent launch (kernels.pdl) gives the
     eager plain-launch logits, 4-bit linears included (the W4A16 GEMVs wait too, after their L2 prefetch; with
     accumulate, the ring kernel's red.adds after its weight loads: the same logits up to their summation order;
     with prologue, the norms and SiLU in the GEMVs; with trigger, each ring GEMV lets the next kernel in early;
-    with context splits and prologue, the attention's split combine in the o GEMV)."""
+    with context splits and prologue, the attention's split combine in the o GEMV; with dyn, the GEMVs' items taken
+    from counters that the step's first kernel zeroes: replays must zero them again)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("needs an sm_90 GPU")
     model = (_ring_model() if accumulate else _model()).to(torch.bfloat16)  # accumulate: G 128, the ring's
@@ -276,6 +286,7 @@ def test_capture_with_pdl_replays_the_eager_steps(l2_prefetch, accumulate, prolo
                             accumulate=accumulate, prologue=prologue, trigger=trigger, attn_splits=splits)
     graphed.pre_l2 = pre_l2  # items past the ring asked of L2 before each ring GEMV's wait
     graphed.attn_in_o = splits is not None  # the o GEMV combines the attention's split partials (XAttn)
+    graphed.dyn = dyn
     a = [plain.prefill(ids).clone()] + [plain.step(t).clone() for t in (7, 8, 9)]
     graphed.prefill(ids)
     graphed.capture()

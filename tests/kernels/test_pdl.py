@@ -81,8 +81,9 @@ for pdl in (False, True):
                                                          cnt_ptr="*i32", T_MAX="i32", scale="fp32"),
                            dict(H=32, G=8, D=128, BT=32, NS=8), pdl),
         "silu_mul": small(silu_mul_kernel, dict(g_ptr=bf, u_ptr=bf, out_ptr=bf), dict(F_=14336, BLOCK=1024), pdl),
-        "step_begin": small(step_begin_kernel, dict(tok_ptr="*i64", emb_ptr=bf, x_ptr=bf, acc_ptr="*fp32", E="i32",
-                                                    N_ACC="i32"), dict(BLOCK_E=1024, BLOCK_Z=8192), pdl),
+        "step_begin": small(step_begin_kernel, dict(tok_ptr="*i64", emb_ptr=bf, x_ptr=bf, acc_ptr="*fp32",
+                                                    ctr_ptr="*i32", E="i32", N_ACC="i32", N_CTR="i32"),
+                            dict(BLOCK_E=1024, BLOCK_Z=8192, BLOCK_C=256), pdl),
         "step_end": small(step_end_kernel, dict(logits_ptr="*fp32", tok_ptr="*i64", pos_ptr="*i64", best_ptr="*i64",
                                                 cnt_ptr="*i32", V="i32"), dict(BLOCK=4096, GREEDY=True), pdl),
     }

@@ -398,12 +398,12 @@ import json, re, sys
 from flashscale.kernels import w4a16_ring as R
 from flashscale.kernels.aot import ptxas_stats, sass
 rows = []
-for xmode, k in ((1, 4096), (2, 14336), (3, 4096)):
+for xmode, k, dyn in ((1, 4096, 0), (2, 14336, 0), (3, 4096, 0), (1, 4096, 4), (0, 4096, 4)):
     kk = R.compile_sm90(R.RingConfig(bn=256, kt=2, num_warps=4, ring=2, atomic=True), add=True, pdl=True,
-                        xmode=xmode, trigger=True, k=k)
+                        xmode=xmode, trigger=True, k=k, dyn=dyn, pch=2048 if dyn and xmode else None)
     t = sass(kk.asm["cubin"])
     ops = re.findall(r"\\b(LDG\\.E\\.128|LDG\\.E\\.64|LDG\\.E\\S*|ACQBULK|STG\\S*|BAR\\.SYNC\\S*|PREEXIT|REDG\\S*)", t)
-    rows.append(dict(ptxas_stats(kk.asm["ptx"]), ops=ops, xmode=xmode))
+    rows.append(dict(ptxas_stats(kk.asm["ptx"]), ops=ops, xmode=xmode, dyn=dyn))
 json.dump(rows, open(sys.argv[1], "w"))
 """
 
@@ -411,15 +411,19 @@ json.dump(rows, open(sys.argv[1], "w"))
 def test_sm90_prologue_and_trigger(tmp_path):
     """sm_90, the prologue builds under PDL with the early trigger: no spills; the first items' packed words load
     before the wait (ACQBULK) and nothing is stored before it; the prologue's stores, then a CTA barrier, then the
-    trigger (PREEXIT), then the GEMV's red.adds."""
+    trigger (PREEXIT), then the GEMV's red.adds. The DYN builds (items from a counter; no prologue or XNorm's whole
+    row) too."""
     for r in sm90_census(tmp_path, _COMPILE_PROLOGUE):
         ops = r["ops"]
         assert r["spill_stores"] == r["spill_loads"] == 0, r
         wait, trig = ops.index("ACQBULK"), ops.index("PREEXIT")
         assert ops[:wait].count("LDG.E.128") == 16 and not any(o.startswith("STG") for o in ops[:wait]), ops[:wait]
         stores = [i for i, o in enumerate(ops) if o.startswith("STG")]
-        assert stores and wait < stores[0] and stores[-1] < trig, (r["xmode"], ops)
-        assert any(o.startswith("BAR.SYNC") for o in ops[stores[-1]:trig]), ops
+        if r["xmode"]:
+            assert stores and wait < stores[0] and stores[-1] < trig, (r["xmode"], ops)
+            assert any(o.startswith("BAR.SYNC") for o in ops[stores[-1]:trig]), ops
+        else:
+            assert not stores, ops
         assert min(i for i, o in enumerate(ops) if o.startswith("REDG")) > trig, ops
 
 
@@ -446,3 +450,69 @@ def test_sm90_add_mode_with_pdl(tmp_path):
     assert ops[:wait].count("LDG.E.128") == 2 * 8 and "LDG.E.64" in ops[:wait], ops[:wait]  # 2 items x 8 a thread
     assert "LDG.E " not in ops[:wait] and "LDG.E " in ops[wait:], ops
     assert any(o.startswith("REDG.E.ADD.F32") for o in ops) and not any(o.startswith("ATOMG") for o in ops), ops
+
+
+DYN_CASES = [  # M, K, N, (bn, kt, ring, per_sm, atomic), prologue: what it exercises
+    (1, 512, 64, (16, 2, 2, 3, True), None),  # more programs than chunks: some take none
+    (1, 1024, 48, (16, 1, 2, 1, True), None),  # 4 programs, 12 chunks of 4: most taken from the counter
+    (2, 256, 96, (32, 2, 1, 2, False), None),  # ring 1, two token rows
+    (1, 4096, 48, (16, 1, 2, 1, True), "norm"),  # an XNorm prologue: every program writes the whole row
+]
+
+
+@pytest.mark.parametrize("m,k,n,cfg,pro", DYN_CASES)
+def test_dyn_add_mode_takes_every_item_once(m, k, n, cfg, pro):
+    """launch(add=True, counter=...) (the DYN build: chunks of items taken from an atomic counter after each
+    program's first): out gets x @ W as the static split's launch does (the same items, another summation order), the
+    counter ends at the chunks taken (every chunk past the programs' first once, and one empty take a program at
+    most); with an XNorm prologue x and the new residual equal the reference bitwise, whole."""
+    from flashscale.kernels.w4a16_prologue import XNorm, reference
+    from flashscale.kernels.w4a16_ring import dyn_chunk, launch, ring_grid
+
+    gen = torch.Generator().manual_seed(k + n + m)
+    p = _weight(k, n, 128, sym=False, gen=gen)
+    bn, kt, ring, per_sm, atomic = cfg
+    c = RingConfig(bn=bn, kt=kt, num_warps=1, ring=ring, per_sm=per_sm, atomic=atomic)
+    progs, items, _, _ = ring_grid(k, n, c, per_sm, 4)
+    ch = dyn_chunk(items, progs, ring)
+    res = torch.randn(m, k, generator=gen).half()
+    w = (torch.rand(k, generator=gen) + 0.5).half()
+    r = torch.randn(m, k, generator=gen)
+    if pro:
+        make = lambda: XNorm(res=res, weight=w, eps=1e-5, res_out=torch.full_like(res, float("nan")), r=r)  # noqa: E731
+        prologue, ref_pro = make(), make()
+        x, x_ref = torch.full((m, k), float("nan")).half(), torch.zeros(m, k).half()
+        reference(ref_pro, x_ref)
+    else:
+        prologue, x = None, res
+        x_ref = x
+    out, ctr = torch.zeros(m, n), torch.zeros(1, dtype=torch.int32)
+    launch(x, p, None, out, c, per_sm, add=True, prologue=prologue, counter=ctr)
+    if pro:
+        assert torch.equal(x, x_ref) and torch.equal(prologue.res_out, ref_pro.res_out)
+    want = torch.zeros(m, n)
+    launch(x_ref, p, None, want, c, per_sm, add=True)
+    assert torch.allclose(out, want, rtol=1e-5, atol=1e-4)
+    nch = -(-items // ch)
+    taken = max(0, nch - progs)  # chunks past the programs' first
+    assert taken <= ctr.item() <= taken + progs
+
+
+def test_dyn_refusals():
+    """counter is refused where its programs could not take any item: no add mode, a SiLU prologue (x is written
+    chunk by chunk), a ring of 4, a counter that is not int32."""
+    from flashscale.kernels.w4a16_prologue import XSiLU
+    from flashscale.kernels.w4a16_ring import launch
+
+    gen = torch.Generator().manual_seed(3)
+    p = _weight(256, 32, 128, sym=True, gen=gen)
+    x, out, ctr = torch.zeros(1, 256).half(), torch.zeros(1, 32), torch.zeros(1, dtype=torch.int32)
+    c = RingConfig(bn=16, kt=2, num_warps=1, ring=2, per_sm=1, atomic=True)
+    with pytest.raises(ValueError, match="counter .* needs add=True"):
+        launch(x, p, None, out.half(), c, 1, counter=ctr)
+    with pytest.raises(ValueError, match="needs add=True, a ring of <= 2 and no prologue or an XNorm"):
+        launch(x, p, None, out, c, 1, add=True, prologue=XSiLU(gu=torch.zeros(1, 512)), counter=ctr)
+    with pytest.raises(ValueError, match="ring of <= 2"):
+        launch(x, p, None, out, RingConfig(bn=16, kt=2, num_warps=1, ring=4, per_sm=1), 1, add=True, counter=ctr)
+    with pytest.raises(ValueError, match="counter must be an int32 tensor"):
+        launch(x, p, None, out, c, 1, add=True, counter=torch.zeros(1))

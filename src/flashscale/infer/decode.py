@@ -185,6 +185,8 @@ class StaticDecoder:
         self.glue = True  # the step's first and last kernels are ours (step_begin/_end); False: torch's ops
         self.attn_in_o = False  # prologue, splits > 1: the o GEMV combines the attention's partials (slower, 32)
         self.trace: torch.Tensor | None = None  # enable_trace()
+        self.dyn = False  # q/k/v, o, gate/up and the head take their items dynamically (w4a16_ring DYN; zeroed a step)
+        self.dyn_ctr = torch.zeros((cfg.num_hidden_layers + 1) * len(self.TRACE_SLOTS), device=dev, dtype=torch.int32)
         self.attn_block = 32  # cached rows a tile of the decode attention (its registers: 167 at 32 on sm_90)
         self.argmax_best = torch.full((1,), -2 ** 63, device=dev, dtype=torch.int64)  # step_end's (left so)
         self.argmax_cnt = torch.zeros(1, device=dev, dtype=torch.int32)
@@ -288,6 +290,13 @@ class StaticDecoder:
     def _trace(self, layer: int, slot: str) -> torch.Tensor | None:
         return None if self.trace is None else self.trace[layer, self.TRACE_SLOTS.index(slot)]
 
+    def _ctr(self, layer: int, slot: str) -> torch.Tensor | None:
+        """The launch's work counter (dyn: its own int32, zeroed at the step's start), else None."""
+        if not self.dyn:
+            return None
+        i = layer * len(self.TRACE_SLOTS) + self.TRACE_SLOTS.index(slot)
+        return self.dyn_ctr[i:i + 1]
+
     def _attn_trace(self, layer: int) -> dict:
         return {} if self.trace is None else {"trace_ptr": self._trace(layer, "attn"), "TRACE": True}
 
@@ -304,7 +313,8 @@ class StaticDecoder:
         """Layer i's linear `key` (LINEARS) of h: its float32 sum (accumulate) or its output."""
         mods = self.blocks[i][key]
         if self.accumulate:
-            return mods.accumulate_(h, self.acc_views[i][key], trace=self._trace(i, key))
+            return mods.accumulate_(h, self.acc_views[i][key], trace=self._trace(i, key),
+                                    counter=self._ctr(i, key) if key != "down" else None)
         return torch.cat([m(h) for m in mods], dim=-1) if isinstance(mods, tuple) else mods(h)
 
     @torch.no_grad()
@@ -319,19 +329,21 @@ class StaticDecoder:
         h_q, h_kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         if self.glue:  # x <- embedding of tok; the linears' float32 sums <- 0 (accumulate)
             n_acc = self.acc.numel() if self.accumulate else 0
-            step_begin_kernel[(max(1, triton.cdiv(n_acc, 8192)),)](self.tok, m.embed_tokens.weight, self.x, self.acc,
-                                                                   self.cfg.hidden_size, n_acc, BLOCK_E=1024,
-                                                                   BLOCK_Z=8192, num_warps=4, **po)
+            step_begin_kernel[(max(1, triton.cdiv(n_acc, 8192)),)](
+                self.tok, m.embed_tokens.weight, self.x, self.acc, self.dyn_ctr, self.cfg.hidden_size, n_acc,
+                self.dyn_ctr.numel() if self.dyn else 0, BLOCK_E=1024, BLOCK_Z=8192, num_warps=4, **po)
         else:
             self.x.copy_(m.embed_tokens(self.tok))
             if self.accumulate:
                 self.acc.zero_()
+            if self.dyn:
+                self.dyn_ctr.zero_()
         r = None
         pro = self.accumulate and self.prologue
         for i, b in enumerate(self.blocks):
             if pro:  # x + r -> x2, RMSNorm -> h, inside the q/k/v GEMV
                 qkv = b["qkv"].accumulate_(self.h, self.acc_views[i]["qkv"], self._xnorm(b["ln1"], self.x, r, self.x2),
-                                           trace=self._trace(i, "qkv"))
+                                           trace=self._trace(i, "qkv"), counter=self._ctr(i, "qkv"))
             else:
                 self._norm(b["ln1"], r, po)
                 qkv = self._linear(i, "qkv", self.h)  # (1, (H + 2G) D)
@@ -344,13 +356,13 @@ class StaticDecoder:
             if comb:
                 o = b["o"].accumulate_(self.attn, self.acc_views[i]["o"],
                                        XAttn(ws=self.attn_ws, splits=self.splits, head_dim=d),
-                                       trace=self._trace(i, "o"))
+                                       trace=self._trace(i, "o"))  # XAttn: x written chunk by chunk, no dyn
             else:
                 o = self._linear(i, "o", self.attn)
             if pro:  # x2 + o -> x, RMSNorm -> h in the gate/up GEMV; SiLU(g) * u -> act in the down GEMV
                 av = self.acc_views[i]
                 b["gu"].accumulate_(self.h, av["gu"], self._xnorm(b["ln2"], self.x2, o, self.x),
-                                    trace=self._trace(i, "gu"))
+                                    trace=self._trace(i, "gu"), counter=self._ctr(i, "gu"))
                 r = b["down"].accumulate_(self.act, av["down"], XSiLU(gu=av["gu"]), trace=self._trace(i, "down"))
                 continue
             self._norm(b["ln2"], o, po)
@@ -363,8 +375,9 @@ class StaticDecoder:
             silu_mul_kernel[(triton.cdiv(f, 1024),)](g, u, self.act, F_=f, BLOCK=1024, num_warps=4, **po)
             r = self._linear(i, "down", self.act)
         if pro and self.head_acc:  # x + r, the final norm and the lm_head in one GEMV, into the zeroed logits
+            last = len(self.blocks)
             self.lm_head.accumulate_(self.h, self.logits, self._xnorm(m.norm, self.x, r, self.x2),
-                                     trace=self._trace(len(self.blocks), "qkv"))
+                                     trace=self._trace(last, "qkv"), counter=self._ctr(last, "qkv"))
         else:
             self._norm(m.norm, r, po)
             self.logits.copy_(self.lm_head(self.h))

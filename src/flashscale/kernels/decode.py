@@ -162,16 +162,20 @@ def silu_mul_kernel(g_ptr, u_ptr, out_ptr, F_: tl.constexpr, BLOCK: tl.constexpr
 
 
 @triton.jit
-def step_begin_kernel(tok_ptr, emb_ptr, x_ptr, acc_ptr, E, N_ACC, BLOCK_E: tl.constexpr, BLOCK_Z: tl.constexpr,
-                      PDL: tl.constexpr = False):
-    """A step's first kernel: x <- emb[tok] (program 0, (E,) in BLOCK_E rounds) and acc[:N_ACC] <- 0 (float32, the
-    linears' sums of StaticDecoder(accumulate=True): BLOCK_Z a program). One launch where the step ran an index
+def step_begin_kernel(tok_ptr, emb_ptr, x_ptr, acc_ptr, ctr_ptr, E, N_ACC, N_CTR, BLOCK_E: tl.constexpr,
+                      BLOCK_Z: tl.constexpr, BLOCK_C: tl.constexpr = 256, PDL: tl.constexpr = False):
+    """A step's first kernel: x <- emb[tok] (program 0, (E,) in BLOCK_E rounds), acc[:N_ACC] <- 0 (float32, the
+    linears' sums of StaticDecoder(accumulate=True): BLOCK_Z a program) and ctr[:N_CTR] <- 0 (program 0: int32, the
+    GEMVs' work counters, StaticDecoder.dyn). One launch where the step ran an index
     select, a copy and a memset (torch's: no PDL, so the chain of PDL launches restarted at every step)."""
     pdl_enter(PDL)
     pid = tl.program_id(0)
     z = pid * BLOCK_Z + tl.arange(0, BLOCK_Z)
     tl.store(acc_ptr + z, tl.zeros([BLOCK_Z], dtype=tl.float32), mask=z < N_ACC)
     if pid == 0:
+        for c0 in range(0, N_CTR, BLOCK_C):
+            c = c0 + tl.arange(0, BLOCK_C)
+            tl.store(ctr_ptr + c, tl.zeros([BLOCK_C], dtype=tl.int32), mask=c < N_CTR)
         row = tl.load(tok_ptr).to(tl.int64) * E
         for e0 in range(0, E, BLOCK_E):
             e = e0 + tl.arange(0, BLOCK_E)

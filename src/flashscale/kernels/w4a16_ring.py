@@ -275,16 +275,44 @@ def _consume(acc, accb, w, sz, xw, u, u1, tile, ks, pid, P, S, U, CMAX, y_ptr, b
     return acc, accb, tile, ks
 
 
+@triton.jit
+def _dyn_next(last, nxt, ctr_ptr, P, NCH, CH: tl.constexpr):
+    """DYN: the item after `last` in a program's sequence: the next one of its chunk, or at the chunk's end the first
+    of chunk nxt, taking then the chunk after it from the counter (chunk ids >= NCH: none left, items >= U)."""
+    v = last + 1
+    if v % CH == 0:
+        v = nxt * CH
+        if nxt < NCH:
+            nxt = tl.atomic_add(ctr_ptr, 1, sem="relaxed", scope="gpu") + P
+    return v, nxt
+
+
+@triton.jit
+def _consume_dyn(acc, accb, w, sz, xw, u, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym,
+                 NB: tl.constexpr, BN: tl.constexpr, KT: tl.constexpr, TWO: tl.constexpr, BF16: tl.constexpr,
+                 ASM: tl.constexpr, CH: tl.constexpr):
+    """DYN: item u from its slot, red.added into y at its tile's end, its chunk's end or the last item."""
+    acc, accb = _dec_item(acc, accb, w, sz, xw, NB, KT, TWO, BF16, ASM)
+    tile = u // S
+    if (u - tile * S == S - 1) | ((u + 1) % CH == 0) | (u == U - 1):
+        _flush(acc, accb, tile, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, NB, BN, TWO,
+               False, True, True)
+        acc = tl.zeros_like(acc)
+        accb = tl.zeros_like(accb)
+    return acc, accb
+
+
 @triton.jit(do_not_specialize=["M", "S", "U", "CMAX"])
 def w4a16_ring_kernel(
     x_ptr, pk_ptr, sz_ptr, y_ptr, bias_ptr, ws_ptr, cnt_ptr, trace_ptr,
     M, N, K, stride_xm, stride_ym, stride_pn, stride_sg, S, U, CMAX,
-    xo_ptr, pa_ptr, pr_ptr, pw_ptr, po_ptr, eps,
+    xo_ptr, pa_ptr, pr_ptr, pw_ptr, po_ptr, eps, ctr_ptr,
     G: tl.constexpr, HAS_BIAS: tl.constexpr, BF16: tl.constexpr, BN: tl.constexpr, KT: tl.constexpr,
     BM: tl.constexpr, RING: tl.constexpr, ATOMIC: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     ASM: tl.constexpr, L2AHEAD: tl.constexpr = 0, TRACE: tl.constexpr = False, ADD: tl.constexpr = False,
     PDL: tl.constexpr = False, XMODE: tl.constexpr = 0, HAS_R: tl.constexpr = False, NBLK: tl.constexpr = 16,
     PCH: tl.constexpr = 128, TRIGGER: tl.constexpr = False, L2PRE: tl.constexpr = 0, PHD: tl.constexpr = 1,
+    DYN: tl.constexpr = False, CH: tl.constexpr = 2,
 ):
     """x_ptr: x as int32 words (pairs of 16-bit inputs), stride_xm in words; pk_ptr / sz_ptr: PackedW4 qweight
     (N_pad/16, K_pad/64, 32, 4) / sz (NG, N_pad); S items a tile, U items, CMAX workspace slots a tile. TRACE: each
@@ -295,7 +323,12 @@ def w4a16_ring_kernel(
     single-wave grid is resident by then, so the next grid's programs only take the SM slots this one's leave).
     XMODE 1 / 2 / 3: before its x loads each program writes the chunks of x (xo_ptr, 16-bit (M, K)) it reads, from
     w4a16_prologue's XNorm (pa res, pr r, pw weight, po res_out, eps) / XSiLU (pa gu) / XAttn (pa ws, NBLK splits,
-    PHD head dim), then a CTA barrier."""
+    PHD head dim), then a CTA barrier.
+    DYN (ADD mode; XMODE 0 or 1; RING <= 2 <= CH): items in chunks of CH, program p takes chunk p first and then, one
+    chunk ahead, the chunk P + an atomic ticket of ctr_ptr (int32, zero before the launch), so programs that run
+    slow take fewer (the static split left the step's launches a ~1.3-2.8 us tail of slow programs, docs/
+    w4a16_decode.md round 11); each chunk's partial is red.added at its end. Its items can be anywhere, so an XNorm
+    prologue writes the whole row of x."""
     if TRACE:
         tl.store(trace_ptr + tl.program_id(0) * 16, globaltimer())
         tl.store(trace_ptr + tl.program_id(0) * 16 + 1, _clock(TRACE))
@@ -303,6 +336,9 @@ def w4a16_ring_kernel(
     BK: tl.constexpr = KT * 64
     TWO: tl.constexpr = BM == 16
     pid, P, u0, u1, k_pad, n_frag, nb, w_off, kt_first, sz_off, lane1 = _dec_layout(U, K, N, stride_pn, NB, KT)
+    if DYN:  # chunk pid first (its first RING items before the wait), the rest from the counter after it
+        u0 = pid * CH
+        u1 = U
 
     tile = u0 // S  # the item consumed next
     ks = u0 - tile * S
@@ -341,7 +377,8 @@ def w4a16_ring_kernel(
     if TRACE:
         tl.store(trace_ptr + pid * 16 + 8, globaltimer())
     if XMODE != 0:  # this program's chunks of x, from the previous kernels' outputs (w4a16_prologue)
-        x_prologue(xo_ptr, pa_ptr, pr_ptr, pw_ptr, po_ptr, eps, u0, u1, S, M, K, XMODE, HAS_R, NBLK, BK, PCH, PHD)
+        x_prologue(xo_ptr, pa_ptr, pr_ptr, pw_ptr, po_ptr, eps, 0 if DYN else u0, u1, S, M, K, XMODE, HAS_R, NBLK,
+                   BK, PCH, PHD)
         tl.debug_barrier()  # the chunks' stores before any thread's x loads (bar.sync orders them in the CTA)
     if PDL and TRIGGER:
         gdc_launch_dependents()
@@ -363,7 +400,38 @@ def w4a16_ring_kernel(
             tile_f, ks_f = _next_item(tile_f, ks_f, S)
     acc = tl.zeros([NB, 32, 4], dtype=tl.float32)
     accb = tl.zeros([NB, 32, 4], dtype=tl.float32)
-    for g in range(u0, u1, RING):
+    u_end = u1  # the static loop's end (DYN: none, its loop is the while below)
+    if DYN:
+        u_end = u0
+        NCH = tl.cdiv(U, CH)
+        nxt = NCH  # the chunk this program takes after its current one (>= NCH: none)
+        if u0 < U:
+            nxt = tl.atomic_add(ctr_ptr, 1, sem="relaxed", scope="gpu") + P
+        v0 = u0  # the items in the slots (>= U: none) and the last one loaded
+        v1 = u0 + 1
+        last = u0 + RING - 1
+        while v0 < U:
+            acc, accb = _consume_dyn(acc, accb, w0, s0, x0, v0, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr,
+                                     M, N, stride_ym, NB, BN, KT, TWO, BF16, ASM, CH)
+            if TRACE:
+                if v0 == u0:
+                    tl.store(trace_ptr + pid * 16 + 2, _clock(TRACE))
+                    tl.store(trace_ptr + pid * 16 + 10, globaltimer())
+            last, nxt = _dyn_next(last, nxt, ctr_ptr, P, NCH, CH)
+            w0, s0, x0 = _slot(pk_ptr, sz_ptr, x_ptr, last, u1, last // S, last % S, tile_l, ks_l, w_off, sz_off, nb,
+                               kt_first, lane1, k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK, KT, G,
+                               TWO, EVEN_K, EVEN_N)
+            v0 = last
+            if RING >= 2:
+                if v1 < U:
+                    acc, accb = _consume_dyn(acc, accb, w1, s1, x1, v1, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr,
+                                             cnt_ptr, M, N, stride_ym, NB, BN, KT, TWO, BF16, ASM, CH)
+                last, nxt = _dyn_next(last, nxt, ctr_ptr, P, NCH, CH)
+                w1, s1, x1 = _slot(pk_ptr, sz_ptr, x_ptr, last, u1, last // S, last % S, tile_l, ks_l, w_off, sz_off,
+                                   nb, kt_first, lane1, k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK,
+                                   KT, G, TWO, EVEN_K, EVEN_N)
+                v1 = last
+    for g in range(u0, u_end, RING):
         if L2AHEAD > 0:
             for j in tl.static_range(RING):
                 _l2_ahead(pk_ptr, tile_f, ks_f, g + RING + L2AHEAD + j < u1, stride_pn, n_frag, row_words, NB, KT,
@@ -481,16 +549,17 @@ def w4a16_ring(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None, *
 
 def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Tensor, cfg: RingConfig, per_sm: int,
            trace: torch.Tensor | None = None, add: bool = False, pdl: bool = False, prologue: Prologue | None = None,
-           trigger: bool = False, pre_l2: int = 0):
+           trigger: bool = False, pre_l2: int = 0, counter: torch.Tensor | None = None):
     """One launch into y (M, N) (arguments as check_args takes them, M >= 1); returns what Triton's launch returns
-    (on a GPU the compiled kernel: .n_regs, .metadata.shared). trace: an int64 tensor of >= 8 x programs values
+    (on a GPU the compiled kernel: .n_regs, .metadata.shared). trace: an int64 tensor of >= 16 x programs values
     (ring_grid) that a TRACE build of the kernel fills with TRACE_FIELDS a program (GPU only). add: y is float32
     (M, N), unit stride along N, and the launch adds x @ dequant(W) into it (red.add; no bias, no split-K fold).
     pdl: a programmatic dependent launch (kernels.pdl; ignored under the interpreter); trigger: with pdl, let the
     next kernel launch once this one's prologue is done; pre_l2: with pdl, the packed words of that many items past
     the ring are asked of L2 before the wait (prefetch.global.L2). prologue: x (contiguous, no act-order) is first
     written by the kernel's programs from a w4a16_prologue.XNorm / XSiLU / XAttn (checked by the caller:
-    w4a16_prologue.check)."""
+    w4a16_prologue.check). counter (add; no prologue or an XNorm; ring <= 2): a zeroed int32 tensor of one element
+    that the kernel's programs take chunks of items from (the DYN build; left non-zero: zero it before each launch)."""
     m, k = x.shape
     n = p.out_features
     xw = x_words(x, p)  # (M, K / 2) words of two 16-bit inputs
@@ -499,6 +568,20 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
                          "the weight without act-order")
     progs, items, steps, cmax = ring_grid(k, n, cfg, per_sm, _device_info(x.device)[1])
     chunk = min(triton.cdiv(items, progs) + 1, steps) * 64 * cfg.kt  # inputs of x a program's prologue writes
+    dyn = {}
+    if counter is not None:
+        from flashscale.kernels.w4a16_prologue import XNorm
+
+        if not add or cfg.ring > 2 or (prologue is not None and not isinstance(prologue, XNorm)):
+            raise ValueError("counter (items taken dynamically) needs add=True, a ring of <= 2 and no prologue or an "
+                             f"XNorm (its programs may take any item: x must be whole); got add={add}, ring="
+                             f"{cfg.ring}, prologue {type(prologue).__name__}")
+        if not isinstance(counter, torch.Tensor) or counter.dtype != torch.int32 or counter.numel() < 1 \
+                or counter.device != x.device:
+            raise ValueError(f"counter must be an int32 tensor on {x.device} (zero before the launch), got "
+                             f"{getattr(counter, 'dtype', type(counter).__name__)}")
+        chunk = steps * 64 * cfg.kt  # the whole row
+        dyn = dict(DYN=True, CH=dyn_chunk(items, progs, cfg.ring))
     bm = 8 if m <= 8 else 16
     tiles = triton.cdiv(n, cfg.bn)
     slot = cfg.bn * bm  # fp32 values of a tile: NB x 128 x token blocks
@@ -519,6 +602,7 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
     return w4a16_ring_kernel[(progs,)](
         xw, p.qweight, p.sz, y, bias if bias is not None else y, ws, cnt, trace if trace is not None else cnt,
         m, n, k, xw.stride(0), y.stride(0), p.qweight.stride(0), p.sz.stride(0), steps, items, cmax,
+        ctr_ptr=counter if counter is not None else cnt, **dyn,
         **kernel_args(prologue, x), PCH=_prologue_round(prologue, chunk),
         G=p.group_size, HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, BN=cfg.bn, KT=cfg.kt, BM=bm,
         RING=cfg.ring, ATOMIC=cfg.atomic, EVEN_K=k % (64 * cfg.kt) == 0, EVEN_N=p.sz.shape[1] % cfg.bn == 0,
@@ -527,6 +611,12 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
         ASM=cfg.asm and not _interpreting(), L2AHEAD=cfg.l2_ahead, TRACE=trace is not None, ADD=add,
         num_warps=cfg.num_warps, num_stages=1, **extra,
     )
+
+
+def dyn_chunk(items: int, progs: int, ring: int) -> int:
+    """Items a chunk of the DYN build: about a third of a program's share (two or three chunks taken a program), at
+    least the ring (a program's first RING items load before its PDL wait, inside its first chunk), at most 16."""
+    return max(ring, 2, min(16, round(items / progs / 3)))
 
 
 def _prologue_round(prologue: Prologue | None, chunk: int) -> int:
@@ -539,11 +629,11 @@ def _prologue_round(prologue: Prologue | None, chunk: int) -> int:
 
 def compile_sm90(cfg: RingConfig, *, dtype: str = "bf16", bm: int = 8, group_size: int = 128, trace: bool = False,
                  add: bool = False, pdl: bool = False, xmode: int = 0, trigger: bool = False, k: int = 4096,
-                 pre_l2: int = 0, pch: int | None = None):
+                 pre_l2: int = 0, pch: int | None = None, dyn: int = 0):
     """Compile one config as a launch on an even Llama shape specializes it (K, N multiples of 256, pointers and
     strides 16-divisible, no bias): returns Triton's CompiledKernel (asm: ptx, cubin). xmode: the prologue (0 none,
     1 XNorm with r, 2 XSiLU, 3 XAttn of 8 splits, head dim 128) for K = k inputs, pch inputs a prologue round
-    (default 1024, XAttn 128)."""
+    (default 1024, XAttn 128); dyn: the DYN build with chunks of that many items (0: static)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -557,8 +647,9 @@ def compile_sm90(cfg: RingConfig, *, dtype: str = "bf16", bm: int = 8, group_siz
               ADD=add, PDL=pdl, XMODE=xmode, HAS_R=xmode == 1,
               NBLK={1: min(triton.next_power_of_2(k), 8192), 3: 8}.get(xmode, 16),
               PCH=pch or {0: 128, 3: 128}.get(xmode, 1024),
-              TRIGGER=trigger, L2PRE=pre_l2, PHD=128 if xmode == 3 else 1)
-    sig = {**ptrs, **{n: "i32" for n in ints}, **pro, "eps": "fp32", **{n: "constexpr" for n in cx}}
+              TRIGGER=trigger, L2PRE=pre_l2, PHD=128 if xmode == 3 else 1, DYN=dyn > 0, CH=max(dyn, 2))
+    sig = {**ptrs, **{n: "i32" for n in ints}, **pro, "eps": "fp32", "ctr_ptr": "*i32",
+           **{n: "constexpr" for n in cx}}
     names = list(sig)
     aligned = set(ptrs) | set(pro) | {"N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg"}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in aligned}

@@ -93,14 +93,14 @@ class QuantLinear(nn.Module):
 
     @torch.no_grad()
     def accumulate_(self, x: torch.Tensor, out: torch.Tensor, prologue=None,
-                    trace: torch.Tensor | None = None) -> torch.Tensor:
+                    trace: torch.Tensor | None = None, counter: torch.Tensor | None = None) -> torch.Tensor:
         """out (M, N) float32 += x (M, K) @ W^T (+ bias), in place; on CUDA at M <= 8 without bias by
         kernels.w4a16.w4a16_addmm_ (no split-K fold at the kernel's end: a decode step's consumers read the fp32
         sum, infer.decode.StaticDecoder(accumulate=True)), otherwise through forward. prologue
         (kernels.w4a16_prologue.XNorm / XSiLU / XAttn): x (contiguous (M, K)) is first written from it, by the
         kernel's programs where it can (no act-order), else by the prologue's PyTorch reference. trace: the ring
-        kernel's per-program timestamps (w4a16_addmm_'s diagnostics; unused where the kernel does not run). Returns
-        out."""
+        kernel's per-program timestamps (w4a16_addmm_'s diagnostics), counter: its items taken dynamically (a zeroed
+        int32; w4a16_addmm_'s); both unused where the kernel does not run. Returns out."""
         from flashscale.kernels import w4a16_prologue
 
         x2d = x.reshape(-1, x.shape[-1])
@@ -119,7 +119,7 @@ class QuantLinear(nn.Module):
             from flashscale.kernels.w4a16 import w4a16_addmm_
 
             return w4a16_addmm_(out, x2d if x2d.stride(-1) == 1 else x2d.contiguous(), self.packed(),
-                                prologue=prologue, trace=trace)
+                                prologue=prologue, trace=trace, counter=counter)
         return out.add_(self(x2d).float())
 
     def can_accumulate(self, x2d: torch.Tensor) -> bool:
