@@ -79,7 +79,7 @@ def launch_figures(tr: torch.Tensor, prev_end: float) -> dict:
 def analyse(trace: torch.Tensor) -> tuple[list[dict], list[dict]]:
     """trace (L + 1, 5, P, 16) -> (per launch in step order, medians over layers by launch kind)."""
     layers = trace.shape[0] - 1
-    order = [(i, j) for i in range(layers) for j in range(len(StaticDecoder.TRACE_SLOTS))] + [(layers, 0)]
+    order = [(i, j) for i in range(layers) for j in range(len(StaticDecoder.LAUNCHES))] + [(layers, 0)]
     per, prev = [], None
     for i, j in order:
         tr = trace[i, j].cpu()
@@ -89,7 +89,7 @@ def analyse(trace: torch.Tensor) -> tuple[list[dict], list[dict]]:
         if not f:
             continue
         end = f.pop("_end")
-        row = dict(layer=i, launch="head" if i == layers else StaticDecoder.TRACE_SLOTS[j], **f)
+        row = dict(layer=i, launch="head" if i == layers else StaticDecoder.LAUNCHES[j], **f)
         if i in (1, layers // 2):  # two layers' programs in full: RAW fields (us from prev_end), smid, items
             t = tr[tr[:, 0] > 0].double()
             row["raw"] = [[round((float(r[FIELDS[k]]) - prev) / 1e3, 3) if r[FIELDS[k]] > 0 else None for k in RAW]
@@ -97,7 +97,7 @@ def analyse(trace: torch.Tensor) -> tuple[list[dict], list[dict]]:
         prev = end
         per.append(row)
     kinds = []
-    for kind in (*StaticDecoder.TRACE_SLOTS, "head"):
+    for kind in (*StaticDecoder.LAUNCHES, "head"):
         rows = [r for r in per if r["launch"] == kind and not (kind == "qkv" and r["layer"] == 0)]
         if not rows:
             continue

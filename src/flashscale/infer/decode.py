@@ -186,7 +186,7 @@ class StaticDecoder:
         self.attn_in_o = False  # prologue, splits > 1: the o GEMV combines the attention's partials (slower, 32)
         self.trace: torch.Tensor | None = None  # enable_trace()
         self.dyn = False  # q/k/v, o, gate/up and the head take their items dynamically (w4a16_ring DYN; zeroed a step)
-        self.dyn_ctr = torch.zeros((cfg.num_hidden_layers + 1) * len(self.TRACE_SLOTS), device=dev, dtype=torch.int32)
+        self.dyn_ctr = torch.zeros((cfg.num_hidden_layers + 1) * len(self.LAUNCHES), device=dev, dtype=torch.int32)
         self.attn_block = 32  # cached rows a tile of the decode attention (its registers: 167 at 32 on sm_90)
         self.argmax_best = torch.full((1,), -2 ** 63, device=dev, dtype=torch.int64)  # step_end's (left so)
         self.argmax_cnt = torch.zeros(1, device=dev, dtype=torch.int32)
@@ -273,28 +273,28 @@ class StaticDecoder:
         self.attn_ws = torch.zeros(self.cfg.num_attention_heads * splits, self.cfg.head_dim + 2,
                                    device=self.attn_cnt.device, dtype=torch.float32)
 
-    TRACE_SLOTS = ("qkv", "attn", "o", "gu", "down")  # a layer's launches in a trace buffer (the head: layer L)
+    LAUNCHES = ("qkv", "attn", "o", "gu", "down")  # a layer's launches: trace and dyn counter slots (head: layer L)
 
     def enable_trace(self, on: bool = True, max_programs: int = 1024) -> None:
         """Diagnostics (GPU, from the next step or capture on): TRACE builds of the ring GEMVs and the attention
-        write their programs' timestamps into self.trace (L + 1, 5, max_programs, 16) int64, [layer, TRACE_SLOTS
+        write their programs' timestamps into self.trace (L + 1, 5, max_programs, 16) int64, [layer, LAUNCHES
         index, program] (w4a16_ring.TRACE_FIELDS; the lm_head at [L, 0]); benchmarks/decode_step_trace.py reads it."""
         if not on:
             self.trace = None
             return
         if not self.x.is_cuda:
             raise ValueError("enable_trace needs the model on a CUDA device")
-        self.trace = torch.zeros(len(self.blocks) + 1, len(self.TRACE_SLOTS), max_programs, 16,
+        self.trace = torch.zeros(len(self.blocks) + 1, len(self.LAUNCHES), max_programs, 16,
                                  device=self.x.device, dtype=torch.int64)
 
     def _trace(self, layer: int, slot: str) -> torch.Tensor | None:
-        return None if self.trace is None else self.trace[layer, self.TRACE_SLOTS.index(slot)]
+        return None if self.trace is None else self.trace[layer, self.LAUNCHES.index(slot)]
 
     def _ctr(self, layer: int, slot: str) -> torch.Tensor | None:
         """The launch's work counter (dyn: its own int32, zeroed at the step's start), else None."""
         if not self.dyn:
             return None
-        i = layer * len(self.TRACE_SLOTS) + self.TRACE_SLOTS.index(slot)
+        i = layer * len(self.LAUNCHES) + self.LAUNCHES.index(slot)
         return self.dyn_ctr[i:i + 1]
 
     def _attn_trace(self, layer: int) -> dict:

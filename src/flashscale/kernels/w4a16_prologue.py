@@ -165,6 +165,13 @@ def _res_plus_r(pa_ptr, pr_ptr, off, km, dt, HAS_R: tl.constexpr):
 
 
 @triton.jit
+def _norm_store(xo_ptr, po_ptr, off, km, x, w, rs, dt):
+    """XNorm's writes of one round: res_out <- x (res + r), x <- (x * rs, rounded) * weight, rounded."""
+    tl.store(po_ptr + off, x, mask=km)
+    tl.store(xo_ptr + off, ((x.to(tl.float32) * rs).to(dt).to(tl.float32) * w).to(dt), mask=km)
+
+
+@triton.jit
 def x_prologue(xo_ptr, pa_ptr, pr_ptr, pw_ptr, po_ptr, eps, u0, u1, S, M, K, XMODE: tl.constexpr,
                HAS_R: tl.constexpr, NBLK: tl.constexpr, BK: tl.constexpr, CH: tl.constexpr, PHD: tl.constexpr = 1):
     """Write x's chunks read by items [u0, u1) (chunk ks = item % S, BK inputs each) for every token row: XMODE 1
@@ -188,19 +195,15 @@ def x_prologue(xo_ptr, pa_ptr, pr_ptr, pw_ptr, po_ptr, eps, u0, u1, S, M, K, XMO
                 xf = _res_plus_r(pa_ptr, pr_ptr, m * K + kk, kk < K, dt, HAS_R).to(tl.float32)
                 ss += tl.sum(xf * xf, axis=0)
             rs = 1.0 / tl.sqrt(ss / K + eps)
-            tl.store(po_ptr + m * K + k, x1, mask=km)
-            h = (x1.to(tl.float32) * rs).to(dt).to(tl.float32) * w1
-            tl.store(xo_ptr + m * K + k, h.to(dt), mask=km)
+            _norm_store(xo_ptr, po_ptr, m * K + k, km, x1, w1, rs, dt)
         for b0 in range(CH if XMODE == 1 else 0, n_el, CH):
             idx = b0 + tl.arange(0, CH)
             k = ((u0 + idx // BK) % S) * BK + idx % BK
             km = (idx < n_el) & (k < K)
             if XMODE == 1:
                 x = _res_plus_r(pa_ptr, pr_ptr, m * K + k, km, dt, HAS_R)
-                tl.store(po_ptr + m * K + k, x, mask=km)
                 w = tl.load(pw_ptr + k, mask=km, other=0.0).to(tl.float32)
-                h = (x.to(tl.float32) * rs).to(dt).to(tl.float32) * w
-                tl.store(xo_ptr + m * K + k, h.to(dt), mask=km)
+                _norm_store(xo_ptr, po_ptr, m * K + k, km, x, w, rs, dt)
             elif XMODE == 3:  # decode_attention_kernel's combine, for the heads of these inputs
                 sp = ((k // PHD) * NBLK)[:, None] + tl.arange(0, NBLK)[None, :]  # (CH, NS) partial rows
                 ok = km[:, None] & (sp >= 0)

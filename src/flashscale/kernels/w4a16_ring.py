@@ -50,7 +50,7 @@ from flashscale.kernels.w4a16 import _device_info, _interpreting, stream_k_grid,
 from flashscale.kernels.w4a16_common import last_split, reset_ticket, split_k_slices, split_k_workspace
 from flashscale.kernels.w4a16_gemv import _dec_item, _dec_layout, _dec_store, _dec_tile, _dec_w, _dec_x, _next_item
 from flashscale.kernels.w4a16_pack import PackedW4
-from flashscale.kernels.w4a16_prologue import Prologue, XAttn, kernel_args, x_prologue
+from flashscale.kernels.w4a16_prologue import Prologue, XAttn, XNorm, kernel_args, x_prologue
 
 TRACE_FIELDS = ("t_start_ns", "clk_start", "clk_first", "clk_end", "clk_last_flush", "t_end_ns", "smid", "items",
                 "t_wait_ns", "t_x_ns", "t_first_ns")  # t_wait: after the PDL wait; t_x: prologue done, x loads next
@@ -287,21 +287,6 @@ def _dyn_next(last, nxt, ctr_ptr, P, NCH, CH: tl.constexpr):
     return v, nxt
 
 
-@triton.jit
-def _consume_dyn(acc, accb, w, sz, xw, u, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym,
-                 NB: tl.constexpr, BN: tl.constexpr, KT: tl.constexpr, TWO: tl.constexpr, BF16: tl.constexpr,
-                 ASM: tl.constexpr, CH: tl.constexpr):
-    """DYN: item u from its slot, red.added into y at its tile's end, its chunk's end or the last item."""
-    acc, accb = _dec_item(acc, accb, w, sz, xw, NB, KT, TWO, BF16, ASM)
-    tile = u // S
-    if (u - tile * S == S - 1) | ((u + 1) % CH == 0) | (u == U - 1):
-        _flush(acc, accb, tile, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, NB, BN, TWO,
-               False, True, True)
-        acc = tl.zeros_like(acc)
-        accb = tl.zeros_like(accb)
-    return acc, accb
-
-
 @triton.jit(do_not_specialize=["M", "S", "U", "CMAX"])
 def w4a16_ring_kernel(
     x_ptr, pk_ptr, sz_ptr, y_ptr, bias_ptr, ws_ptr, cnt_ptr, trace_ptr,
@@ -410,9 +395,10 @@ def w4a16_ring_kernel(
         v0 = u0  # the items in the slots (>= U: none) and the last one loaded
         v1 = u0 + 1
         last = u0 + RING - 1
-        while v0 < U:
-            acc, accb = _consume_dyn(acc, accb, w0, s0, x0, v0, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr,
-                                     M, N, stride_ym, NB, BN, KT, TWO, BF16, ASM, CH)
+        while v0 < U:  # an item's partial is flushed at its tile's end or its chunk's (the range _consume ends)
+            acc, accb, _, _ = _consume(acc, accb, w0, s0, x0, v0, tl.minimum((v0 // CH + 1) * CH, U), v0 // S, v0 % S,
+                                       pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym,
+                                       trace_ptr, NB, BN, KT, TWO, BF16, HAS_BIAS, ATOMIC, ASM, TRACE, ADD)
             if TRACE:
                 if v0 == u0:
                     tl.store(trace_ptr + pid * 16 + 2, _clock(TRACE))
@@ -424,8 +410,10 @@ def w4a16_ring_kernel(
             v0 = last
             if RING >= 2:
                 if v1 < U:
-                    acc, accb = _consume_dyn(acc, accb, w1, s1, x1, v1, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr,
-                                             cnt_ptr, M, N, stride_ym, NB, BN, KT, TWO, BF16, ASM, CH)
+                    acc, accb, _, _ = _consume(acc, accb, w1, s1, x1, v1, tl.minimum((v1 // CH + 1) * CH, U), v1 // S,
+                                               v1 % S, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N,
+                                               stride_ym, trace_ptr, NB, BN, KT, TWO, BF16, HAS_BIAS, ATOMIC, ASM,
+                                               TRACE, ADD)
                 last, nxt = _dyn_next(last, nxt, ctr_ptr, P, NCH, CH)
                 w1, s1, x1 = _slot(pk_ptr, sz_ptr, x_ptr, last, u1, last // S, last % S, tile_l, ks_l, w_off, sz_off,
                                    nb, kt_first, lane1, k_pad, n_frag, M, K, stride_xm, stride_pn, stride_sg, NB, BK,
@@ -570,8 +558,6 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
     chunk = min(triton.cdiv(items, progs) + 1, steps) * 64 * cfg.kt  # inputs of x a program's prologue writes
     dyn = {}
     if counter is not None:
-        from flashscale.kernels.w4a16_prologue import XNorm
-
         if not add or cfg.ring > 2 or (prologue is not None and not isinstance(prologue, XNorm)):
             raise ValueError("counter (items taken dynamically) needs add=True, a ring of <= 2 and no prologue or an "
                              f"XNorm (its programs may take any item: x must be whole); got add={add}, ring="
