@@ -40,10 +40,11 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from generate_w4a16 import random_model, time_decode  # noqa: E402  (it puts src/ on the path)
+from generate_w4a16 import pin_late, random_model, time_decode  # noqa: E402  (it puts src/ on the path)
 from plotting import plot_only, pyplot  # noqa: E402
 
 from flashscale.infer.decode import StaticDecoder  # noqa: E402
+from flashscale.kernels.w4a16 import pin_config  # noqa: E402
 from flashscale.models.config import preset  # noqa: E402
 from flashscale.quant.qlinear import QuantLinear  # noqa: E402
 
@@ -107,13 +108,23 @@ def analyse(trace: torch.Tensor) -> tuple[list[dict], list[dict]]:
     return per, kinds
 
 
+def thirds_end(raw: list) -> list[float]:
+    """Mean end of the first, second and last third of a launch's programs by index (the last third: placed last on
+    their SMs, after the previous kernel's programs leave)."""
+    ends = [r[4] for r in raw]
+    n = len(ends)
+    return [sum(e for e in ends[j * n // 3:(j + 1) * n // 3] if e is not None) / max(1, (j + 1) * n // 3 - j * n // 3)
+            for j in range(3)]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=128, help="generated tokens (the cache: 16 more positions)")
     ap.add_argument("--variants", default="default,bt16",
-                    help="comma-separated: default, btN (attention tiles of N rows), sN (N context splits), dyn")
+                    help="comma-separated: default, btN (attention tiles of N rows), sN (N context splits), dyn, "
+                         "lateN[sM] (every GEMV's tuned config with RingConfig.late N, late_share M; after default)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -129,6 +140,8 @@ def main(argv=None) -> int:
         dec.attn_block = int(variant[2:]) if variant.startswith("bt") else 32
         dec.set_attn_splits(int(variant[1:]) if variant.startswith("s") else auto)
         dec.dyn = variant == "dyn"  # the GEMVs' items from counters (w4a16_ring DYN)
+        late = variant[4:].split("s") if variant.startswith("late") else None
+        pins = pin_late(int(late[0]), int(late[1]) if len(late) > 1 else 1) if late else {}
         dec.enable_trace(False)
         dec.graph = None
         plain = time_decode(dec, args.tokens, 17)
@@ -140,6 +153,11 @@ def main(argv=None) -> int:
                                  splits=dec.splits)
         rows += [dict(impl="flashscale-w4a16", variant=variant, **k) for k in kinds]
         raw = per if raw is None else raw  # the first variant's launches in full
+        for key, (cfg, split) in pins.items():  # the tuned configs back
+            pin_config(key, cfg, split)
+        print("end (us) by thirds of the programs, layer 1:",
+              ", ".join(f"{r['launch']} " + "/".join(f"{e:.2f}" for e in thirds_end(r["raw"])) for r in per
+                        if "raw" in r and r["layer"] == 1))
         print(f"{variant}: step {plain:.3f} ms a token, traced {traced:.3f} (attention tiles of {dec.attn_block} "
               f"rows, {dec.splits} splits)")
         cols = ["launch", "programs", "lead", "start", "wait", "pro", "first", "loop", "tail", "span", "late",

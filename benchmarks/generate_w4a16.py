@@ -30,7 +30,10 @@ the rows with it); "+comb": the attention's split combine in the o GEMV's prolog
 N context splits a head instead of the automatic (4 at 144 positions since session 32; 8 before); "+tuned": each
 GEMV's config chosen by the whole step's time (StaticDecoder.tune_in_step; the run's last rows: it pins them);
 "+dyn": the GEMVs but down take their items from a counter a launch (StaticDecoder.dyn, w4a16_ring's DYN build: slow
-programs take fewer). PDL and +acc rows are checked against the model again first.
+programs take fewer; measured 1.65x slower a step); "+lateN[sM]": every accumulating GEMV's tuned config with uneven
+static shares (RingConfig.late = N eighths of a share for the last M / per_sm of its programs, those placed last on
+their SMs). PDL and +acc rows are checked against the model again first. --only runs the listed 4-bit rows (and
+bf16+glue) into generate_w4a16-<gpu>-only.json; rows that pin configs need a row before them that tuned the GEMVs.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import argparse
 import datetime
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -52,7 +56,7 @@ from plotting import plot_only, pyplot  # noqa: E402
 
 import flashscale.models.llama as llama_mod  # noqa: E402
 from flashscale.infer.decode import StaticDecoder  # noqa: E402
-from flashscale.kernels.w4a16 import precompile, tuned_configs  # noqa: E402
+from flashscale.kernels.w4a16 import pin_config, precompile, ring_add_choices, tuned_configs  # noqa: E402
 from flashscale.models.config import LlamaConfig, preset  # noqa: E402
 from flashscale.models.llama import KVCache, Llama  # noqa: E402
 from flashscale.quant.qlinear import QuantLinear  # noqa: E402
@@ -169,6 +173,28 @@ def _quantize_model(model: Llama, group_size: int, lm_head: bool) -> None:
                 setattr(mod, leaf, QuantLinear.from_float(child, group_size=group_size, sym=True))
 
 
+def variant_name(impl: str, v: dict, head_acc: bool) -> str:
+    l2, pre = (False, v["l2"]) if v["l2"] is not True and v["l2"] else (v["l2"], 0)
+    return (impl + ("+pdl" if v["pdl"] else "") + ("+l2" if l2 else "") + ("+acc" if v["acc"] else "")
+            + ("+pro" if v["pro"] else "") + ("+trig" if v["trig"] else "") + ("+head" if v["head"] and head_acc else "")
+            + (f"+pre{pre}" if pre else "") + ("+glue" if v["glue"] else "")
+            + ("+comb" if v["comb"] and v["pro"] else "") + (f"+s{v['splits']}" if v["splits"] else "")
+            + ("+dyn" if v["dyn"] else "")
+            + (f"+late{v['late'][0]}" + (f"s{v['late'][1]}" if v["late"][1] > 1 else "") if v["late"] else "")
+            + ("+tuned" if v["tune"] else ""))
+
+
+def pin_late(late: int, share: int) -> dict:
+    """Pin every accumulating ring GEMV's tuned config of this process with uneven shares (RingConfig.late,
+    late_share); returns the configs pinned before, to put back."""
+    before = {}
+    for key, choices in ring_add_choices().items():
+        cfg, split = choices[0]
+        before[key] = (cfg, split)
+        pin_config(key, replace(cfg, late=late, late_share=min(share, split)), split)
+    return before
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
@@ -178,6 +204,9 @@ def main(argv=None) -> int:
     ap.add_argument("--keep-lm-head", action="store_true", help="leave the lm_head in bf16")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu: a tiny model, eager, a self-check only")
     ap.add_argument("--no-pdl", action="store_true", help="skip the +pdl and +pdl+l2 rows (not +pdl+acc)")
+    ap.add_argument("--only", default="",
+                    help="comma-separated 4-bit row suffixes to run (e.g. +pdl+acc+pro+trig+head+glue+late6); bf16+glue "
+                         "always runs; the file is then generate_w4a16-<gpu>-only.json")
     ap.add_argument("--all", action="store_true", help="also the rows +pdl+acc+trig and +pdl+acc+pro (no trigger)")
     args = ap.parse_args(argv)
     cpu = args.device == "cpu"
@@ -211,7 +240,7 @@ def main(argv=None) -> int:
         if cpu:
             continue
         base = dict(pdl=False, l2=False, acc=False, pro=False, trig=False, head=False, glue=False, comb=False,
-                    splits=None, tune=False, dyn=False)
+                    splits=None, tune=False, dyn=False, late=None)
         variants = [base, {**base, "glue": True}]  # the step's first/last kernels: torch's ops, then ours
         if quantize:
             variants += [{**base, "acc": True}, {**base, "pdl": True, "acc": True}]
@@ -221,20 +250,22 @@ def main(argv=None) -> int:
             variants += [top, {**top, "glue": True}, {**top, "glue": True, "comb": True}]
             variants += [{**top, "glue": True, "splits": n} for n in (8,)] * args.all  # session 31's automatic
             variants += [{**top, "glue": True, "dyn": True}]  # items taken from a counter a launch (w4a16_ring DYN)
-            variants += [{**top, "glue": True, "tune": True}, {**top, "glue": True, "dyn": True, "tune": True}]  # last:
-            # tune_in_step pins the step GEMVs' configs
+            # uneven static shares: the programs placed last on an SM take late/8 of a share (RingConfig.late)
+            variants += [{**top, "glue": True, "late": lt} for lt in ((6, 1), (7, 1), (6, 2))]
+            variants += [{**top, "glue": True, "tune": True}]  # last: tune_in_step pins the step GEMVs' configs
             variants += [{**top, "l2": n} for n in (4, 8)] * args.all  # pre-wait L2 items (session 31: slower)
         variants += [] if args.no_pdl else [{**base, "pdl": True}, {**base, "pdl": True, "l2": True}]
         head_acc = dec.head_acc
         auto_splits = dec.splits
+        only = [o for o in args.only.split(",") if o]
+        if only:
+            variants = [v for v in variants if not quantize and v["glue"] and not v["pdl"]
+                        or variant_name(impl, v, head_acc)[len(impl):] in only]
         for v in variants:
             use_pdl, l2, acc, pro, trig, head = (v[k] for k in ("pdl", "l2", "acc", "pro", "trig", "head"))
             pre, l2 = (l2, False) if l2 is not True and l2 else (0, l2)  # an int: items asked of L2 before the wait
-            name = (impl + ("+pdl" if use_pdl else "") + ("+l2" if l2 else "") + ("+acc" if acc else "")
-                    + ("+pro" if pro else "") + ("+trig" if trig else "") + ("+head" if head and head_acc else "")
-                    + (f"+pre{pre}" if pre else "") + ("+glue" if v["glue"] else "")
-                    + ("+comb" if v["comb"] and pro else "") + (f"+s{v['splits']}" if v["splits"] else "")
-                    + ("+dyn" if v["dyn"] else "") + ("+tuned" if v["tune"] else ""))
+            name = variant_name(impl, v, head_acc)
+            late_pins = pin_late(*v["late"]) if v["late"] else {}
             # eager until time_decode captures the variant
             dec.pdl, dec.l2_prefetch, dec.accumulate, dec.graph = use_pdl, l2, acc, None
             dec.prologue, dec.trigger, dec.head_acc, dec.pre_l2 = pro, trig, head and head_acc, pre
@@ -256,12 +287,15 @@ def main(argv=None) -> int:
             except Exception as e:  # the profiler is a diagnostic: never lose the timing for it
                 breakdown = {"profile_error": f"{type(e).__name__}: {e}"[:200]}
             nbytes = weight_bytes(dec)
+            for key, (cfg, split) in late_pins.items():  # the tuned configs back
+                pin_config(key, cfg, split)
             rows.append(dict(impl=name, layers=args.layers, batch=1, tokens=args.tokens, ms_per_token=ms,
                              tokens_per_s=1e3 / ms, weight_bytes=nbytes, TBps=nbytes / (ms * 1e9),
                              lm_head="bf16" if (args.keep_lm_head or not quantize) else "w4a16", pdl=use_pdl,
                              l2_prefetch=l2, accumulate=acc, prologue=pro, trigger=trig,
                              head_in_acc=bool(head and head_acc), pre_l2=pre, glue=v["glue"],
-                             attn_in_o=bool(v["comb"] and pro), attn_splits=dec.splits, dyn=v["dyn"], **breakdown))
+                             attn_in_o=bool(v["comb"] and pro), attn_splits=dec.splits, dyn=v["dyn"],
+                             late=list(v["late"] or (8, 1)), **breakdown))
             print(f"  {name:22s} {1e3 / ms:8.1f} tok/s  {ms:7.3f} ms/token  {nbytes / 1e9:6.2f} GB read/token  "
                   f"{nbytes / (ms * 1e9):5.2f} TB/s  kernels {breakdown.get('kernel_ms', float('nan')):.3f} ms",
                   flush=True)
@@ -273,7 +307,7 @@ def main(argv=None) -> int:
     tag = "h200" if "H200" in gpu else gpu.lower().replace(" ", "-")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"generate_w4a16-{tag}.json"
+    path = out / f"generate_w4a16-{tag}{'-only' if args.only else ''}.json"
     tmp = path.with_name(path.name + ".tmp")  # atomic: a reader never sees half a file
     tmp.write_text(json.dumps(dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
                                     date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

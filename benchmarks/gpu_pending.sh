@@ -22,7 +22,8 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace32   # ~6 min: the decode step's timeline, e2e rows
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace32b  # ~3 min: the timeline, late starters, variants
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh final32   # ~10 min: e2e rows (+tuned), GPU tests, trace
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh dyn33     # ~12 min, unrun: DYN tests, e2e +dyn, timelines
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh late34    # ~9.5 min: e2e rows +lateN, timelines, GPU tests
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh dyn33     # ~12 min (ran over 10): DYN tests, e2e +dyn, trace
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh ring30    # ~8 min: ncu of the ring decode kernel (unrun),
 #                                                                  # the probe's r-dec rows on all six shapes
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh tests     # ~3 min: backward dispatch GPU tests, FA2's
@@ -233,6 +234,13 @@ case "${1:-}" in
   trace32)  # session 32: the decode step's timeline (decode_step_trace.py), then the e2e rows again (XAttn off)
     step trace 200 "$PY" benchmarks/decode_step_trace.py --out "$OUT"
     step e2e 420 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT" ;;
+  late34)  # session 34: uneven static shares (RingConfig.late: the programs placed last on an SM take fewer items):
+    # the e2e rows with them pinned and tuned in the step, the timeline's per-third ends, the decode/PDL GPU tests
+    T=+pdl+acc+pro+trig+head+glue
+    step e2e 270 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT" --only "$T,$T+late6,$T+late7,$T+late6s2,$T+tuned"
+    step trace 140 "$PY" benchmarks/decode_step_trace.py --out "$OUT" --variants default,late6,late6s2
+    step dec_tests 150 "$PY" -m pytest -q -p no:cacheprovider -n 6 --show-capture=no --tb=short \
+      tests/test_infer_decode.py tests/kernels/test_pdl.py ;;
   dyn33)  # next session: the DYN ring build (items from a counter a launch: the tails, docs/w4a16_decode.md round 11)
     # in the decode step: its GPU tests, the e2e rows (+dyn, +dyn+tuned), the timeline with and without it
     step dec_tests 260 "$PY" -m pytest -q -p no:cacheprovider -n 4 --show-capture=no --tb=short \

@@ -498,6 +498,67 @@ def test_dyn_add_mode_takes_every_item_once(m, k, n, cfg, pro):
     assert taken <= ctr.item() <= taken + progs
 
 
+LATE_CASES = [  # M, K, N, (bn, kt, ring, per_sm, atomic, late, late_share), prologue: what it exercises
+    (1, 1024, 96, (16, 1, 2, 3, True, 6, 1), None),  # 12 programs, the last 4 with 3/4 of a share
+    (2, 512, 128, (16, 2, 1, 2, False, 4, 1), None),  # ring 1, two token rows, half a share
+    (1, 1024, 48, (16, 1, 2, 3, True, 5, 2), "norm"),  # two thirds late; the early programs' prologue writes more x
+]
+
+
+@pytest.mark.parametrize("m,k,n,cfg,pro", LATE_CASES)
+def test_late_shares_take_every_item_once(m, k, n, cfg, pro):
+    """RingConfig.late < 8 (add mode): the last programs take late / 8 of a share, the others more; out gets the
+    even split's x @ W (the same items, partials summed in another order), an XNorm prologue's x and new residual
+    equal the reference bitwise; the split is uneven as asked (late_cut)."""
+    from flashscale.kernels.w4a16_prologue import XNorm, reference
+    from flashscale.kernels.w4a16_ring import late_cut, launch, ring_grid
+
+    gen = torch.Generator().manual_seed(k + n + m + 1)
+    p = _weight(k, n, 128, sym=False, gen=gen)
+    bn, kt, ring, per_sm, atomic, late, share = cfg
+    c = RingConfig(bn=bn, kt=kt, num_warps=1, ring=ring, per_sm=per_sm, atomic=atomic, late=late, late_share=share)
+    progs, items, _, _ = ring_grid(k, n, c, per_sm, 4)  # the interpreter's 4 SMs
+    cut = late_cut(progs, items, per_sm, c)
+    assert cut == progs - progs * share // per_sm < progs
+    res = torch.randn(m, k, generator=gen).half()
+    w = (torch.rand(k, generator=gen) + 0.5).half()
+    r = torch.randn(m, k, generator=gen)
+    if pro:
+        make = lambda: XNorm(res=res, weight=w, eps=1e-5, res_out=torch.full_like(res, float("nan")), r=r)  # noqa: E731
+        prologue, ref_pro = make(), make()
+        x, x_ref = torch.full((m, k), float("nan")).half(), torch.zeros(m, k).half()
+        reference(ref_pro, x_ref)
+    else:
+        prologue, x = None, res
+        x_ref = x
+    out = torch.zeros(m, n)
+    launch(x, p, None, out, c, per_sm, add=True, prologue=prologue)
+    if pro:
+        assert torch.equal(x, x_ref) and torch.equal(prologue.res_out, ref_pro.res_out)
+    want = torch.zeros(m, n)
+    launch(x_ref, p, None, want, RingConfig(bn=bn, kt=kt, num_warps=1, ring=ring, per_sm=per_sm, atomic=atomic),
+           per_sm, add=True)
+    assert torch.allclose(out, want, rtol=1e-5, atol=1e-4)
+
+
+def test_late_refusals():
+    """late / late_share out of range and late without add mode are refused, naming the field; a late share too small
+    for an item leaves the split even."""
+    from flashscale.kernels.w4a16_ring import late_cut, launch
+
+    gen = torch.Generator().manual_seed(5)
+    p = _weight(256, 32, 128, sym=True, gen=gen)
+    x, out = torch.zeros(1, 256).half(), torch.zeros(1, 32)
+    with pytest.raises(ValueError, match="late=6 .* needs add=True"):
+        launch(x, p, None, out.half(), RingConfig(bn=16, kt=2, num_warps=1, ring=2, per_sm=2, late=6), 2)
+    with pytest.raises(ValueError, match="late must be 1..8 and late_share 1..per_sm=2"):
+        late_cut(10, 40, 2, RingConfig(late=0))
+    with pytest.raises(ValueError, match="late_share 1..per_sm=2"):
+        late_cut(10, 40, 2, RingConfig(late=6, late_share=3))
+    assert late_cut(10, 40, 2, RingConfig(late=6)) == 5
+    assert late_cut(10, 12, 2, RingConfig(late=1)) == 10  # 1/8 of 1.3 items: none, so even
+
+
 def test_dyn_refusals():
     """counter is refused where its programs could not take any item: no add mode, a SiLU prologue (x is written
     chunk by chunk), a ring of 4, a counter that is not int32."""

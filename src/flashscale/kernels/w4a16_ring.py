@@ -71,6 +71,8 @@ class RingConfig:
     maxnreg: int | None = None  # register cap handed to ptxas (e.g. 128: two 8-warp programs an SM)
     l2_ahead: int = 0  # items past the ring asked of L2 (prefetch.global.L2, no registers): 0 = none
     asm: bool = True  # inline PTX (mma.sync); the interpreter always runs the emulation
+    late: int = 8  # eighths of an even share of items the last programs take (8: even; < 8: they start late)
+    late_share: int = 1  # the last late_share / per_sm of the programs are those (the last to be placed on an SM)
 
     @property
     def item_bytes(self) -> int:
@@ -99,7 +101,8 @@ class RingConfig:
     def label(self) -> str:
         return (f"bn{self.bn} kt{self.kt} w{self.num_warps} ring{self.ring} ({self.item_bytes // 1024} KB)"
                 + (" atomic" if self.atomic else "") + (f" maxnreg{self.maxnreg}" if self.maxnreg else "")
-                + (f" l2ahead{self.l2_ahead}" if self.l2_ahead else ""))
+                + (f" l2ahead{self.l2_ahead}" if self.l2_ahead else "")
+                + (f" late{self.late}/{self.late_share}" if self.late != 8 else ""))
 
 
 # Candidates for the H200 probe (rows r-dec), one list a token bucket (their registers differ: x and the second
@@ -276,6 +279,16 @@ def _consume(acc, accb, w, sz, xw, u, u1, tile, ks, pid, P, S, U, CMAX, y_ptr, b
 
 
 @triton.jit
+def _late_range(pid, P, U, CUT, LATE: tl.constexpr):
+    """Items [u0, u1) of program pid when programs CUT.. P-1 weigh LATE eighths and the others eight: every item once,
+    in order (the cumulative weights' floors of U)."""
+    total = 8 * CUT + LATE * (P - CUT)
+    wa = 8 * tl.minimum(pid, CUT) + LATE * tl.maximum(pid - CUT, 0)
+    wb = 8 * tl.minimum(pid + 1, CUT) + LATE * tl.maximum(pid + 1 - CUT, 0)
+    return (U * wa) // total, (U * wb) // total
+
+
+@triton.jit
 def _dyn_next(last, nxt, ctr_ptr, P, NCH, CH: tl.constexpr):
     """DYN: the item after `last` in a program's sequence: the next one of its chunk, or at the chunk's end the first
     of chunk nxt, taking then the chunk after it from the counter (chunk ids >= NCH: none left, items >= U)."""
@@ -287,17 +300,17 @@ def _dyn_next(last, nxt, ctr_ptr, P, NCH, CH: tl.constexpr):
     return v, nxt
 
 
-@triton.jit(do_not_specialize=["M", "S", "U", "CMAX"])
+@triton.jit(do_not_specialize=["M", "S", "U", "CMAX", "LATE_CUT"])
 def w4a16_ring_kernel(
     x_ptr, pk_ptr, sz_ptr, y_ptr, bias_ptr, ws_ptr, cnt_ptr, trace_ptr,
     M, N, K, stride_xm, stride_ym, stride_pn, stride_sg, S, U, CMAX,
-    xo_ptr, pa_ptr, pr_ptr, pw_ptr, po_ptr, eps, ctr_ptr,
+    xo_ptr, pa_ptr, pr_ptr, pw_ptr, po_ptr, eps, ctr_ptr, LATE_CUT,
     G: tl.constexpr, HAS_BIAS: tl.constexpr, BF16: tl.constexpr, BN: tl.constexpr, KT: tl.constexpr,
     BM: tl.constexpr, RING: tl.constexpr, ATOMIC: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     ASM: tl.constexpr, L2AHEAD: tl.constexpr = 0, TRACE: tl.constexpr = False, ADD: tl.constexpr = False,
     PDL: tl.constexpr = False, XMODE: tl.constexpr = 0, HAS_R: tl.constexpr = False, NBLK: tl.constexpr = 16,
     PCH: tl.constexpr = 128, TRIGGER: tl.constexpr = False, L2PRE: tl.constexpr = 0, PHD: tl.constexpr = 1,
-    DYN: tl.constexpr = False, CH: tl.constexpr = 2,
+    DYN: tl.constexpr = False, CH: tl.constexpr = 2, LATE: tl.constexpr = 8,
 ):
     """x_ptr: x as int32 words (pairs of 16-bit inputs), stride_xm in words; pk_ptr / sz_ptr: PackedW4 qweight
     (N_pad/16, K_pad/64, 32, 4) / sz (NG, N_pad); S items a tile, U items, CMAX workspace slots a tile. TRACE: each
@@ -313,7 +326,9 @@ def w4a16_ring_kernel(
     chunk ahead, the chunk P + an atomic ticket of ctr_ptr (int32, zero before the launch), so programs that run
     slow take fewer (the static split left the step's launches a ~1.3-2.8 us tail of slow programs, docs/
     w4a16_decode.md round 11); each chunk's partial is red.added at its end. Its items can be anywhere, so an XNorm
-    prologue writes the whole row of x."""
+    prologue writes the whole row of x. Measured 1.65x slower a step (round 12): not a default.
+    LATE < 8 (static): programs LATE_CUT.. (the last placed on their SMs, which start up to ~3 us after the first
+    ones under PDL) take LATE / 8 of the share of the others (`_late_range`)."""
     if TRACE:
         tl.store(trace_ptr + tl.program_id(0) * 16, globaltimer())
         tl.store(trace_ptr + tl.program_id(0) * 16 + 1, _clock(TRACE))
@@ -324,6 +339,8 @@ def w4a16_ring_kernel(
     if DYN:  # chunk pid first (its first RING items before the wait), the rest from the counter after it
         u0 = pid * CH
         u1 = U
+    elif LATE != 8:
+        u0, u1 = _late_range(pid, P, U, LATE_CUT, LATE)
 
     tile = u0 // S  # the item consumed next
     ks = u0 - tile * S
@@ -547,7 +564,9 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
     the ring are asked of L2 before the wait (prefetch.global.L2). prologue: x (contiguous, no act-order) is first
     written by the kernel's programs from a w4a16_prologue.XNorm / XSiLU / XAttn (checked by the caller:
     w4a16_prologue.check). counter (add; no prologue or an XNorm; ring <= 2): a zeroed int32 tensor of one element
-    that the kernel's programs take chunks of items from (the DYN build; left non-zero: zero it before each launch)."""
+    that the kernel's programs take chunks of items from (the DYN build; left non-zero: zero it before each launch).
+    cfg.late < 8 (add only; not with counter): the last cfg.late_share / per_sm of the programs take late / 8 of the
+    others' share of items (late_cut)."""
     m, k = x.shape
     n = p.out_features
     xw = x_words(x, p)  # (M, K / 2) words of two 16-bit inputs
@@ -568,6 +587,12 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
                              f"{getattr(counter, 'dtype', type(counter).__name__)}")
         chunk = steps * 64 * cfg.kt  # the whole row
         dyn = dict(DYN=True, CH=dyn_chunk(items, progs, cfg.ring))
+    if cfg.late != 8 and not add:
+        raise ValueError(f"cfg.late={cfg.late} (uneven shares) needs add=True (the split-K fold's contributors are "
+                         "the even split's)")
+    cut = late_cut(progs, items, per_sm, cfg) if not dyn else progs
+    if cut < progs:  # the early programs' prologue writes their larger share of x
+        chunk = min(items * 8 // (8 * cut + cfg.late * (progs - cut)) + 1, steps) * 64 * cfg.kt
     bm = 8 if m <= 8 else 16
     tiles = triton.cdiv(n, cfg.bn)
     slot = cfg.bn * bm  # fp32 values of a tile: NB x 128 x token blocks
@@ -588,7 +613,7 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
     return w4a16_ring_kernel[(progs,)](
         xw, p.qweight, p.sz, y, bias if bias is not None else y, ws, cnt, trace if trace is not None else cnt,
         m, n, k, xw.stride(0), y.stride(0), p.qweight.stride(0), p.sz.stride(0), steps, items, cmax,
-        ctr_ptr=counter if counter is not None else cnt, **dyn,
+        ctr_ptr=counter if counter is not None else cnt, LATE_CUT=cut, LATE=cfg.late if cut < progs else 8, **dyn,
         **kernel_args(prologue, x), PCH=_prologue_round(prologue, chunk),
         G=p.group_size, HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, BN=cfg.bn, KT=cfg.kt, BM=bm,
         RING=cfg.ring, ATOMIC=cfg.atomic, EVEN_K=k % (64 * cfg.kt) == 0, EVEN_N=p.sz.shape[1] % cfg.bn == 0,
@@ -597,6 +622,18 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
         ASM=cfg.asm and not _interpreting(), L2AHEAD=cfg.l2_ahead, TRACE=trace is not None, ADD=add,
         num_warps=cfg.num_warps, num_stages=1, **extra,
     )
+
+
+def late_cut(progs: int, items: int, per_sm: int, cfg: RingConfig) -> int:
+    """The first of the programs that take cfg.late eighths of a share (progs: none, an even split): the last
+    late_share / per_sm of them, if each of those still gets an item (else none)."""
+    if not 1 <= cfg.late <= 8 or not 1 <= cfg.late_share <= per_sm:
+        raise ValueError(f"RingConfig.late must be 1..8 and late_share 1..per_sm={per_sm}, got {cfg.late}, "
+                         f"{cfg.late_share}")
+    cut = progs - progs * cfg.late_share // per_sm
+    if cfg.late == 8 or cut == progs or items * cfg.late // (8 * cut + cfg.late * (progs - cut)) < 1:
+        return progs
+    return cut
 
 
 def dyn_chunk(items: int, progs: int, ring: int) -> int:
@@ -628,13 +665,15 @@ def compile_sm90(cfg: RingConfig, *, dtype: str = "bf16", bm: int = 8, group_siz
     pro = {"xo_ptr": f"*{dtype}", "pa_ptr": "*fp32" if xmode in (2, 3) else f"*{dtype}",
            "pr_ptr": "*fp32" if xmode else f"*{dtype}", "pw_ptr": f"*{dtype}", "po_ptr": f"*{dtype}"}
     ints = ("M", "N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg", "S", "U", "CMAX")
+    late = {"LATE_CUT": "i32"}
     cx = dict(G=group_size, HAS_BIAS=False, BF16=dtype == "bf16", BN=cfg.bn, KT=cfg.kt, BM=bm, RING=cfg.ring,
               ATOMIC=cfg.atomic, EVEN_K=True, EVEN_N=True, ASM=cfg.asm, L2AHEAD=cfg.l2_ahead, TRACE=trace,
               ADD=add, PDL=pdl, XMODE=xmode, HAS_R=xmode == 1,
               NBLK={1: min(triton.next_power_of_2(k), 8192), 3: 8}.get(xmode, 16),
               PCH=pch or {0: 128, 3: 128}.get(xmode, 1024),
-              TRIGGER=trigger, L2PRE=pre_l2, PHD=128 if xmode == 3 else 1, DYN=dyn > 0, CH=max(dyn, 2))
-    sig = {**ptrs, **{n: "i32" for n in ints}, **pro, "eps": "fp32", "ctr_ptr": "*i32",
+              TRIGGER=trigger, L2PRE=pre_l2, PHD=128 if xmode == 3 else 1, DYN=dyn > 0, CH=max(dyn, 2),
+              LATE=cfg.late)
+    sig = {**ptrs, **{n: "i32" for n in ints}, **pro, "eps": "fp32", "ctr_ptr": "*i32", **late,
            **{n: "constexpr" for n in cx}}
     names = list(sig)
     aligned = set(ptrs) | set(pro) | {"N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg"}
