@@ -32,7 +32,7 @@ GEMV's config chosen by the whole step's time (StaticDecoder.tune_in_step; the r
 "+dyn": the GEMVs but down take their items from a counter a launch (StaticDecoder.dyn, w4a16_ring's DYN build: slow
 programs take fewer; measured 1.65x slower a step); "+lateN[sM]": every accumulating GEMV's tuned config with uneven
 static shares (RingConfig.late = N eighths of a share for the last M / per_sm of its programs, those placed last on
-their SMs). PDL and +acc rows are checked against the model again first. --only runs the listed 4-bit rows (and
+their SMs; --all: measured 2-7 % slower, results/generate_w4a16-late-h200.json). PDL and +acc rows are checked against the model again first. --only runs the listed 4-bit rows (and
 bf16+glue) into generate_w4a16-<gpu>-only.json; rows that pin configs need a row before them that tuned the GEMVs.
 """
 
@@ -251,7 +251,7 @@ def main(argv=None) -> int:
             variants += [{**top, "glue": True, "splits": n} for n in (8,)] * args.all  # session 31's automatic
             variants += [{**top, "glue": True, "dyn": True}]  # items taken from a counter a launch (w4a16_ring DYN)
             # uneven static shares: the programs placed last on an SM take late/8 of a share (RingConfig.late)
-            variants += [{**top, "glue": True, "late": lt} for lt in ((6, 1), (7, 1), (6, 2))]
+            variants += [{**top, "glue": True, "late": lt} for lt in ((6, 1), (7, 1), (6, 2))] * args.all  # slower
             variants += [{**top, "glue": True, "tune": True}]  # last: tune_in_step pins the step GEMVs' configs
             variants += [{**top, "l2": n} for n in (4, 8)] * args.all  # pre-wait L2 items (session 31: slower)
         variants += [] if args.no_pdl else [{**base, "pdl": True}, {**base, "pdl": True, "l2": True}]

@@ -262,24 +262,17 @@ def load_tuned_configs(table: dict[str, dict]) -> None:
         _TUNED[(kind, int(bucket), int(n), int(kk), int(g), dtype, act, dev)] = dict(v)
 
 
-# uneven shares tried by ring_add_choices (RingConfig.late eighths for the last late_share / per_sm programs): in
-# the decode step the programs placed last on their SMs start up to ~3 us after the first (docs round 12)
-LATE_CHOICES = ((6, 1), (7, 1), (6, 2), (4, 1))
-
-
 def ring_add_choices() -> dict[tuple, list]:
     """The accumulating ring GEMV's tuned keys of this process (w4a16_addmm_'s: one per shape and prologue kind)
-    -> their candidate configs, the tuned one first, then it with uneven shares (LATE_CHOICES): what a caller that
-    times a whole decode step may pin (pin_config) in its place."""
+    -> their candidate configs, the tuned one first: what a caller that times a whole decode step may pin
+    (pin_config) in its place (not uneven shares, RingConfig.late: slower in the step, docs round 12)."""
     out = {}
     for key, fields in _TUNED.items():
         if str(key[0]).startswith("ring-add"):
             cur = dict(fields)
             split = cur.pop("split_k")
             tuned = _config_class(cur)(**cur)
-            late = [replace(tuned, late=lt, late_share=sh) for lt, sh in LATE_CHOICES if sh <= split]
-            out[key] = ([(tuned, split)] + [(c, split) for c in late if c != tuned]
-                        + [(c, c.per_sm) for c in _ring_configs() if c != tuned])
+            out[key] = [(tuned, split)] + [(c, c.per_sm) for c in _ring_configs() if c != tuned]
     return out
 
 
