@@ -25,6 +25,7 @@ OUT/decode_step_trace-<gpu>.json: rows (impl flashscale-w4a16, variant, launch, 
 steps' times, and every program of layers 1 and L/2 of the first variant (launches[].raw).
 
     python benchmarks/decode_step_trace.py --out $OUT [--layers 32] [--tokens 128] [--variants default,bt16]
+    python benchmarks/decode_step_trace.py --raw-stats results/decode_step_trace-h200.json   # slow programs: where
 """
 
 from __future__ import annotations
@@ -210,5 +211,30 @@ def plot(doc: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def raw_stats(doc: dict) -> list[dict]:
+    """Where a launch's slow programs are, from a result's raw programs (layers 1 and L/2 of its first variant): per
+    launch kind, the correlation of the programs' ends (from their wait) between the two layers by program index and
+    by SM, and each layer's mean end by thirds of the programs (docs/w4a16_decode.md round 12)."""
+    import numpy as np
+
+    raw = {(r["layer"], r["launch"]): np.array(r["raw"], dtype=float) for r in doc["launches"] if "raw" in r}
+    out = []
+    for kind in dict.fromkeys(k for _, k in raw):
+        (la, a), (lb, b) = sorted((lay, v) for (lay, k), v in raw.items() if k == kind)[:2]
+        da, db = a[:, 4] - a[:, 1], b[:, 4] - b[:, 1]
+        sms = sorted(set(a[:, 5].tolist()) & set(b[:, 5].tolist()))  # the mean end from its wait an SM, each layer
+        by_sm = [[d[sm == s].mean() for s in sms] for d, sm in ((da, a[:, 5]), (db, b[:, 5]))]
+        out.append(dict(launch=kind, layers=[la, lb], by_index=float(np.corrcoef(da, db)[0, 1]),
+                        by_sm=float(np.corrcoef(by_sm)[0, 1]),
+                        thirds_end=[thirds_end(a.tolist()), thirds_end(b.tolist())]))
+    return out
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--raw-stats":  # where the slow programs are, from a result
+        for r in raw_stats(json.loads(Path(sys.argv[2]).read_text())):
+            print(f"{r['launch']:5s} layers {r['layers']}: end correlation by program index {r['by_index']:5.2f}, "
+                  f"by SM {r['by_sm']:5.2f}; ends by thirds " + ", ".join("/".join(f"{e:.2f}" for e in t)
+                                                                        for t in r["thirds_end"]))
+        raise SystemExit(0)
     raise SystemExit(0 if plot_only(sys.argv[1:], plot) else main())

@@ -5,6 +5,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,3 +56,19 @@ def test_analyse_synthetic_step():
     assert "pro" not in attn and abs(attn["span"] - 7.0) < 1e-6
     head = next(k for k in kinds if k["launch"] == "head")
     assert head["calls"] == 1 and abs(head["span"] - 5.0) < 1e-6 and abs(head["lead"] + 1.0) < 1e-6
+
+
+def test_raw_stats_tells_index_from_sm():
+    """raw_stats: programs slow by index in both layers (SMs shuffled between them) correlate by index, not by SM;
+    the thirds' mean ends are the last third's delay."""
+    mod = _load()
+    gen = torch.Generator().manual_seed(0)
+    launches = []
+    for layer in (1, 16):
+        sms = torch.randperm(30, generator=gen).tolist()
+        raw = [[-1.0, 0.5, 1.0, 2.0, 5.0 + (2.0 if p >= 20 else 0.0) + 0.01 * p, float(sms[p]), 4] for p in range(30)]
+        launches.append(dict(layer=layer, launch="qkv", raw=raw))
+    (r,) = mod.raw_stats(dict(launches=launches))
+    assert r["launch"] == "qkv" and r["layers"] == [1, 16]
+    assert r["by_index"] > 0.99 and abs(r["by_sm"]) < 0.6
+    assert r["thirds_end"][0] == pytest.approx([5.045, 5.145, 7.245])
