@@ -20,8 +20,7 @@ untraced and traced in the same run (the stamps' overhead). Also: late (the frac
 after prev_end: no SM slot free before) and, for the last tenth of programs to end, how much later than the median
 they started (tail_start, means over them) and left the wait (tail_wait), the fraction of them that started late
 (tail_late), and how many more items they had (tail_items). Variants: attention tile rows (btN), context splits (sN)
-and dyn (the GEMVs take their items from counters, StaticDecoder.dyn: it should shrink the tails), gate (down on
-gate/up's row counters, StaticDecoder.gate_down: its wait ends before gate/up's last program). Writes
+and dyn (the GEMVs take their items from counters, StaticDecoder.dyn: it should shrink the tails). Writes
 OUT/decode_step_trace-<gpu>.json: rows (impl flashscale-w4a16, variant, launch, the figures above, programs), the
 steps' times, and every program of layers 1 and L/2 of the first variant (launches[].raw).
 
@@ -125,7 +124,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=128, help="generated tokens (the cache: 16 more positions)")
     ap.add_argument("--variants", default="default,bt16",
-                    help="comma-separated: default, btN (attention tiles of N rows), sN (N context splits), dyn, gate, "
+                    help="comma-separated: default, btN (attention tiles of N rows), sN (N context splits), dyn, "
                          "lateN[sM] (every GEMV's tuned config with RingConfig.late N, late_share M; after default)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -142,7 +141,6 @@ def main(argv=None) -> int:
         dec.attn_block = int(variant[2:]) if variant.startswith("bt") else 32
         dec.set_attn_splits(int(variant[1:]) if variant.startswith("s") else auto)
         dec.dyn = variant == "dyn"  # the GEMVs' items from counters (w4a16_ring DYN)
-        dec.gate_down = variant == "gate"  # down's programs on gate/up's row counters (StaticDecoder.gate_down)
         late = variant[4:].split("s") if variant.startswith("late") else None
         pins = pin_late(int(late[0]), int(late[1]) if len(late) > 1 else 1) if late else {}
         dec.enable_trace(False)

@@ -32,10 +32,7 @@ GEMV's config chosen by the whole step's time (StaticDecoder.tune_in_step; the r
 "+dyn": the GEMVs but down take their items from a counter a launch (StaticDecoder.dyn, w4a16_ring's DYN build: slow
 programs take fewer; measured 1.65x slower a step); "+lateN[sM]": every accumulating GEMV's tuned config with uneven
 static shares (RingConfig.late = N eighths of a share for the last M / per_sm of its programs, those placed last on
-their SMs; --all: measured 2-7 % slower, results/generate_w4a16-late-h200.json); "+gate": down's programs start on
-gate/up's per-row counters instead of its grid end (StaticDecoder.gate_down; its captured replays are checked against
-ungated ones, within 10x their own red.add noise). PDL and +acc rows are checked against the model again first.
---only runs the listed 4-bit rows (and
+their SMs; --all: measured 2-7 % slower, results/generate_w4a16-late-h200.json). PDL and +acc rows are checked against the model again first. --only runs the listed 4-bit rows (and
 bf16+glue) into generate_w4a16-<gpu>-only.json; rows that pin configs need a row before them that tuned the GEMVs.
 """
 
@@ -184,33 +181,7 @@ def variant_name(impl: str, v: dict, head_acc: bool) -> str:
             + ("+comb" if v["comb"] and v["pro"] else "") + (f"+s{v['splits']}" if v["splits"] else "")
             + ("+dyn" if v["dyn"] else "")
             + (f"+late{v['late'][0]}" + (f"s{v['late'][1]}" if v["late"][1] > 1 else "") if v["late"] else "")
-            + ("+gate" if v["gate"] else "") + ("+tuned" if v["tune"] else ""))
-
-
-def replay_agreement(dec: StaticDecoder, token: int, steps: int = 48) -> dict:
-    """Worst relative difference of the logits of `steps` captured replays (the same token from the same position)
-    with dec.gate_down as set against the same replays ungated ("gated"), and of two ungated runs ("ungated": the
-    red.adds' order, the noise floor). The decoder's settings are kept; the graph is dropped."""
-    gate, p0 = dec.gate_down, dec.length
-
-    def run(g: bool) -> list[torch.Tensor]:
-        dec.gate_down, dec.graph = g, None
-        dec.pos.fill_(p0)
-        dec.length = p0
-        dec.tok.fill_(token)
-        dec.greedy = False
-        dec.capture()
-        out = []
-        for _ in range(steps):
-            out.append(dec.step().clone())
-        return out
-
-    rel = lambda a, b: max(((x - y).norm() / y.norm()).item() for x, y in zip(a, b))  # noqa: E731
-    ref = run(False)
-    floor, got = rel(run(False), ref), rel(run(True), ref)
-    dec.gate_down, dec.graph, dec.length = gate, None, p0
-    dec.pos.fill_(p0)
-    return {"gated": got, "ungated": floor, "steps": steps}
+            + ("+tuned" if v["tune"] else ""))
 
 
 def pin_late(late: int, share: int) -> dict:
@@ -269,7 +240,7 @@ def main(argv=None) -> int:
         if cpu:
             continue
         base = dict(pdl=False, l2=False, acc=False, pro=False, trig=False, head=False, glue=False, comb=False,
-                    splits=None, tune=False, dyn=False, late=None, gate=False)
+                    splits=None, tune=False, dyn=False, late=None)
         variants = [base, {**base, "glue": True}]  # the step's first/last kernels: torch's ops, then ours
         if quantize:
             variants += [{**base, "acc": True}, {**base, "pdl": True, "acc": True}]
@@ -281,9 +252,7 @@ def main(argv=None) -> int:
             variants += [{**top, "glue": True, "dyn": True}]  # items taken from a counter a launch (w4a16_ring DYN)
             # uneven static shares: the programs placed last on an SM take late/8 of a share (RingConfig.late)
             variants += [{**top, "glue": True, "late": lt} for lt in ((6, 1), (7, 1), (6, 2))] * args.all  # slower
-            variants += [{**top, "glue": True, "gate": True}]  # down's programs on gate/up's row counters
-            variants += [{**top, "glue": True, "tune": True}]  # tune_in_step pins the step GEMVs' configs
-            variants += [{**top, "glue": True, "gate": True, "tune": True}]  # and again with the gate
+            variants += [{**top, "glue": True, "tune": True}]  # last: tune_in_step pins the step GEMVs' configs
             variants += [{**top, "l2": n} for n in (4, 8)] * args.all  # pre-wait L2 items (session 31: slower)
         variants += [] if args.no_pdl else [{**base, "pdl": True}, {**base, "pdl": True, "l2": True}]
         head_acc = dec.head_acc
@@ -300,7 +269,7 @@ def main(argv=None) -> int:
             # eager until time_decode captures the variant
             dec.pdl, dec.l2_prefetch, dec.accumulate, dec.graph = use_pdl, l2, acc, None
             dec.prologue, dec.trigger, dec.head_acc, dec.pre_l2 = pro, trig, head and head_acc, pre
-            dec.glue, dec.attn_in_o, dec.dyn, dec.gate_down = v["glue"], v["comb"], v["dyn"], v["gate"]
+            dec.glue, dec.attn_in_o, dec.dyn = v["glue"], v["comb"], v["dyn"]
             dec.set_attn_splits(v["splits"] or auto_splits)
             if use_pdl or acc:  # the eager step of the variant, against the model again (ordering on the GPU)
                 checks[name] = check_against_model(dec, model, prompt)
@@ -308,12 +277,6 @@ def main(argv=None) -> int:
                       flush=True)
                 if checks[name] > 0.25:
                     raise SystemExit(f"{name}: the decode step disagrees with Llama.forward")
-            if v["gate"]:  # a race shows as replays that differ from the ungated step's past its red.add noise
-                checks[name + ":replays"] = agree = replay_agreement(dec, prompt[-1])
-                print(f"  {name}: captured replays vs ungated, worst relative logit difference "
-                      f"{agree['gated']:.2e} (ungated vs ungated {agree['ungated']:.2e})", flush=True)
-                if agree["gated"] > max(10 * agree["ungated"], 1e-3):
-                    raise SystemExit(f"{name}: gated replays disagree with ungated ones past the noise floor")
             if v["tune"]:  # each GEMV's config by the whole step's time (StaticDecoder.tune_in_step)
                 dec.prefill(torch.tensor([[prompt[-1]]], device=dec.x.device))
                 tuned_in_step.update(dec.tune_in_step())
@@ -332,7 +295,7 @@ def main(argv=None) -> int:
                              l2_prefetch=l2, accumulate=acc, prologue=pro, trigger=trig,
                              head_in_acc=bool(head and head_acc), pre_l2=pre, glue=v["glue"],
                              attn_in_o=bool(v["comb"] and pro), attn_splits=dec.splits, dyn=v["dyn"],
-                             late=list(v["late"] or (8, 1)), gate_down=v["gate"], **breakdown))
+                             late=list(v["late"] or (8, 1)), **breakdown))
             print(f"  {name:22s} {1e3 / ms:8.1f} tok/s  {ms:7.3f} ms/token  {nbytes / 1e9:6.2f} GB read/token  "
                   f"{nbytes / (ms * 1e9):5.2f} TB/s  kernels {breakdown.get('kernel_ms', float('nan')):.3f} ms",
                   flush=True)

@@ -22,8 +22,6 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace32   # ~6 min: the decode step's timeline, e2e rows
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace32b  # ~3 min: the timeline, late starters, variants
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh final32   # ~10 min: e2e rows (+tuned), GPU tests, trace
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh gate35    # ~9.5 min: down gated on gate/up's counters:
-#                                                                  # GPU tests, e2e rows +gate, timelines
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh late34    # ~9.5 min: e2e rows +lateN, timelines, GPU tests
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh dyn33     # ~12 min (ran over 10): DYN tests, e2e +dyn, trace
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh ring30    # ~8 min: ncu of the ring decode kernel (unrun),
@@ -236,14 +234,6 @@ case "${1:-}" in
   trace32)  # session 32: the decode step's timeline (decode_step_trace.py), then the e2e rows again (XAttn off)
     step trace 200 "$PY" benchmarks/decode_step_trace.py --out "$OUT"
     step e2e 420 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT" ;;
-  gate35)  # session 35: down's programs on gate/up's per-row counters (StaticDecoder.gate_down, w4a16_ring signal /
-    # gate): the decode/PDL GPU tests (a missed wait reads a partial sum, a lost count hangs: timeouts), the e2e rows
-    # with and without it (tuned in the step too), the timeline's down wait against gate/up's end
-    T=+pdl+acc+pro+trig+head+glue
-    step dec_tests 140 "$PY" -m pytest -q -p no:cacheprovider -n 6 --show-capture=no --tb=short \
-      tests/test_infer_decode.py tests/kernels/test_pdl.py
-    step e2e 290 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT" --only "$T,$T+gate,$T+tuned,$T+gate+tuned"
-    step trace 140 "$PY" benchmarks/decode_step_trace.py --out "$OUT" --variants default,gate ;;
   late34)  # session 34: uneven static shares (RingConfig.late: the programs placed last on an SM take fewer items):
     # the e2e rows with them pinned and tuned in the step, the timeline's per-third ends, the decode/PDL GPU tests
     T=+pdl+acc+pro+trig+head+glue

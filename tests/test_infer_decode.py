@@ -197,9 +197,7 @@ def test_prologue_equals_the_accumulating_step(monkeypatch):
     logits as accumulate with the small kernels (on the CPU the ring kernel runs under the interpreter: bitwise),
     near the plain step; each block's GEMVs take norm, attn, norm, silu prologues in that order (norm, none, norm,
     silu with the attention's own combine); with dyn (items from a counter a launch, zeroed by the step's first
-    kernel) every GEMV but down takes its counter and the logits are the same up to the partials' order; with
-    gate_down gate/up counts its rows into counters the step's first kernel zeroed (all at K after it) and down
-    takes them as its gate: the same logits (the interpreter runs gate/up first; dyn with it is refused)."""
+    kernel) every GEMV but down takes its counter and the logits are the same up to the partials' order."""
     from flashscale.kernels import w4a16
 
     if DEV == "cpu":  # the ring kernel under the interpreter (QuantLinear takes it on CUDA only)
@@ -207,15 +205,9 @@ def test_prologue_equals_the_accumulating_step(monkeypatch):
             w4a16.ring_candidates(self.packed(), x2d.shape[0])))
     modes, addmm = [], w4a16.w4a16_addmm_
 
-    def spy(out, x, p, *, prologue=None, trace=None, counter=None, signal=None, gate=None):
-        modes.append(type(prologue).__name__ + ("+dyn" if counter is not None else "")
-                     + ("+signal" if signal is not None else "") + ("+gate" if gate is not None else ""))
-        if signal is not None:  # the step's first kernel zeroed them; the interpreter's gate/up then completes them
-            assert not signal.any(), signal
-        out = addmm(out, x, p, prologue=prologue, trace=trace, counter=counter, signal=signal, gate=gate)
-        if signal is not None:
-            assert (signal == p.in_features).all(), signal
-        return out
+    def spy(out, x, p, *, prologue=None, trace=None, counter=None):
+        modes.append(type(prologue).__name__ + ("+dyn" if counter is not None else ""))
+        return addmm(out, x, p, prologue=prologue, trace=trace, counter=counter)
 
     monkeypatch.setattr(w4a16, "w4a16_addmm_", spy)
     model = _ring_model().to(torch.float16)
@@ -226,11 +218,10 @@ def test_prologue_equals_the_accumulating_step(monkeypatch):
     for name, kw in (("plain", dict(accumulate=False)), ("acc", dict(accumulate=True, prologue=False)),
                      ("pro", dict(accumulate=True)), ("pro_head", dict(lm_head=head, accumulate=True)), ("acc_head", dict(
                          lm_head=head, accumulate=True, prologue=False)), ("pro_own_combine", dict(accumulate=True)),
-                     ("pro_head_dyn", dict(lm_head=head, accumulate=True)), ("pro_gate", dict(accumulate=True))):
+                     ("pro_head_dyn", dict(lm_head=head, accumulate=True))):
         dec = StaticDecoder(model, 12, fuse=True, linear_fn=qfn, attn_splits=2, **kw)
         dec.attn_in_o = name not in ("pro_own_combine", "pro_head_dyn")  # the split combine in the o GEMV (XAttn)
         dec.dyn = name.endswith("dyn")  # items taken from a counter a launch (w4a16_ring DYN)
-        dec.gate_down = name == "pro_gate"  # down's programs wait on gate/up's row counters
         assert dec.prologue == name.startswith("pro") and dec.trigger == dec.prologue  # automatic trigger
         got[name] = [dec.prefill(ids).clone(), dec.step(11).clone(), dec.step(70).clone()]
         if name == "pro_head":
@@ -241,14 +232,8 @@ def test_prologue_equals_the_accumulating_step(monkeypatch):
             assert modes[-8:] == ["XNorm", "NoneType", "XNorm", "XSiLU"] * 2
         if name == "pro_head_dyn":
             assert modes[-9:] == ["XNorm+dyn", "NoneType+dyn", "XNorm+dyn", "XSiLU"] * 2 + ["XNorm+dyn"]
-        if name == "pro_gate":
-            assert modes[-8:] == ["XNorm", "XAttn", "XNorm+signal", "XSiLU+gate"] * 2
-            dec.dyn = True
-            with pytest.raises(ValueError, match="gate_down .* does not combine with dyn"):
-                dec.step(5)
     for a, b, tol in (("pro", "acc", 1e-7), ("pro_head", "acc_head", 1e-3), ("pro_own_combine", "acc", 1e-7),
-                      ("pro_head_dyn", "pro_head", 1e-5),  # dyn: the same items, partials summed in another order
-                      ("pro_gate", "pro", 1e-9)):
+                      ("pro_head_dyn", "pro_head", 1e-5)):  # dyn: the same items, partials summed in another order
         for x, y in zip(got[a], got[b]):
             assert _rel(x, y) < (1e-2 if DEV == "cuda" else tol)  # GPU: the red.adds' order
     for pro, plain in zip(got["pro"], got["plain"]):
@@ -276,17 +261,15 @@ def test_capture_replays_the_same_steps():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("l2_prefetch,accumulate,prologue,trigger,pre_l2,splits,dyn,gate", [
-    (False, False, False, False, 0, None, False, False), (True, False, False, False, 0, None, False, False),
-    (False, True, False, False, 0, None, False, False), (False, True, True, False, 0, None, False, False),
-    (False, True, True, True, 0, None, False, False), (False, True, False, True, 0, None, False, False),
-    (False, True, True, True, 4, None, False, False), (False, True, True, True, 0, 4, False, False),
-    (False, False, False, False, 0, 4, False, False), (False, True, True, True, 0, None, True, False),
-    (False, True, False, False, 0, None, True, False),
-    (False, True, True, True, 0, None, False, True), (False, True, True, True, 0, 4, False, True)])
+@pytest.mark.parametrize("l2_prefetch,accumulate,prologue,trigger,pre_l2,splits,dyn", [
+    (False, False, False, False, 0, None, False), (True, False, False, False, 0, None, False),
+    (False, True, False, False, 0, None, False), (False, True, True, False, 0, None, False),
+    (False, True, True, True, 0, None, False), (False, True, False, True, 0, None, False),
+    (False, True, True, True, 4, None, False), (False, True, True, True, 0, 4, False),
+    (False, False, False, False, 0, 4, False), (False, True, True, True, 0, None, True),
+    (False, True, False, False, 0, None, True)])
 @torch.no_grad()
-def test_capture_with_pdl_replays_the_eager_steps(l2_prefetch, accumulate, prologue, trigger, pre_l2, splits, dyn,
-                                                  gate):
+def test_capture_with_pdl_replays_the_eager_steps(l2_prefetch, accumulate, prologue, trigger, pre_l2, splits, dyn):
     """The CUDA graph of a step whose kernels launch with programmatic dependent launch (kernels.pdl) gives the
     eager plain-launch logits, 4-bit linears included (the W4A16 GEMVs wait too, after their L2 prefetch; with
     accumulate, the ring kernel's red.adds after its weight loads: the same logits up to their summation order;
@@ -304,7 +287,6 @@ def test_capture_with_pdl_replays_the_eager_steps(l2_prefetch, accumulate, prolo
     graphed.pre_l2 = pre_l2  # items past the ring asked of L2 before each ring GEMV's wait
     graphed.attn_in_o = splits is not None  # the o GEMV combines the attention's split partials (XAttn)
     graphed.dyn = dyn
-    graphed.gate_down = gate
     a = [plain.prefill(ids).clone()] + [plain.step(t).clone() for t in (7, 8, 9)]
     graphed.prefill(ids)
     graphed.capture()

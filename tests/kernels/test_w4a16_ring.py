@@ -427,45 +427,6 @@ def test_sm90_prologue_and_trigger(tmp_path):
         assert min(i for i, o in enumerate(ops) if o.startswith("REDG")) > trig, ops
 
 
-_COMPILE_GATE = """
-import json, re, sys
-from flashscale.kernels import w4a16_ring as R
-from flashscale.kernels.aot import ptxas_stats, sass
-rows = []
-for name, kw in (("signal", dict(xmode=1, k=4096, signal=True)), ("gated", dict(xmode=2, k=14336, gated=16))):
-    kk = R.compile_sm90(R.RingConfig(bn=128, kt=2, num_warps=4, ring=2, per_sm=3, atomic=True), add=True, pdl=True,
-                        trigger=True, **kw)
-    t = sass(kk.asm["cubin"])
-    ops = re.findall(r"\\b(LDG\\.E\\.128|LDG\\.E\\.STRONG\\S*|ACQBULK|NANOSLEEP|STG\\S*|BAR\\.SYNC\\S*|PREEXIT|"
-                     r"REDG\\S*|ATOMG\\S*|MEMBAR\\S*)", t)
-    rows.append(dict(ptxas_stats(kk.asm["ptx"]), ops=ops, name=name))
-json.dump(rows, open(sys.argv[1], "w"))
-"""
-
-
-def test_sm90_signal_and_gated_builds(tmp_path):
-    """sm_90, at the 8B step's gate/up (XNorm, K 4096) and down (XSiLU, K 14336) shapes, 3 programs an SM: no spills
-    and <= 168 registers; the signal build releases its count after each flush's red.adds (a CTA barrier, a gpu
-    fence, then the integer red.add); the gated build has no griddepcontrol.wait, polls (volatile loads, nanosleep)
-    and then acquires (atomics) before the prologue's first store, and triggers after its last."""
-    for r in sm90_census(tmp_path, _COMPILE_GATE):
-        ops = r["ops"]
-        assert r["spill_stores"] == r["spill_loads"] == 0 and r["registers"] <= 168, r
-        if r["name"] == "signal":
-            ints = [i for i, o in enumerate(ops) if o == "REDG.E.ADD.STRONG.GPU"]  # the counters' (no .F32)
-            assert ints and "ACQBULK" in ops, ops
-            for i in ints:
-                assert ops[i - 1].startswith("MEMBAR") and ops[i - 2].startswith("BAR.SYNC"), ops[i - 3:i + 1]
-                assert ops[i - 3].startswith("REDG.E.ADD.F32"), ops[i - 3:i + 1]
-        else:
-            assert "ACQBULK" not in ops and "NANOSLEEP" in ops, ops
-            first_store = min(i for i, o in enumerate(ops) if o.startswith("STG"))
-            acq = [i for i, o in enumerate(ops) if o.startswith("ATOMG")]
-            polls = [i for i, o in enumerate(ops) if o.startswith("LDG.E.STRONG")]
-            assert len(acq) == 2 and polls and max(polls) < min(acq) and max(acq) < first_store, ops
-            assert first_store < ops.index("PREEXIT") < min(i for i, o in enumerate(ops) if o.startswith("REDG")), ops
-
-
 _COMPILE_ADD_PDL = """
 import json, re, sys
 from flashscale.kernels import w4a16_ring as R
@@ -596,60 +557,6 @@ def test_late_refusals():
         late_cut(10, 40, 2, RingConfig(late=6, late_share=3))
     assert late_cut(10, 40, 2, RingConfig(late=6)) == 5
     assert late_cut(10, 12, 2, RingConfig(late=1)) == 10  # 1/8 of 1.3 items: none, so even
-
-
-@pytest.mark.parametrize("bn_gu,per_sm", [(16, 3), (32, 1)])
-def test_signal_then_gated_down_equals_the_plain_pair(bn_gu, per_sm):
-    """gate/up with signal (add mode): out as without, every 16-row granule's counter at K (its inputs all summed),
-    the rest untouched; down with an XSiLU prologue gated on those counters (gate=(sig, K)): x and out equal the
-    ungated launch's bitwise (the interpreter runs gate/up first, so the wait passes at once; the GPU's early
-    start is the PDL graph test's)."""
-    from flashscale.kernels.w4a16_prologue import XSiLU
-    from flashscale.kernels.w4a16_ring import launch
-
-    gen = torch.Generator().manual_seed(bn_gu + per_sm)
-    k, f, e = 256, 384, 128  # model width, intermediate (3 chunks of 128), down's output
-    p_gu, p_down = _weight(k, 2 * f, 128, sym=False, gen=gen), _weight(f, e, 128, sym=False, gen=gen)
-    h = torch.randn(1, k, generator=gen).half()
-    c_gu = RingConfig(bn=bn_gu, kt=2, num_warps=1, ring=2, per_sm=per_sm, atomic=True)
-    c_dn = RingConfig(bn=16, kt=2, num_warps=1, ring=2, per_sm=3, atomic=True)
-    sig = torch.full((2 * f // 16 + 4,), 0, dtype=torch.int32)
-    gu, gu_ref = torch.zeros(1, 2 * f), torch.zeros(1, 2 * f)
-    launch(h, p_gu, None, gu, c_gu, per_sm, add=True, signal=sig)
-    launch(h, p_gu, None, gu_ref, c_gu, per_sm, add=True)
-    assert torch.equal(gu, gu_ref)
-    assert (sig[:2 * f // 16] == k).all() and (sig[2 * f // 16:] == 0).all(), sig
-    act, act_ref = torch.full((1, f), float("nan")).half(), torch.full((1, f), float("nan")).half()
-    out, out_ref = torch.zeros(1, e), torch.zeros(1, e)
-    launch(act, p_down, None, out, c_dn, 3, add=True, prologue=XSiLU(gu=gu), gate=(sig, k))
-    launch(act_ref, p_down, None, out_ref, c_dn, 3, add=True, prologue=XSiLU(gu=gu))
-    assert torch.equal(act, act_ref) and not act.isnan().any()
-    assert torch.allclose(out, out_ref, rtol=1e-5, atol=1e-5)
-
-
-def test_signal_and_gate_refusals():
-    """signal needs add mode and an even split; gate an XSiLU prologue and enough int32 counters; each error names
-    the argument."""
-    from flashscale.kernels.w4a16_prologue import XNorm, XSiLU
-    from flashscale.kernels.w4a16_ring import launch
-
-    gen = torch.Generator().manual_seed(4)
-    p = _weight(256, 64, 128, sym=True, gen=gen)
-    x, out = torch.zeros(1, 256).half(), torch.zeros(1, 64)
-    c = RingConfig(bn=16, kt=2, num_warps=1, ring=2, per_sm=1, atomic=True)
-    sig = torch.zeros(64, dtype=torch.int32)
-    with pytest.raises(ValueError, match="signal needs add=True"):
-        launch(x, p, None, out.half(), c, 1, signal=sig)
-    with pytest.raises(ValueError, match="signal needs add=True, an even split"):
-        launch(x, p, None, out, RingConfig(bn=16, kt=2, num_warps=1, ring=2, per_sm=2, late=4), 2, add=True,
-               signal=sig)
-    with pytest.raises(ValueError, match="signal must be a contiguous int32 tensor of >= 4 counters"):
-        launch(x, p, None, out, c, 1, add=True, signal=torch.zeros(3, dtype=torch.int32))
-    with pytest.raises(ValueError, match="gate needs an XSiLU prologue"):
-        launch(x, p, None, out, c, 1, add=True, gate=(sig, 256),
-               prologue=XNorm(res=x.clone(), weight=torch.ones(256).half(), eps=1e-5, res_out=x.clone()))
-    with pytest.raises(ValueError, match="gate's counters must be a contiguous int32 tensor of >= 32"):
-        launch(x, p, None, out, c, 1, add=True, prologue=XSiLU(gu=torch.zeros(1, 512)), gate=(sig[:8], 256))
 
 
 def test_dyn_refusals():

@@ -40,10 +40,7 @@ step); attn_in_o (False) with prologue and context splits > 1: the attention ker
 the o GEMV combines them in its prologue (w4a16_prologue.XAttn) instead of the attention's last split after a
 ticket (slower on the H200: docs/w4a16_decode.md round 11); set_attn_splits(n) changes the splits; attn_block the
 attention's tile rows. tune_in_step() pins each GEMV's config by the captured step's time (1.782 -> 1.712 ms);
-replay_ms(n) times n replays; enable_trace() records the programs' timestamps (benchmarks/decode_step_trace.py);
-gate_down (False) with prologue: each layer's gate/up GEMV counts the rows it has summed into int32 counters (zeroed
-with the sums, a tail of the same buffer) and its down GEMV's programs wait on the counters of the rows their SiLU
-prologue reads instead of gate/up's grid end (w4a16_ring signal / gate; not with dyn; docs/w4a16_decode.md round 13).
+replay_ms(n) times n replays; enable_trace() records the programs' timestamps (benchmarks/decode_step_trace.py).
 RoPE: cos / sin tables of max_len rows (model.rope), read at pos by the attention kernel.
 Shapes: E hidden size, H query heads, G kv heads, D head_dim, L layers, T max_len, V vocab.
 """
@@ -189,7 +186,6 @@ class StaticDecoder:
         self.attn_in_o = False  # prologue, splits > 1: the o GEMV combines the attention's partials (slower, 32)
         self.trace: torch.Tensor | None = None  # enable_trace()
         self.dyn = False  # q/k/v, o, gate/up and the head take their items dynamically (w4a16_ring DYN; zeroed a step)
-        self.gate_down = False  # down's programs start on gate/up's per-row counters, not its grid's end (prologue)
         self.dyn_ctr = torch.zeros((cfg.num_hidden_layers + 1) * len(self.LAUNCHES), device=dev, dtype=torch.int32)
         self.attn_block = 32  # cached rows a tile of the decode attention (its registers: 167 at 32 on sm_90)
         self.argmax_best = torch.full((1,), -2 ** 63, device=dev, dtype=torch.int64)  # step_end's (left so)
@@ -202,15 +198,11 @@ class StaticDecoder:
         self.act = torch.zeros(1, cfg.intermediate_size, device=dev, dtype=dt)
         # accumulate=True: each layer's linear outputs as float32 sums, (1, N) views of one buffer zeroed a step;
         # the logits the last view (a 4-bit lm_head without bias adds into them, prologue: the final norm in it)
-        # and after them (gate_down) each layer's gate/up row counters, int32 (zero bits are zero either way)
         widths = [] if bad else [b[k].out_features for b in self.blocks for k in LINEARS]
-        n_sig = 0 if bad else triton.cdiv(self.blocks[0]["gu"].out_features, 16)
-        self.acc = torch.zeros(1, sum(widths) + cfg.vocab_size + len(self.blocks) * n_sig, device=dev,
-                               dtype=torch.float32)
-        views = iter(torch.split(self.acc, widths + [cfg.vocab_size, len(self.blocks) * n_sig], dim=1))
+        self.acc = torch.zeros(1, sum(widths) + cfg.vocab_size, device=dev, dtype=torch.float32)
+        views = iter(torch.split(self.acc, widths + [cfg.vocab_size], dim=1))
         self.acc_views = [] if bad else [{k: next(views) for k in LINEARS} for _ in self.blocks]
-        self.logits = next(views)  # (1, V)
-        self.sig = next(views).view(torch.int32).reshape(len(self.blocks), n_sig)  # (L, 2F / 16)
+        self.logits = self.acc[:, sum(widths):]  # (1, V)
         self.head_acc = (not bad and hasattr(self.lm_head, "accumulate_")
                          and getattr(self.lm_head, "bias", None) is None)
         self.greedy = False  # step writes argmax(logits) into tok (a replayed graph then runs a whole generation)
@@ -325,14 +317,6 @@ class StaticDecoder:
                                     counter=self._ctr(i, key) if key != "down" else None)
         return torch.cat([m(h) for m in mods], dim=-1) if isinstance(mods, tuple) else mods(h)
 
-    def _gateable(self, b: dict) -> bool:
-        """gate_down applies to this block: gate/up and down both run the ring kernel, down's prologue inside it
-        (no act-order permutation), gate/up's K whole k-slices of any ring config (w4a16_ring.launch's signal), F a
-        multiple of 16 (a counter's rows all gate or all up)."""
-        gu, down = b["gu"], b["down"]
-        return (gu.can_accumulate(self.h) and down.can_accumulate(self.act) and down.packed().perm is None
-                and gu.in_features % 128 == 0 and down.in_features % 16 == 0)
-
     @torch.no_grad()
     def _step(self) -> None:
         """logits <- the logits (1, V) of `tok` at `pos`; pos += 1 (and tok <- argmax with greedy), in place."""
@@ -356,9 +340,6 @@ class StaticDecoder:
                 self.dyn_ctr.zero_()
         r = None
         pro = self.accumulate and self.prologue
-        if pro and self.gate_down and self.dyn:
-            raise ValueError("StaticDecoder: gate_down counts gate/up's rows over an even split of its items; it does "
-                             "not combine with dyn (set one of them False)")
         for i, b in enumerate(self.blocks):
             if pro:  # x + r -> x2, RMSNorm -> h, inside the q/k/v GEMV
                 qkv = b["qkv"].accumulate_(self.h, self.acc_views[i]["qkv"], self._xnorm(b["ln1"], self.x, r, self.x2),
@@ -380,12 +361,9 @@ class StaticDecoder:
                 o = self._linear(i, "o", self.attn)
             if pro:  # x2 + o -> x, RMSNorm -> h in the gate/up GEMV; SiLU(g) * u -> act in the down GEMV
                 av = self.acc_views[i]
-                gate = self.gate_down and self._gateable(b)
                 b["gu"].accumulate_(self.h, av["gu"], self._xnorm(b["ln2"], self.x2, o, self.x),
-                                    trace=self._trace(i, "gu"), counter=self._ctr(i, "gu"),
-                                    signal=self.sig[i] if gate else None)
-                r = b["down"].accumulate_(self.act, av["down"], XSiLU(gu=av["gu"]), trace=self._trace(i, "down"),
-                                          gate=(self.sig[i], b["gu"].in_features) if gate else None)
+                                    trace=self._trace(i, "gu"), counter=self._ctr(i, "gu"))
+                r = b["down"].accumulate_(self.act, av["down"], XSiLU(gu=av["gu"]), trace=self._trace(i, "down"))
                 continue
             self._norm(b["ln2"], o, po)
             f = cfg.intermediate_size

@@ -664,8 +664,7 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
 
 
 def w4a16_addmm_(out: torch.Tensor, x2d: torch.Tensor, p: PackedW4, *, prologue=None,
-                 trace: torch.Tensor | None = None, counter: torch.Tensor | None = None,
-                 signal: torch.Tensor | None = None, gate: tuple | None = None) -> torch.Tensor:
+                 trace: torch.Tensor | None = None, counter: torch.Tensor | None = None) -> torch.Tensor:
     """out (M, N) float32 += x2d (M, K) @ dequant(W), in place, on the ring decode kernel (M <= 8): each program
     red.adds its fp32 partial of a tile straight into out, so the call has no split-K fold at its end (no
     ticket, no last contributor re-reading the tile: ~2 us a call on the H200, docs/w4a16_decode.md round 9) and
@@ -677,8 +676,7 @@ def w4a16_addmm_(out: torch.Tensor, x2d: torch.Tensor, p: PackedW4, *, prologue=
     of >= w4a16_ring.TRACE_STRIDE values a program that a TRACE build of the kernel fills with its programs'
     timestamps (w4a16_ring.TRACE_FIELDS). counter: a zeroed int32 element that the launch's programs take chunks of
     items from (w4a16_ring's DYN build: slow programs take fewer; no prologue or an XNorm; zero it again before the
-    next launch). signal / gate (w4a16_ring.launch's): the gate/up GEMV counts its finished rows into zeroed int32
-    counters, the down GEMV (XSiLU) waits on them instead of gate/up's grid end. Returns out."""
+    next launch). Returns out."""
     from flashscale.kernels import w4a16_prologue
     from flashscale.kernels.w4a16_ring import launch as ring_launch
 
@@ -706,8 +704,7 @@ def w4a16_addmm_(out: torch.Tensor, x2d: torch.Tensor, p: PackedW4, *, prologue=
 
     cfg, per_sm = _tune(key, cands, lambda c: c.per_sm, launch, ring=lambda: _weight_ring(p))
     ring_launch(x2d, p, None, out, cfg, per_sm, add=True, pdl=pdl_active(x2d.device), prologue=prologue,
-                trigger=trigger_active(), pre_l2=pre_l2_items(), trace=trace, counter=counter, signal=signal,
-                gate=gate)
+                trigger=trigger_active(), pre_l2=pre_l2_items(), trace=trace, counter=counter)
     return out
 
 

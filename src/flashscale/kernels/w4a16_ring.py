@@ -50,7 +50,7 @@ from flashscale.kernels.w4a16 import _device_info, _interpreting, stream_k_grid,
 from flashscale.kernels.w4a16_common import last_split, reset_ticket, split_k_slices, split_k_workspace
 from flashscale.kernels.w4a16_gemv import _dec_item, _dec_layout, _dec_store, _dec_tile, _dec_w, _dec_x, _next_item
 from flashscale.kernels.w4a16_pack import PackedW4
-from flashscale.kernels.w4a16_prologue import Prologue, XAttn, XNorm, XSiLU, kernel_args, x_prologue
+from flashscale.kernels.w4a16_prologue import Prologue, XAttn, XNorm, kernel_args, x_prologue
 
 TRACE_FIELDS = ("t_start_ns", "clk_start", "clk_first", "clk_end", "clk_last_flush", "t_end_ns", "smid", "items",
                 "t_wait_ns", "t_x_ns", "t_first_ns")  # t_wait: after the PDL wait; t_x: prologue done, x loads next
@@ -205,11 +205,9 @@ def _sum_slots(p, mask, nc, SLOT):
 @triton.jit
 def _flush(acc, accb, tile, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym,
            NB: tl.constexpr, BN: tl.constexpr, TWO: tl.constexpr, HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr,
-           ADD: tl.constexpr, KT: tl.constexpr):
+           ADD: tl.constexpr):
     """This program's part of `tile` is done: store it (sole contributor) or reduce it (module docstring); ADD:
-    red.add it into the fp32 y (w4a16_addmm_: no ticket, no last contributor, whoever reads y runs later). ADD 2
-    (signal): then, after a CTA barrier, add the inputs it summed (k-slices x 64 KT) to the tile's 16-row granules'
-    counters at cnt_ptr (release, gpu scope): a granule's counter reaches K once all of its sums are in y."""
+    red.add it into the fp32 y (w4a16_addmm_: no ticket, no last contributor, whoever reads y runs later)."""
     SLOT: tl.constexpr = NB * 128 * (1 + TWO)
     rows, toks, e_off, pf, pl = _dec_tile(tile, P, S, U, NB, BN)
     if ADD:
@@ -218,13 +216,6 @@ def _flush(acc, accb, tile, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr
         if TWO:
             tl.atomic_add(yp + 8 * stride_ym, accb * (1.0 / 2048), mask=(rows < N) & (toks + 8 < M), sem="relaxed",
                           scope="gpu")
-        if ADD == 2:
-            lo = tl.maximum(pid * U // P, tile * S)
-            hi = tl.minimum((pid + 1) * U // P, tile * S + S)
-            gr = tile * NB + tl.arange(0, NB)
-            tl.debug_barrier()  # every thread's red.adds before the release (last_split's pattern)
-            tl.atomic_add(cnt_ptr + gr, tl.full([NB], 0, tl.int32) + (hi - lo) * (64 * KT), mask=gr * 16 < N,
-                          sem="release", scope="gpu")
     elif pf == pl:
         _dec_store(acc * (1.0 / 2048), y_ptr, bias_ptr, rows, toks, M, N, stride_ym, HAS_BIAS)
         if TWO:
@@ -280,33 +271,11 @@ def _consume(acc, accb, w, sz, xw, u, u1, tile, ks, pid, P, S, U, CMAX, y_ptr, b
             if u == u1 - 1:
                 tl.store(trace_ptr + pid * 16 + 4, _clock(TRACE))
         _flush(acc, accb, tile, pid, P, S, U, CMAX, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, stride_ym, NB, BN, TWO,
-               HAS_BIAS, ATOMIC, ADD, KT)
+               HAS_BIAS, ATOMIC, ADD)
         acc = tl.zeros_like(acc)
         accb = tl.zeros_like(accb)
     tile, ks = _next_item(tile, ks, S)
     return acc, accb, tile, ks
-
-
-@triton.jit
-def _gate_wait(sig_ptr, u0, u1, S, F, TARGET, BK: tl.constexpr, GW: tl.constexpr, ASM: tl.constexpr):
-    """GATED: wait until the 16-row granules of gate/up's sums (gate rows r, up rows F + r) that this program's
-    prologue chunks (ks of items [u0, u1), BK inputs each, at most GW) read have all their inputs summed (counters
-    at sig_ptr, gate/up's signal: TARGET = its K): volatile polls, then one acquire read of each, then a barrier."""
-    R: tl.constexpr = BK // 16
-    idx = tl.arange(0, GW * R)
-    c = idx // R
-    row = ((u0 + c) % S) * BK + (idx % R) * 16
-    m = (c < tl.minimum(u1 - u0, S)) & (row < F)
-    g = tl.where(m, row // 16, 0)
-    up = g + F // 16
-    while tl.min(tl.where(m, tl.minimum(tl.load(sig_ptr + g, volatile=True), tl.load(sig_ptr + up, volatile=True)),
-                          TARGET), axis=0) < TARGET:
-        if ASM:
-            tl.inline_asm_elementwise("nanosleep.u32 100;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32,
-                                      is_pure=False, pack=1)
-    tl.atomic_add(sig_ptr + g, 0, mask=m, sem="acquire", scope="gpu")
-    tl.atomic_add(sig_ptr + up, 0, mask=m, sem="acquire", scope="gpu")
-    tl.debug_barrier()
 
 
 @triton.jit
@@ -331,18 +300,17 @@ def _dyn_next(last, nxt, ctr_ptr, P, NCH, CH: tl.constexpr):
     return v, nxt
 
 
-@triton.jit(do_not_specialize=["M", "S", "U", "CMAX", "LATE_CUT", "SIG_TARGET"])
+@triton.jit(do_not_specialize=["M", "S", "U", "CMAX", "LATE_CUT"])
 def w4a16_ring_kernel(
     x_ptr, pk_ptr, sz_ptr, y_ptr, bias_ptr, ws_ptr, cnt_ptr, trace_ptr,
     M, N, K, stride_xm, stride_ym, stride_pn, stride_sg, S, U, CMAX,
-    xo_ptr, pa_ptr, pr_ptr, pw_ptr, po_ptr, eps, ctr_ptr, LATE_CUT, sig_ptr, SIG_TARGET,
+    xo_ptr, pa_ptr, pr_ptr, pw_ptr, po_ptr, eps, ctr_ptr, LATE_CUT,
     G: tl.constexpr, HAS_BIAS: tl.constexpr, BF16: tl.constexpr, BN: tl.constexpr, KT: tl.constexpr,
     BM: tl.constexpr, RING: tl.constexpr, ATOMIC: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     ASM: tl.constexpr, L2AHEAD: tl.constexpr = 0, TRACE: tl.constexpr = False, ADD: tl.constexpr = False,
     PDL: tl.constexpr = False, XMODE: tl.constexpr = 0, HAS_R: tl.constexpr = False, NBLK: tl.constexpr = 16,
     PCH: tl.constexpr = 128, TRIGGER: tl.constexpr = False, L2PRE: tl.constexpr = 0, PHD: tl.constexpr = 1,
-    DYN: tl.constexpr = False, CH: tl.constexpr = 2, LATE: tl.constexpr = 8, GATED: tl.constexpr = False,
-    GW: tl.constexpr = 16,
+    DYN: tl.constexpr = False, CH: tl.constexpr = 2, LATE: tl.constexpr = 8,
 ):
     """x_ptr: x as int32 words (pairs of 16-bit inputs), stride_xm in words; pk_ptr / sz_ptr: PackedW4 qweight
     (N_pad/16, K_pad/64, 32, 4) / sz (NG, N_pad); S items a tile, U items, CMAX workspace slots a tile. TRACE: each
@@ -360,12 +328,7 @@ def w4a16_ring_kernel(
     w4a16_decode.md round 11); each chunk's partial is red.added at its end. Its items can be anywhere, so an XNorm
     prologue writes the whole row of x. Measured 1.65x slower a step (round 12): not a default.
     LATE < 8 (static): programs LATE_CUT.. (the last placed on their SMs, which start up to ~3 us after the first
-    ones under PDL) take LATE / 8 of the share of the others (`_late_range`); measured slower (round 12).
-    ADD 2 (signal): each flush also counts its inputs into the tile's 16-row granule counters (cnt_ptr, _flush).
-    GATED (XSiLU, no DYN): instead of griddepcontrol.wait, the program waits on those counters of gate/up's launch
-    (sig_ptr, complete at SIG_TARGET) for the chunks its prologue reads (_gate_wait), so down's first items need not
-    wait for gate/up's last programs; safe only where gate/up's grid is all resident when this one starts (its
-    early trigger fires after its prologue) and its counters were zeroed for this launch."""
+    ones under PDL) take LATE / 8 of the share of the others (`_late_range`)."""
     if TRACE:
         tl.store(trace_ptr + tl.program_id(0) * 16, globaltimer())
         tl.store(trace_ptr + tl.program_id(0) * 16 + 1, _clock(TRACE))
@@ -411,9 +374,7 @@ def w4a16_ring_kernel(
         for j in tl.static_range(L2PRE):
             _l2_ahead(pk_ptr, tile_q, ks_q, u0 + RING + j < u1, stride_pn, n_frag, (k_pad // 64) * 128, NB, KT, ASM)
             tile_q, ks_q = _next_item(tile_q, ks_q, S)
-    if GATED:  # XSiLU: instead of the previous grid's end, the gate/up sums its chunks read (_gate_wait)
-        _gate_wait(sig_ptr, u0, u1, S, K, SIG_TARGET, BK, GW, ASM)
-    elif PDL:  # the weight's first loads are in flight while the previous kernel ends; x, workspace, y after it
+    if PDL:  # the weight's first loads are in flight while the previous kernel ends; x, workspace, y after it
         gdc_wait()
     if TRACE:
         tl.store(trace_ptr + pid * 16 + 8, globaltimer())
@@ -593,8 +554,7 @@ def w4a16_ring(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None, *
 
 def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Tensor, cfg: RingConfig, per_sm: int,
            trace: torch.Tensor | None = None, add: bool = False, pdl: bool = False, prologue: Prologue | None = None,
-           trigger: bool = False, pre_l2: int = 0, counter: torch.Tensor | None = None,
-           signal: torch.Tensor | None = None, gate: tuple[torch.Tensor, int] | None = None):
+           trigger: bool = False, pre_l2: int = 0, counter: torch.Tensor | None = None):
     """One launch into y (M, N) (arguments as check_args takes them, M >= 1); returns what Triton's launch returns
     (on a GPU the compiled kernel: .n_regs, .metadata.shared). trace: an int64 tensor of >= 16 x programs values
     (ring_grid) that a TRACE build of the kernel fills with TRACE_FIELDS a program (GPU only). add: y is float32
@@ -606,10 +566,7 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
     w4a16_prologue.check). counter (add; no prologue or an XNorm; ring <= 2): a zeroed int32 tensor of one element
     that the kernel's programs take chunks of items from (the DYN build; left non-zero: zero it before each launch).
     cfg.late < 8 (add only; not with counter): the last cfg.late_share / per_sm of the programs take late / 8 of the
-    others' share of items (late_cut). signal (add, K % (64 kt) == 0, even shares): a zeroed int32 tensor of >= N / 16
-    counters, one a 16 rows of y, each reaching K once those rows' sums are all in (the gate/up GEMV's). gate
-    (sig, target) (an XSiLU prologue over gu (M, 2K)): the programs wait for the counters of the gu rows their
-    prologue reads to reach target (sig: gu's launch's signal) instead of the PDL wait (the down GEMV's)."""
+    others' share of items (late_cut)."""
     m, k = x.shape
     n = p.out_features
     xw = x_words(x, p)  # (M, K / 2) words of two 16-bit inputs
@@ -636,22 +593,6 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
     cut = late_cut(progs, items, per_sm, cfg) if not dyn else progs
     if cut < progs:  # the early programs' prologue writes their larger share of x
         chunk = min(items * 8 // (8 * cut + cfg.late * (progs - cut)) + 1, steps) * 64 * cfg.kt
-    gated = {}
-    if signal is not None:
-        if not add or dyn or cfg.late != 8 or k % (64 * cfg.kt):
-            raise ValueError(f"signal needs add=True, an even split (no counter, cfg.late 8) and K a multiple of 64 x "
-                             f"cfg.kt ({64 * cfg.kt}: whole k-slices, each counted as its 64 x kt inputs); got "
-                             f"add={add}, counter {counter is not None}, late {cfg.late}, K={k}")
-        _check_counters("signal", signal, triton.cdiv(n, 16), x.device)
-    if gate is not None:
-        sig, target = gate
-        if not isinstance(prologue, XSiLU) or dyn or k % 16:
-            raise ValueError("gate needs an XSiLU prologue (it waits for the gate/up rows that prologue reads), no "
-                             f"counter and K % 16 == 0 (a counter's 16 rows all gate or all up); got "
-                             f"{type(prologue).__name__}, counter {counter is not None}, K={k}")
-        _check_counters("gate's counters", sig, 2 * triton.cdiv(k, 16), x.device)
-        gw = triton.next_power_of_2(min(triton.cdiv(items, progs), steps))
-        gated = dict(GATED=True, GW=gw, sig_ptr=sig, SIG_TARGET=int(target))
     bm = 8 if m <= 8 else 16
     tiles = triton.cdiv(n, cfg.bn)
     slot = cfg.bn * bm  # fp32 values of a tile: NB x 128 x token blocks
@@ -659,8 +600,6 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
         if bias is not None or y.dtype != torch.float32 or y.stride(1) != 1:
             raise ValueError("add=True takes a float32 y with unit stride along N and no bias")
         ws = cnt = y
-        if signal is not None:
-            cnt = signal
     else:
         if cfg.atomic:
             ws, _ = split_k_workspace(x.device, tiles * slot)  # zero, and left zero by the kernel
@@ -675,23 +614,14 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
         xw, p.qweight, p.sz, y, bias if bias is not None else y, ws, cnt, trace if trace is not None else cnt,
         m, n, k, xw.stride(0), y.stride(0), p.qweight.stride(0), p.sz.stride(0), steps, items, cmax,
         ctr_ptr=counter if counter is not None else cnt, LATE_CUT=cut, LATE=cfg.late if cut < progs else 8, **dyn,
-        **({"sig_ptr": cnt, "SIG_TARGET": 0} | gated),
         **kernel_args(prologue, x), PCH=_prologue_round(prologue, chunk),
         G=p.group_size, HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, BN=cfg.bn, KT=cfg.kt, BM=bm,
         RING=cfg.ring, ATOMIC=cfg.atomic, EVEN_K=k % (64 * cfg.kt) == 0, EVEN_N=p.sz.shape[1] % cfg.bn == 0,
         **({"PDL": True, "launch_pdl": True, "TRIGGER": trigger, "L2PRE": pre_l2} if pdl and not _interpreting()
            else {}),
-        ASM=cfg.asm and not _interpreting(), L2AHEAD=cfg.l2_ahead, TRACE=trace is not None,
-        ADD=2 if signal is not None else add,
+        ASM=cfg.asm and not _interpreting(), L2AHEAD=cfg.l2_ahead, TRACE=trace is not None, ADD=add,
         num_warps=cfg.num_warps, num_stages=1, **extra,
     )
-
-
-def _check_counters(name: str, t, n: int, device) -> None:
-    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.numel() < n or t.device != device \
-            or not t.is_contiguous():
-        raise ValueError(f"{name} must be a contiguous int32 tensor of >= {n} counters on {device} (zeroed), got "
-                         f"{getattr(t, 'dtype', type(t).__name__)} x {getattr(t, 'numel', lambda: '?')()}")
 
 
 def late_cut(progs: int, items: int, per_sm: int, cfg: RingConfig) -> int:
@@ -722,12 +652,11 @@ def _prologue_round(prologue: Prologue | None, chunk: int) -> int:
 
 def compile_sm90(cfg: RingConfig, *, dtype: str = "bf16", bm: int = 8, group_size: int = 128, trace: bool = False,
                  add: bool = False, pdl: bool = False, xmode: int = 0, trigger: bool = False, k: int = 4096,
-                 pre_l2: int = 0, pch: int | None = None, dyn: int = 0, signal: bool = False, gated: int = 0):
+                 pre_l2: int = 0, pch: int | None = None, dyn: int = 0):
     """Compile one config as a launch on an even Llama shape specializes it (K, N multiples of 256, pointers and
     strides 16-divisible, no bias): returns Triton's CompiledKernel (asm: ptx, cubin). xmode: the prologue (0 none,
     1 XNorm with r, 2 XSiLU, 3 XAttn of 8 splits, head dim 128) for K = k inputs, pch inputs a prologue round
-    (default 1024, XAttn 128); dyn: the DYN build with chunks of that many items (0: static); signal: add mode
-    counting into granule counters; gated: an XSiLU build waiting on them for that many chunks (GW; 0: the PDL wait)."""
+    (default 1024, XAttn 128); dyn: the DYN build with chunks of that many items (0: static)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -736,14 +665,14 @@ def compile_sm90(cfg: RingConfig, *, dtype: str = "bf16", bm: int = 8, group_siz
     pro = {"xo_ptr": f"*{dtype}", "pa_ptr": "*fp32" if xmode in (2, 3) else f"*{dtype}",
            "pr_ptr": "*fp32" if xmode else f"*{dtype}", "pw_ptr": f"*{dtype}", "po_ptr": f"*{dtype}"}
     ints = ("M", "N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg", "S", "U", "CMAX")
-    late = {"LATE_CUT": "i32", "sig_ptr": "*i32", "SIG_TARGET": "i32"}
+    late = {"LATE_CUT": "i32"}
     cx = dict(G=group_size, HAS_BIAS=False, BF16=dtype == "bf16", BN=cfg.bn, KT=cfg.kt, BM=bm, RING=cfg.ring,
               ATOMIC=cfg.atomic, EVEN_K=True, EVEN_N=True, ASM=cfg.asm, L2AHEAD=cfg.l2_ahead, TRACE=trace,
-              ADD=2 if signal else add, PDL=pdl, XMODE=xmode, HAS_R=xmode == 1,
+              ADD=add, PDL=pdl, XMODE=xmode, HAS_R=xmode == 1,
               NBLK={1: min(triton.next_power_of_2(k), 8192), 3: 8}.get(xmode, 16),
               PCH=pch or {0: 128, 3: 128}.get(xmode, 1024),
               TRIGGER=trigger, L2PRE=pre_l2, PHD=128 if xmode == 3 else 1, DYN=dyn > 0, CH=max(dyn, 2),
-              LATE=cfg.late, GATED=gated > 0, GW=max(gated, 1))  # in the kernel's order: ASTSource maps by position
+              LATE=cfg.late)
     sig = {**ptrs, **{n: "i32" for n in ints}, **pro, "eps": "fp32", "ctr_ptr": "*i32", **late,
            **{n: "constexpr" for n in cx}}
     names = list(sig)

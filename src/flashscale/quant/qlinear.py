@@ -93,17 +93,14 @@ class QuantLinear(nn.Module):
 
     @torch.no_grad()
     def accumulate_(self, x: torch.Tensor, out: torch.Tensor, prologue=None,
-                    trace: torch.Tensor | None = None, counter: torch.Tensor | None = None,
-                    signal: torch.Tensor | None = None, gate: tuple | None = None) -> torch.Tensor:
+                    trace: torch.Tensor | None = None, counter: torch.Tensor | None = None) -> torch.Tensor:
         """out (M, N) float32 += x (M, K) @ W^T (+ bias), in place; on CUDA at M <= 8 without bias by
         kernels.w4a16.w4a16_addmm_ (no split-K fold at the kernel's end: a decode step's consumers read the fp32
         sum, infer.decode.StaticDecoder(accumulate=True)), otherwise through forward. prologue
         (kernels.w4a16_prologue.XNorm / XSiLU / XAttn): x (contiguous (M, K)) is first written from it, by the
         kernel's programs where it can (no act-order), else by the prologue's PyTorch reference. trace: the ring
         kernel's per-program timestamps (w4a16_addmm_'s diagnostics), counter: its items taken dynamically (a zeroed
-        int32; w4a16_addmm_'s), signal / gate (w4a16_addmm_'s: down waits on gate/up's rows); trace and counter
-        are unused where the kernel does not run, a signal is refused there (nothing would count the rows). Returns
-        out."""
+        int32; w4a16_addmm_'s); both unused where the kernel does not run. Returns out."""
         from flashscale.kernels import w4a16_prologue
 
         x2d = x.reshape(-1, x.shape[-1])
@@ -117,15 +114,12 @@ class QuantLinear(nn.Module):
             if not kernel or self.packed().perm is not None:  # the kernel's programs cannot: PyTorch first
                 w4a16_prologue.check(prologue, x2d)  # (w4a16_addmm_ checks it where the kernel runs it)
                 w4a16_prologue.reference(prologue, x2d)
-                prologue = gate = None  # in stream order after gate/up: nothing to wait for
-        if signal is not None and not kernel:
-            raise ValueError("signal: this call does not run the ring kernel (M > 8, a bias, no CUDA or a group "
-                             "size it does not take), so nothing would count its rows for a gated launch")
+                prologue = None
         if kernel:
             from flashscale.kernels.w4a16 import w4a16_addmm_
 
             return w4a16_addmm_(out, x2d if x2d.stride(-1) == 1 else x2d.contiguous(), self.packed(),
-                                prologue=prologue, trace=trace, counter=counter, signal=signal, gate=gate)
+                                prologue=prologue, trace=trace, counter=counter)
         return out.add_(self(x2d).float())
 
     def can_accumulate(self, x2d: torch.Tensor) -> bool:
