@@ -460,13 +460,29 @@ DYN_CASES = [  # M, K, N, (bn, kt, ring, per_sm, atomic), prologue: what it exer
 ]
 
 
+def _xnorm_inputs(m: int, k: int, gen: torch.Generator, pro):
+    """(prologue, its reference twin, x, x_ref): with pro an XNorm over random residual / weight / r whose x starts as
+    NaN (the kernel must write it) and x_ref the reference's; without, no prologue and x = x_ref random."""
+    from flashscale.kernels.w4a16_prologue import XNorm, reference
+
+    res = torch.randn(m, k, generator=gen).half()
+    w = (torch.rand(k, generator=gen) + 0.5).half()
+    r = torch.randn(m, k, generator=gen)
+    if not pro:
+        return None, None, res, res
+    make = lambda: XNorm(res=res, weight=w, eps=1e-5, res_out=torch.full_like(res, float("nan")), r=r)  # noqa: E731
+    prologue, ref_pro = make(), make()
+    x, x_ref = torch.full((m, k), float("nan")).half(), torch.zeros(m, k).half()
+    reference(ref_pro, x_ref)
+    return prologue, ref_pro, x, x_ref
+
+
 @pytest.mark.parametrize("m,k,n,cfg,pro", DYN_CASES)
 def test_dyn_add_mode_takes_every_item_once(m, k, n, cfg, pro):
     """launch(add=True, counter=...) (the DYN build: chunks of items taken from an atomic counter after each
     program's first): out gets x @ W as the static split's launch does (the same items, another summation order), the
     counter ends at the chunks taken (every chunk past the programs' first once, and one empty take a program at
     most); with an XNorm prologue x and the new residual equal the reference bitwise, whole."""
-    from flashscale.kernels.w4a16_prologue import XNorm, reference
     from flashscale.kernels.w4a16_ring import dyn_chunk, launch, ring_grid
 
     gen = torch.Generator().manual_seed(k + n + m)
@@ -475,17 +491,7 @@ def test_dyn_add_mode_takes_every_item_once(m, k, n, cfg, pro):
     c = RingConfig(bn=bn, kt=kt, num_warps=1, ring=ring, per_sm=per_sm, atomic=atomic)
     progs, items, _, _ = ring_grid(k, n, c, per_sm, 4)
     ch = dyn_chunk(items, progs, ring)
-    res = torch.randn(m, k, generator=gen).half()
-    w = (torch.rand(k, generator=gen) + 0.5).half()
-    r = torch.randn(m, k, generator=gen)
-    if pro:
-        make = lambda: XNorm(res=res, weight=w, eps=1e-5, res_out=torch.full_like(res, float("nan")), r=r)  # noqa: E731
-        prologue, ref_pro = make(), make()
-        x, x_ref = torch.full((m, k), float("nan")).half(), torch.zeros(m, k).half()
-        reference(ref_pro, x_ref)
-    else:
-        prologue, x = None, res
-        x_ref = x
+    prologue, ref_pro, x, x_ref = _xnorm_inputs(m, k, gen, pro)
     out, ctr = torch.zeros(m, n), torch.zeros(1, dtype=torch.int32)
     launch(x, p, None, out, c, per_sm, add=True, prologue=prologue, counter=ctr)
     if pro:
@@ -510,7 +516,6 @@ def test_late_shares_take_every_item_once(m, k, n, cfg, pro):
     """RingConfig.late < 8 (add mode): the last programs take late / 8 of a share, the others more; out gets the
     even split's x @ W (the same items, partials summed in another order), an XNorm prologue's x and new residual
     equal the reference bitwise; the split is uneven as asked (late_cut)."""
-    from flashscale.kernels.w4a16_prologue import XNorm, reference
     from flashscale.kernels.w4a16_ring import late_cut, launch, ring_grid
 
     gen = torch.Generator().manual_seed(k + n + m + 1)
@@ -520,17 +525,7 @@ def test_late_shares_take_every_item_once(m, k, n, cfg, pro):
     progs, items, _, _ = ring_grid(k, n, c, per_sm, 4)  # the interpreter's 4 SMs
     cut = late_cut(progs, items, per_sm, c)
     assert cut == progs - progs * share // per_sm < progs
-    res = torch.randn(m, k, generator=gen).half()
-    w = (torch.rand(k, generator=gen) + 0.5).half()
-    r = torch.randn(m, k, generator=gen)
-    if pro:
-        make = lambda: XNorm(res=res, weight=w, eps=1e-5, res_out=torch.full_like(res, float("nan")), r=r)  # noqa: E731
-        prologue, ref_pro = make(), make()
-        x, x_ref = torch.full((m, k), float("nan")).half(), torch.zeros(m, k).half()
-        reference(ref_pro, x_ref)
-    else:
-        prologue, x = None, res
-        x_ref = x
+    prologue, ref_pro, x, x_ref = _xnorm_inputs(m, k, gen, pro)
     out = torch.zeros(m, n)
     launch(x, p, None, out, c, per_sm, add=True, prologue=prologue)
     if pro:
