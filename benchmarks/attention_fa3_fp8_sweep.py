@@ -45,12 +45,12 @@ import dataclasses
 import datetime
 import json
 import os
-import selectors
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from sweep_procs import Proc, emit, pump  # (benchmarks/: the script's own folder)
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENS, HIDDEN = 16384, 2048
@@ -61,10 +61,6 @@ IMPL = "flashscale_fa3_fp8"
 
 def flops(batch, seqlen, heads, hdim, causal):
     return 4.0 * batch * seqlen * seqlen * heads * hdim / (2 if causal else 1)
-
-
-def _emit(**kw):
-    print(json.dumps(kw), flush=True)
 
 
 def _quant_block_n(cfg) -> int:
@@ -92,10 +88,10 @@ def _compile_worker(jobs):
         try:
             fp8.precompile(*x.args(), causal=causal, block_n=qbn, config=cfg,
                            v_key_perm=cfg.v_perm)  # (256 keys: whole 32-key groups; the order does not matter here)
-            _emit(event="compiled", hdim=hdim, causal=causal, variant=name, s=round(time.time() - t0, 2))
+            emit(event="compiled", hdim=hdim, causal=causal, variant=name, s=round(time.time() - t0, 2))
         except Exception as e:  # noqa: BLE001 - any failure is a result of the sweep
-            _emit(event="compile_error", hdim=hdim, causal=causal, variant=name,
-                  error=f"{type(e).__name__}: {e}"[:2000])
+            emit(event="compile_error", hdim=hdim, causal=causal, variant=name,
+                 error=f"{type(e).__name__}: {e}"[:2000])
 
 
 def _rmse(a, b):
@@ -112,8 +108,8 @@ def _bench_worker(groups, tol, warmup, rep):
     from flashscale.ops import quantize_fp8
     from flashscale.reference.attention_fp8 import Fp8Inputs, attention_fp8_quantized_ref
 
-    _emit(event="info", gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-          sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    emit(event="info", gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+         sms=torch.cuda.get_device_properties(0).multi_processor_count)
     bench = lambda f: triton.testing.do_bench(f, warmup=warmup, rep=rep, return_mode="median")  # noqa: E731
     for hdim, causal, seqlen, names, with_base in groups:
         heads, batch = HIDDEN // hdim, TOKENS // seqlen
@@ -128,13 +124,13 @@ def _bench_worker(groups, tol, warmup, rep):
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
 
-        _emit(event="start", variant="sdpa_cudnn", **shape)
+        emit(event="start", variant="sdpa_cudnn", **shape)
         ref = cudnn().transpose(1, 2)  # (B, S, H, D) bf16: the near-exact reference of the error budget
         torch.cuda.synchronize()
         if with_base:
             ms = bench(cudnn)
-            _emit(event="row", impl="sdpa_cudnn", variant="sdpa_cudnn", ms=ms, tflops=fl / ms * 1e-9, ms_e2e=None,
-                  tflops_e2e=None, max_err=None, rmse_vs_emu=None, rmse_emu=None, status="ok", **shape)
+            emit(event="row", impl="sdpa_cudnn", variant="sdpa_cudnn", ms=ms, tflops=fl / ms * 1e-9, ms_e2e=None,
+                 tflops_e2e=None, max_err=None, rmse_vs_emu=None, rmse_emu=None, status="ok", **shape)
         xs, emus = {}, {}
 
         def quantized(qbn):
@@ -158,7 +154,7 @@ def _bench_worker(groups, tol, warmup, rep):
             return emus[(qbn, tile)]
 
         def check_and_time(impl, name, fields, qbn, tile, run, run_e2e):
-            _emit(event="start", variant=name, **shape)
+            emit(event="start", variant=name, **shape)
             try:
                 out = run()
                 torch.cuda.synchronize()
@@ -168,18 +164,18 @@ def _bench_worker(groups, tol, warmup, rep):
                 base = dict(impl=impl, variant=name, quant_block_n=qbn, max_err=err, rmse_vs_emu=r, rmse_emu=e_emu,
                             **fields, **shape)
                 if not (torch.isfinite(out).all().item() and r <= tol * e_emu):  # NaN included
-                    _emit(event="row", ms=None, tflops=None, ms_e2e=None, tflops_e2e=None, status="mismatch",
-                          error=f"rmse vs emulation {r:.3g} > {tol} x {e_emu:.3g} (max abs {err:.3g})", **base)
+                    emit(event="row", ms=None, tflops=None, ms_e2e=None, tflops_e2e=None, status="mismatch",
+                         error=f"rmse vs emulation {r:.3g} > {tol} x {e_emu:.3g} (max abs {err:.3g})", **base)
                     return
                 del out
                 ms = bench(run)
                 ms_e2e = bench(run_e2e)
-                _emit(event="row", ms=ms, tflops=fl / ms * 1e-9, ms_e2e=ms_e2e, tflops_e2e=fl / ms_e2e * 1e-9,
-                      status="ok", **base)
+                emit(event="row", ms=ms, tflops=fl / ms * 1e-9, ms_e2e=ms_e2e, tflops_e2e=fl / ms_e2e * 1e-9,
+                     status="ok", **base)
             except Exception as e:  # noqa: BLE001
-                _emit(event="row", impl=impl, variant=name, quant_block_n=qbn, ms=None, tflops=None, ms_e2e=None,
-                      tflops_e2e=None, max_err=None, rmse_vs_emu=None, rmse_emu=None, status="error",
-                      error=f"{type(e).__name__}: {e}"[:2000], **fields, **shape)
+                emit(event="row", impl=impl, variant=name, quant_block_n=qbn, ms=None, tflops=None, ms_e2e=None,
+                     tflops_e2e=None, max_err=None, rmse_vs_emu=None, rmse_emu=None, status="error",
+                     error=f"{type(e).__name__}: {e}"[:2000], **fields, **shape)
                 os._exit(2)  # the CUDA context may be broken: the parent starts a fresh worker for the rest
 
         if with_base:  # the Triton FP8 kernel, its default tile, 128-row quantization blocks
@@ -210,87 +206,10 @@ def _bench_worker(groups, tol, warmup, rep):
                                                                                        v_key_perm=p)))
         del q, k, v, qt, kt, vt, ref, xs, emus
         torch.cuda.empty_cache()
-    _emit(event="done")
+    emit(event="done")
 
 
 # ---- parent: never touches the GPU (it imports the config table only); spawns the workers, keeps the clock --
-
-class _Proc:
-    """A worker subprocess in its own process group, its stdout read line by line (JSON events)."""
-
-    def __init__(self, mode, payload, args):
-        env = dict(os.environ)
-        env["PYTHONPATH"] = str(REPO / "src") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", mode, "--payload", json.dumps(payload),
-               "--tol", str(args.tol), "--warmup", str(args.warmup), "--rep", str(args.rep)]
-        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=str(REPO),
-                                  start_new_session=True)
-        self.last = time.time()
-        self.stderr_tail = []
-        self.partial = {"out": b"", "err": b""}
-
-    def kill(self):
-        if self.p.poll() is None:
-            try:
-                os.killpg(self.p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            self.p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-def _pump(procs, deadline, on_event, stall=None, on_stall=None):
-    """Read events from the processes until all exit or the deadline passes (then kill the rest).
-    With `stall`: a process silent for that long is handed to on_stall (which kills it)."""
-    sel = selectors.DefaultSelector()
-    for pr in procs:
-        sel.register(pr.p.stdout, selectors.EVENT_READ, (pr, "out"))
-        sel.register(pr.p.stderr, selectors.EVENT_READ, (pr, "err"))
-    live = {id(pr): 2 for pr in procs}  # open streams per process
-    while live:
-        if time.time() > deadline:
-            for pr in procs:
-                pr.kill()
-            return False
-        for key, _ in sel.select(timeout=1.0):
-            pr, kind = key.data
-            chunk = os.read(key.fileobj.fileno(), 1 << 16)  # raw reads: no line buffer hides data from select
-            if not chunk:
-                sel.unregister(key.fileobj)
-                live[id(pr)] -= 1
-                if not live[id(pr)]:
-                    del live[id(pr)]
-                continue
-            *lines, pr.partial[kind] = (pr.partial[kind] + chunk).split(b"\n")
-            for raw in lines:
-                line = raw.decode(errors="replace").rstrip()
-                if kind == "err":
-                    pr.stderr_tail = (pr.stderr_tail + [line])[-40:]
-                    continue
-                pr.last = time.time()
-                try:
-                    ev = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if id(pr) in live:
-                    on_event(pr, ev)
-        if stall is not None:
-            for pr in procs:
-                if id(pr) in live and time.time() - pr.last > stall:
-                    on_stall(pr)
-                    for f in (pr.p.stdout, pr.p.stderr):
-                        try:
-                            sel.unregister(f)
-                        except (KeyError, ValueError):
-                            pass
-                    live.pop(id(pr), None)
-    for pr in procs:
-        pr.p.wait()
-    return True
-
 
 def _variants(hdim, only):
     sys.path.insert(0, str(REPO / "src"))
@@ -358,8 +277,8 @@ def main():
             print(f"COMPILE ERROR d={key[0]} causal={key[1]} {key[2]}: {ev['error'][:300]}", flush=True)
 
     t0 = time.time()
-    procs = [_Proc("compile", ch, args) for ch in chunks if ch]
-    finished = _pump(procs, min(deadline, t0 + args.compile_budget), on_compile)
+    procs = [Proc(Path(__file__).resolve(), "compile", ch, args) for ch in chunks if ch]
+    finished = pump(procs, min(deadline, t0 + args.compile_budget), on_compile)
     for pr in procs:
         if pr.p.returncode not in (0, None) and pr.stderr_tail:
             print(f"compile worker exit {pr.p.returncode}:\n  " + "\n  ".join(pr.stderr_tail[-8:]), flush=True)
@@ -431,8 +350,8 @@ def main():
         if not groups:
             break
         n_done = len(done)
-        pr = _Proc("bench", groups, args)
-        _pump([pr], deadline, on_bench, stall=args.stall, on_stall=on_stall)
+        pr = Proc(Path(__file__).resolve(), "bench", groups, args)
+        pump([pr], deadline, on_bench, stall=args.stall, on_stall=on_stall)
         key = current.get(id(pr))
         if pr.p.returncode not in (0, -signal.SIGKILL) and key is not None and key not in done:
             print(f"bench worker exit {pr.p.returncode}:\n  " + "\n  ".join(pr.stderr_tail[-12:]), flush=True)

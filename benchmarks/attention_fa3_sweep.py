@@ -30,12 +30,12 @@ import dataclasses
 import datetime
 import json
 import os
-import selectors
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from sweep_procs import Proc, emit, pump  # (benchmarks/: the script's own folder)
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENS, HIDDEN = 16384, 2048
@@ -45,10 +45,6 @@ SEQLENS = {64: (2048, 16384), 128: (2048, 4096, 8192, 16384), 256: (2048, 16384)
 
 def flops(batch, seqlen, heads, hdim, causal):
     return 4.0 * batch * seqlen * seqlen * heads * hdim / (2 if causal else 1)
-
-
-def _emit(**kw):
-    print(json.dumps(kw), flush=True)
 
 
 # ---- workers (subprocesses; they import torch and touch the GPU) ------------------------------------------
@@ -65,10 +61,10 @@ def _compile_worker(jobs):
         t0 = time.time()
         try:
             fa3.precompile(q, kv, kv, causal=causal, config=cfg)
-            _emit(event="compiled", hdim=hdim, causal=causal, variant=name, s=round(time.time() - t0, 2))
+            emit(event="compiled", hdim=hdim, causal=causal, variant=name, s=round(time.time() - t0, 2))
         except Exception as e:  # noqa: BLE001 - any failure is a result of the sweep
-            _emit(event="compile_error", hdim=hdim, causal=causal, variant=name,
-                  error=f"{type(e).__name__}: {e}"[:2000])
+            emit(event="compile_error", hdim=hdim, causal=causal, variant=name,
+                 error=f"{type(e).__name__}: {e}"[:2000])
 
 
 def _bench_worker(groups, tol, warmup, rep):
@@ -78,8 +74,8 @@ def _bench_worker(groups, tol, warmup, rep):
 
     from flashscale.kernels import attention_fa3 as fa3
 
-    _emit(event="info", gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-          sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    emit(event="info", gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+         sms=torch.cuda.get_device_properties(0).multi_processor_count)
     for hdim, causal, seqlen, names, with_cudnn in groups:
         heads, batch = HIDDEN // hdim, TOKENS // seqlen
         shape = dict(hdim=hdim, causal=causal, seqlen=seqlen, batch=batch, heads=heads)
@@ -93,117 +89,39 @@ def _bench_worker(groups, tol, warmup, rep):
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
 
-        _emit(event="start", variant="sdpa_cudnn", **shape)
+        emit(event="start", variant="sdpa_cudnn", **shape)
         ref = cudnn().transpose(1, 2).float()
         torch.cuda.synchronize()
         if with_cudnn:
             ms = triton.testing.do_bench(cudnn, warmup=warmup, rep=rep, return_mode="median")
-            _emit(event="row", impl="sdpa_cudnn", variant="sdpa_cudnn", ms=ms, tflops=fl / ms * 1e-9, max_err=0.0,
-                  status="ok", **shape)
+            emit(event="row", impl="sdpa_cudnn", variant="sdpa_cudnn", ms=ms, tflops=fl / ms * 1e-9, max_err=0.0,
+                 status="ok", **shape)
         for name in names:
             cfg = fa3.TUNING_CONFIGS[hdim][name]
             fields = dataclasses.asdict(cfg)
-            _emit(event="start", variant=name, **shape)
+            emit(event="start", variant=name, **shape)
             try:
                 out, _ = fa3.attention_fa3_fwd(q, k, v, causal=causal, config=cfg)
                 torch.cuda.synchronize()
                 err = (out.float() - ref).abs().max().item()
                 if not err <= tol:  # NaN included
-                    _emit(event="row", impl="fa3", variant=name, ms=None, tflops=None, max_err=err, status="mismatch",
-                          error=f"max abs err {err:.3g} vs SDPA-cuDNN > {tol}", **fields, **shape)
+                    emit(event="row", impl="fa3", variant=name, ms=None, tflops=None, max_err=err, status="mismatch",
+                         error=f"max abs err {err:.3g} vs SDPA-cuDNN > {tol}", **fields, **shape)
                     continue
                 ms = triton.testing.do_bench(lambda: fa3.attention_fa3_fwd(q, k, v, causal=causal, config=cfg),
                                              warmup=warmup, rep=rep, return_mode="median")
-                _emit(event="row", impl="fa3", variant=name, ms=ms, tflops=fl / ms * 1e-9, max_err=err, status="ok",
-                      **fields, **shape)
+                emit(event="row", impl="fa3", variant=name, ms=ms, tflops=fl / ms * 1e-9, max_err=err, status="ok",
+                     **fields, **shape)
             except Exception as e:  # noqa: BLE001
-                _emit(event="row", impl="fa3", variant=name, ms=None, tflops=None, max_err=None, status="error",
-                      error=f"{type(e).__name__}: {e}"[:2000], **fields, **shape)
+                emit(event="row", impl="fa3", variant=name, ms=None, tflops=None, max_err=None, status="error",
+                     error=f"{type(e).__name__}: {e}"[:2000], **fields, **shape)
                 os._exit(2)  # the CUDA context may be broken: the parent starts a fresh worker for the rest
         del q, k, v, qt, kt, vt, ref
         torch.cuda.empty_cache()
-    _emit(event="done")
+    emit(event="done")
 
 
 # ---- parent: never touches the GPU (it imports the config table only); spawns the workers, keeps the clock --
-
-class _Proc:
-    """A worker subprocess in its own process group, its stdout read line by line (JSON events)."""
-
-    def __init__(self, mode, payload, args):
-        env = dict(os.environ)
-        env["PYTHONPATH"] = str(REPO / "src") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", mode, "--payload", json.dumps(payload),
-               "--tol", str(args.tol), "--warmup", str(args.warmup), "--rep", str(args.rep)]
-        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=str(REPO),
-                                  start_new_session=True)
-        self.last = time.time()
-        self.stderr_tail = []
-        self.partial = {"out": b"", "err": b""}
-
-    def kill(self):
-        if self.p.poll() is None:
-            try:
-                os.killpg(self.p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            self.p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-def _pump(procs, deadline, on_event, stall=None, on_stall=None):
-    """Read events from the processes until all exit or the deadline passes (then kill the rest).
-    With `stall`: a process silent for that long is handed to on_stall (which kills it)."""
-    sel = selectors.DefaultSelector()
-    for pr in procs:
-        sel.register(pr.p.stdout, selectors.EVENT_READ, (pr, "out"))
-        sel.register(pr.p.stderr, selectors.EVENT_READ, (pr, "err"))
-    live = {id(pr): 2 for pr in procs}  # open streams per process
-    while live:
-        now = time.time()
-        if now > deadline:
-            for pr in procs:
-                pr.kill()
-            return False
-        for key, _ in sel.select(timeout=1.0):
-            pr, kind = key.data
-            chunk = os.read(key.fileobj.fileno(), 1 << 16)  # raw reads: no line buffer hides data from select
-            if not chunk:
-                sel.unregister(key.fileobj)
-                live[id(pr)] -= 1
-                if not live[id(pr)]:
-                    del live[id(pr)]
-                continue
-            *lines, pr.partial[kind] = (pr.partial[kind] + chunk).split(b"\n")
-            for raw in lines:
-                line = raw.decode(errors="replace").rstrip()
-                if kind == "err":
-                    pr.stderr_tail = (pr.stderr_tail + [line])[-40:]
-                    continue
-                pr.last = time.time()
-                try:
-                    ev = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if id(pr) in live:
-                    on_event(pr, ev)
-        if stall is not None:
-            for pr in procs:
-                if id(pr) in live and time.time() - pr.last > stall:
-                    on_stall(pr)
-                    for f in (pr.p.stdout, pr.p.stderr):
-                        try:
-                            sel.unregister(f)
-                        except (KeyError, ValueError):
-                            pass
-                    live.pop(id(pr), None)
-    for pr in procs:
-        pr.p.wait()
-    return True
-
 
 def _variants(hdim, only):
     sys.path.insert(0, str(REPO / "src"))
@@ -264,8 +182,8 @@ def main():
             print(f"COMPILE ERROR d={key[0]} causal={key[1]} {key[2]}: {ev['error'][:300]}", flush=True)
 
     t0 = time.time()
-    procs = [_Proc("compile", ch, args) for ch in chunks if ch]
-    finished = _pump(procs, min(deadline, t0 + args.compile_budget), on_compile)
+    procs = [Proc(Path(__file__).resolve(), "compile", ch, args) for ch in chunks if ch]
+    finished = pump(procs, min(deadline, t0 + args.compile_budget), on_compile)
     for pr in procs:
         if pr.p.returncode not in (0, None) and pr.stderr_tail:
             print(f"compile worker exit {pr.p.returncode}:\n  " + "\n  ".join(pr.stderr_tail[-8:]), flush=True)
@@ -334,8 +252,8 @@ def main():
         if not groups:
             break
         n_done = len(done)
-        pr = _Proc("bench", groups, args)
-        _pump([pr], deadline, on_bench, stall=args.stall, on_stall=on_stall)
+        pr = Proc(Path(__file__).resolve(), "bench", groups, args)
+        pump([pr], deadline, on_bench, stall=args.stall, on_stall=on_stall)
         key = current.get(id(pr))
         if pr.p.returncode not in (0, -signal.SIGKILL) and key is not None and key not in done:
             # a crash (not a hang) on the config it was running: record it, go on with the rest
