@@ -13,9 +13,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from sweep_procs import Proc, pump  # noqa: E402
 
-WORKER = textwrap.dedent("""
+WORKER = textwrap.dedent(f"""
     import json, sys, time
-    sys.path.insert(0, sys.argv[0].rsplit("/", 1)[0])
+    sys.path.insert(0, {str(ROOT / "benchmarks")!r})
     args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
     mode, payload = args["--worker"], json.loads(args["--payload"])
     from sweep_procs import emit
@@ -33,7 +33,6 @@ ARGS = SimpleNamespace(tol=0.02, warmup=5, rep=20)
 def _worker(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    (tmp_path / "sweep_procs.py").write_text((ROOT / "benchmarks" / "sweep_procs.py").read_text())
     return script
 
 
