@@ -1,10 +1,11 @@
 """Test setup: Triton's interpreter on CPU-only machines, `gpu` and `slow` markers.
 
 The tests not marked `gpu` are written for the interpreter (what CI runs): many launch kernels on CPU tensors. Where
-Triton compiles for a GPU instead (CUDA present, TRITON_INTERPRET unset), such a launch fails in Triton's launcher
-("cannot be accessed from Triton (cpu tensor?)"); those tests are reported as skipped with that reason rather than
-failed, so a whole-suite run on a GPU machine shows the real failures. Run them there with TRITON_INTERPRET=1, or on
-a CPU machine; the GPU's own checks are the `gpu` tests (`-m gpu`)."""
+Triton compiles for a GPU instead (CUDA present, TRITON_INTERPRET unset), such a launch is refused by our entry points
+(kernels.interpreter.NeedsInterpreter) or fails in Triton's launcher ("cannot be accessed from Triton (cpu
+tensor?)"); those tests are reported as skipped with that reason rather than failed, so a whole-suite run on a GPU
+machine shows the real failures. Run them there with TRITON_INTERPRET=1, or on a CPU machine; the GPU's own checks
+are the `gpu` tests (`-m gpu`)."""
 
 import os
 
@@ -44,6 +45,20 @@ def _seed():
     torch.manual_seed(0)
 
 
+def _needs_interpreter(exc: BaseException | None) -> bool:
+    """The failure, or an exception it was raised from (pytest.raises(match=...) meeting another error), is a CPU
+    tensor refused by a kernel that compiles for the GPU."""
+    from flashscale.kernels.interpreter import NeedsInterpreter
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, NeedsInterpreter) or _CPU_TENSOR_LAUNCH in str(exc):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """An interpreter test (not `gpu`) whose kernel got CPU tensors where Triton compiles for the GPU: skipped, with
@@ -51,7 +66,7 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
     if (_COMPILED and call.when == "call" and rep.failed and "gpu" not in item.keywords and call.excinfo is not None
-            and _CPU_TENSOR_LAUNCH in str(call.excinfo.value)):
+            and _needs_interpreter(call.excinfo.value)):
         rep.outcome = "skipped"
         rep.longrepr = (str(item.path), item.location[1] or 0,
                         "an interpreter test (its kernel got CPU tensors where Triton compiles for the GPU): run it "

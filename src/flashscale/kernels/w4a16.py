@@ -34,6 +34,7 @@ import triton
 import triton.testing
 from triton.runtime.errors import OutOfResources
 
+from flashscale.kernels.interpreter import require_launchable
 from flashscale.kernels.pdl import active as pdl_active
 from flashscale.kernels.pdl import l2_prefetch_active, launch_options, pre_l2_items, trigger_active
 from flashscale.kernels.w4a16_common import MAGIC_ONE, split_k_slices, split_k_workspace
@@ -636,6 +637,8 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
     else:
         raise ValueError(f"kernel={kernel!r}; expected None, 'gemv', 'gemm', 'decode', 'ring' or 'wgmma'")
 
+    require_launchable(x2d, "x2d", "w4a16_matmul")
+
     def split_of(c):
         if _is_wgmma(c):
             return c.split_k  # 0: w4a16_wgmma's auto split
@@ -694,6 +697,7 @@ def w4a16_addmm_(out: torch.Tensor, x2d: torch.Tensor, p: PackedW4, *, prologue=
                              "prologue's reference first instead")
     if m == 0:
         return out
+    require_launchable(x2d, "x2d", "w4a16_addmm_")
     key = _tune_key("ring-add" + w4a16_prologue.mode_name(prologue), m_bucket(m) if m > 1 else 1, x2d, p)
     scratch = []
 

@@ -18,6 +18,7 @@ import weakref
 
 import torch
 
+from flashscale.kernels.interpreter import require_launchable
 from flashscale.ops.attention_op import PATHS, AttentionFunction, attention_fwd_op
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -284,8 +285,7 @@ def attention(
     if impl == "triton":
         if q.dtype == torch.float64:
             raise ValueError("impl='triton' takes float16, bfloat16 or float32; float64 runs on impl='reference'")
-        if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError(f"impl='triton' needs a CUDA tensor (q is on {q.device}) or TRITON_INTERPRET=1")
+        require_launchable(q, "q", "attention(impl='triton')")
 
     if impl == "fa3" or (impl == "auto" and _auto_takes_fa3(q, max_seqlen_q, varlen, causal)):
         why = fa3_unsupported(q, k, v, varlen=varlen, left=left, right=right, causal=causal, softcap=softcap,

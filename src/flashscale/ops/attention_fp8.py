@@ -27,11 +27,11 @@ backward: the gradients are the bf16 path's for the incoming dO, at the cost of 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 
+from flashscale.kernels.interpreter import require_launchable
 from flashscale.reference.attention_fp8 import (DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, E4M3, Fp8Inputs,
                                                 attention_fp8_quantized_ref, padded_len, permute_v_keys,
                                                 quantize_qkv_ref, unpermute_v_keys)
@@ -61,7 +61,7 @@ class Fp8QKV:
         return self.q8, self.k8, self.v8, self.q_descale, self.k_descale, self.v_descale
 
 
-def _use_kernel(t: torch.Tensor, impl: str) -> bool:
+def _use_kernel(t: torch.Tensor, impl: str, name: str = "q") -> bool:
     from flashscale.kernels.attention_tune import capability  # kernels load on first use
 
     if impl not in _IMPLS:
@@ -69,8 +69,7 @@ def _use_kernel(t: torch.Tensor, impl: str) -> bool:
     if impl == "emulation":
         return False
     if impl == "triton":
-        if not t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError(f"impl='triton' needs a CUDA tensor (got {t.device}) or TRITON_INTERPRET=1")
+        require_launchable(t, name, "attention_fp8(impl='triton')")
         return True
     if impl == "fa3":  # the pre-pass then runs its Triton kernel; attention_fp8_quantized asks the Gluon
         # kernel whether it takes the inputs and says why not
@@ -191,7 +190,7 @@ def attention_fp8_quantized(q8, k8, v8, q_descale, k_descale, v_descale, *, caus
     if out_dtype not in _IN_DTYPES:
         raise TypeError(f"out_dtype must be bfloat16, float16 or float32; got {out_dtype}")
     scale = _scale(softmax_scale, D)
-    if _use_kernel(q8, impl) and impl in ("auto", "fa3"):
+    if _use_kernel(q8, impl, "q8") and impl in ("auto", "fa3"):
         from flashscale.kernels import attention_fa3_fp8 as fa3
 
         fa3_config = config if isinstance(config, fa3.FA3Fp8Config) else None
@@ -207,7 +206,7 @@ def attention_fp8_quantized(q8, k8, v8, q_descale, k_descale, v_descale, *, caus
             raise ValueError(f"impl='fa3' cannot take these inputs: {why}; use impl='auto' or 'triton'")
     if v_key_perm:  # the Triton kernel and the emulation read V^T's keys in natural order
         v8 = unpermute_v_keys(v8, Sk)
-    if _use_kernel(q8, impl):
+    if _use_kernel(q8, impl, "q8"):
         from flashscale.kernels.attention_fp8 import attention_fp8_fwd
 
         out = torch.empty((B, Sq, H, D), dtype=out_dtype, device=q8.device)

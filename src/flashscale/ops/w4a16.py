@@ -7,7 +7,6 @@ kernels, which on a CPU run under Triton's interpreter (TRITON_INTERPRET=1, as t
 
 from __future__ import annotations
 
-import os
 
 import torch
 
@@ -52,9 +51,6 @@ def w4a16_linear(x: torch.Tensor, packed: PackedW4, bias: torch.Tensor | None = 
         return w4a16_linear_ref(x, packed, bias)
     if x.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"the W4A16 kernels take float16 or bfloat16 x, got {x.dtype}; use impl='reference'")
-    if not x.is_cuda and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        raise ValueError("impl='triton' on a CPU tensor needs Triton's interpreter (TRITON_INTERPRET=1 "
-                         "set before triton is imported)")
     g, k = packed.group_size, packed.in_features
     if g != k and g % 16:
         raise ValueError(f"the W4A16 kernels take group sizes that are multiples of 16 (32, 64, 128, ...) or one "
