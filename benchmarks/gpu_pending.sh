@@ -22,6 +22,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace32   # ~6 min: the decode step's timeline, e2e rows
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace32b  # ~3 min: the timeline, late starters, variants
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh final32   # ~10 min: e2e rows (+tuned), GPU tests, trace
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh pre36     # ~6 min: FP8 GPU files, the FP8 grid (pre-pass rule)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh suite35   # ~9.5 min: the whole suite on the GPU (grep FAILED)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh late34    # ~9.5 min: e2e rows +lateN, timelines, GPU tests
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh dyn33     # ~12 min (ran over 10): DYN tests, e2e +dyn, trace
@@ -235,6 +236,11 @@ case "${1:-}" in
   trace32)  # session 32: the decode step's timeline (decode_step_trace.py), then the e2e rows again (XAttn off)
     step trace 200 "$PY" benchmarks/decode_step_trace.py --out "$OUT"
     step e2e 420 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT" ;;
+  pre36)  # session 36: the pre-pass's measured rule (auto_warps / auto_hmat, V^T pieces from 8192 values, the signs and
+    # the signed matrix made once a device): the FP8 GPU files whole, then the FP8 grid (its prepass / e2e rows)
+    step fp8_tests 130 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
+      tests/kernels/test_attention_fa3_fp8_gpu.py tests/kernels/test_attention_fp8_gpu.py
+    step fp8 200 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT" ;;
   suite35)  # next session: the whole test suite on the GPU without the interpreter (session 35 saw ~110 interpreter
     # tests fail there, launching on CPU tensors; conftest now reports those as skipped): what is left failing is real.
     # -v output goes to the log as tests end, so a step timeout still leaves the list

@@ -54,8 +54,8 @@ def test_prepass_matches_reference(d, method):
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("block", [128, 256])
 def test_prepass_in_pieces(d, block):
-    """The pre-pass in pieces of 8192 // D rows (the block read twice; auto_chunk's choice for V^T past 128 x 128
-    values and for Q/K past 128 x 256), ragged last block: V^T (keys permuted) the same bytes and descales as
+    """The pre-pass in pieces of 8192 // D rows (the block read twice; auto_chunk's choice for V^T past 8192 values
+    and for Q/K past 128 x 256), ragged last block: V^T (keys permuted) the same bytes and descales as
     whole blocks (chunk=0); Q/K (Hadamard) against the reference as test_prepass_matches_reference allows (descales
     within 1e-6, values within one e4m3 step on under 1 % of them), and whole blocks the same way where they
     compile (up to 128 x 256 values; past that chunk=0 is refused)."""
@@ -74,6 +74,11 @@ def test_prepass_in_pieces(d, block):
             hadamard_quant(x, block=block, chunk=0, hadamard=True, seed=3)
     else:
         outs.append(hadamard_quant(x, block=block, chunk=0, hadamard=True, seed=3))
+    # the signed matrix read from memory, and pipelined pieces: the same bytes as built in registers
+    for kw in (dict(chunk=rows, hmat=True, num_stages=3 if d <= 128 else 1), dict(chunk=0 if block * d <= 128 * 256 else rows, hmat=True)):
+        alt, base = (hadamard_quant(x, block=block, hadamard=True, seed=3, chunk=kw["chunk"], **extra)
+                     for extra in ({k: v for k, v in kw.items() if k != "chunk"}, dict(hmat=False)))
+        assert torch.equal(alt[1], base[1]) and torch.equal(alt[0].view(torch.uint8), base[0].view(torch.uint8)), kw
     for y, desc in outs:
         assert torch.allclose(desc, rd, rtol=1e-6, atol=0)
         diff = (y.float() - r8.float()).abs()

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from flashscale.kernels.hadamard import auto_chunk, hadamard_quant, padded_len
+from flashscale.kernels.hadamard import auto_chunk, auto_hmat, auto_warps, hadamard_quant, padded_len
 from flashscale.reference.attention_fp8 import (E4M3, E4M3_MAX, FLOOR, dequantize_blocks_ref, hadamard_matrix,
                                                 hadamard_ref, quantize_blocks_ref, random_signs)
 
@@ -161,7 +161,34 @@ def test_chunked_blocks_give_the_same_bits(kw):
         else:
             assert torch.equal(pieces[0], whole[0]), chunk
     assert auto_chunk(256, 128, transpose=True) == 64 and auto_chunk(128, 256, transpose=True) == 32
-    assert auto_chunk(256, 128) == 0 and auto_chunk(256, 256) == 32 and auto_chunk(128, 128, transpose=True) == 0
+    assert auto_chunk(256, 128) == 0 and auto_chunk(256, 256) == 32 and auto_chunk(128, 128, transpose=True) == 64
+    assert auto_chunk(128, 64, transpose=True) == 0
+    # whole Q/K blocks at 128 values a thread, the matrix from memory from 8 warps; V^T pieces at 4 warps
+    assert (auto_warps(128, 128), auto_warps(256, 128), auto_warps(128, 256), auto_warps(64, 128, True)) == (4, 8, 8, 4)
+    assert not auto_hmat(128, 128, 4) and auto_hmat(256, 128, 8) and auto_hmat(128, 256, 8)
     for bad in (24, 128, -16, 8):
         with pytest.raises(ValueError, match="chunk"):
             hadamard_quant(x, block=64, chunk=bad, **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+def test_signed_matrix_from_memory_and_staged_pieces_give_the_same_bits(dtype):
+    """hmat=True (diag(signs) @ H read from memory: the same +-1 products as the signs applied to x, then H built in
+    registers) and num_stages > 1 (the pieces' loads pipelined) change where values come from, not what is summed:
+    the same scaled values bit for bit, the same descales. Misuse is refused by name."""
+    x = torch.randn(1, 96, 2, 64, dtype=dtype) * 2
+    x[0, 40, 1, 7] = 50.0
+    for chunk in (0, 16):
+        ref = hadamard_quant(x, block=32, hadamard=True, seed=5, chunk=chunk, out_dtype=torch.float32)
+        for kw in (dict(hmat=True), dict(num_stages=2), dict(hmat=True, num_stages=3)):
+            got = hadamard_quant(x, block=32, hadamard=True, seed=5, chunk=chunk, out_dtype=torch.float32, **kw)
+            assert torch.equal(got[1], ref[1]) and torch.equal(got[0], ref[0]), (chunk, kw)
+    v = hadamard_quant(x, block=32, hadamard=False, transpose=True, out_dtype=torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(v, hadamard_quant(x, block=32, hadamard=False, transpose=True,
+                                                                  out_dtype=torch.float32, hmat=True, num_stages=2)))
+    with pytest.raises(ValueError, match="hmat=True .* method='mma'"):
+        hadamard_quant(x, block=32, hadamard=True, method="butterfly", hmat=True)
+    with pytest.raises(ValueError, match="buffer the 128 KB matrix 2 times"):
+        hadamard_quant(torch.randn(1, 32, 1, 256), block=32, hadamard=True, hmat=True, num_stages=2)
+    with pytest.raises(ValueError, match="num_stages must be an int in 1..4"):
+        hadamard_quant(x, block=32, hadamard=True, num_stages=0)

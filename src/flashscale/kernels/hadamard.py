@@ -33,13 +33,14 @@ bit for bit.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import triton
 import triton.language as tl
 
-from flashscale.reference.attention_fp8 import E4M3_MAX, FLOOR, padded_len, random_signs
+from flashscale.reference.attention_fp8 import E4M3_MAX, FLOOR, hadamard_matrix, padded_len, random_signs
 
 _METHODS = ("mma", "butterfly")
 # globals a kernel reads must be constexpr instances (the interpreter does not check this; the compiler does)
@@ -73,13 +74,18 @@ def _hadamard_butterfly(x, R: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr
 @triton.jit
 def _load_transform(X, b, h, rows, offs_d, SIGNS, stride_xb, stride_xs, stride_xh, S, inv_sqrt_d,
                     D: tl.constexpr, LOG2D: tl.constexpr, R: tl.constexpr, HADAMARD: tl.constexpr,
-                    METHOD: tl.constexpr):
+                    METHOD: tl.constexpr, HMAT: tl.constexpr = False):
     """Rows `rows` (R,) of one head -> (R, D) fp32: the signed, normalized Hadamard transform (HADAMARD) or the
-    values as they are; rows past S read as 0 (and raise no amax)."""
+    values as they are; rows past S read as 0 (and raise no amax). HMAT (method "mma"): SIGNS is the (D, D) matrix
+    diag(signs) @ H_D in x's dtype (+-1 entries: the same products, exactly), read from memory (L2 after the first
+    programs) instead of rebuilt in registers by every program."""
     ok = rows[:, None] < S
     x = tl.load(X + b * stride_xb + h * stride_xh + rows[:, None].to(tl.int64) * stride_xs + offs_d[None, :],
                 mask=ok, other=0.0)
-    if HADAMARD:
+    if HADAMARD and HMAT:
+        hm = tl.load(SIGNS + offs_d[:, None] * D + offs_d[None, :])
+        y = tl.dot(x, hm, input_precision="ieee" if x.dtype == tl.float32 else "tf32").to(tl.float32) * inv_sqrt_d
+    elif HADAMARD:
         signs = tl.load(SIGNS + offs_d).to(x.dtype)  # +-1: exact in every float dtype
         x = x * signs[None, :]
         if METHOD == "mma":
@@ -98,7 +104,8 @@ def _hadamard_quant_kernel(
     stride_xb, stride_xs, stride_xh, stride_yb, stride_ys, stride_yh, stride_yd, stride_db, stride_dh,
     H, S, inv_sqrt_d,
     D: tl.constexpr, LOG2D: tl.constexpr, BLOCK: tl.constexpr, HADAMARD: tl.constexpr, METHOD: tl.constexpr,
-    PER_TENSOR: tl.constexpr, KEY_PERM: tl.constexpr = False, CHUNK: tl.constexpr = 0,
+    PER_TENSOR: tl.constexpr, KEY_PERM: tl.constexpr = False, CHUNK: tl.constexpr = 0, HMAT: tl.constexpr = False,
+    STAGES: tl.constexpr = 1,
 ):
     """One quantization block of one head. CHUNK (< BLOCK, dividing it): the block in CHUNK-row pieces, twice
     (the amax, then the quantization; the second read mostly from L2), so a large block holds only a piece in
@@ -114,15 +121,15 @@ def _hadamard_quant_kernel(
     else:
         amax = tl.zeros([], dtype=tl.float32)
         if CHUNK > 0:
-            for c in tl.range(BLOCK // R, loop_unroll_factor=1):
+            for c in tl.range(BLOCK // R, num_stages=STAGES, loop_unroll_factor=1):
                 rows = blk * BLOCK + c * R + tl.arange(0, R)
                 y = _load_transform(X, b, h, rows, offs_d, SIGNS, stride_xb, stride_xs, stride_xh, S, inv_sqrt_d,
-                                    D, LOG2D, R, HADAMARD, METHOD)
+                                    D, LOG2D, R, HADAMARD, METHOD, HMAT)
                 amax = tl.maximum(amax, tl.max(tl.max(tl.abs(y), axis=1), axis=0))
-    for c in tl.range(BLOCK // R, loop_unroll_factor=1):
+    for c in tl.range(BLOCK // R, num_stages=STAGES, loop_unroll_factor=1):
         rows = blk * BLOCK + c * R + tl.arange(0, R)
         y = _load_transform(X, b, h, rows, offs_d, SIGNS, stride_xb, stride_xs, stride_xh, S, inv_sqrt_d,
-                            D, LOG2D, R, HADAMARD, METHOD)
+                            D, LOG2D, R, HADAMARD, METHOD, HMAT)
         if CHUNK == 0 and not PER_TENSOR:
             amax = tl.max(tl.max(tl.abs(y), axis=1), axis=0)
         # IEEE-rounded divisions, as torch does in the reference (Triton's "/" may be approximate on GPU)
@@ -138,27 +145,63 @@ def _hadamard_quant_kernel(
              tl.math.div_rn(tl.maximum(amax, _FLOOR), tl.full([], _E4M3_MAX, tl.float32)))
 
 
-# The most values a whole block may have: past it ptxas spills V^T's kernel (as measured, pieces are faster) and runs
-# out of registers for the Hadamard transform's (it does not compile)
-_WHOLE_MAX_VT = 128 * 128
+# Past this many values a whole block through the Hadamard transform runs out of registers (does not compile)
 _WHOLE_MAX_HADAMARD = 128 * 256
+_PIECE = 8192  # values of a piece: 8192 // D rows
+# The rules below: measured on the H200 (2026-12-04, benchmarks/fp8_prepass_sweep.py,
+# results/fp8-prepass-sweep-h200.json: 16k tokens x 2048, every config's bytes equal to the old default's; kernel
+# time in a CUDA graph, us): V^T in 8192-value pieces at 4 warps 47.5 (D 128, 256-row blocks) / 49.7 (D 256, 128
+# rows) against the old 8 warps' 65.9 / 65.9; Q/K whole blocks with 128 values a thread: D 128 x 128 rows at 4 warps
+# 53.6 (old 8: 65.4), D 128 x 256 rows at 8 warps with the matrix read from memory 61.3 (old 16 warps: 78.0; the
+# best of the sweep, 64-row pieces pipelined, 59.3), D 256 x 128 rows the same way 81.0 (old 16 warps: 126.5; built
+# in registers at 8 warps 104.2). Torch's bf16 -> e4m3 cast of the same tensor: 32.4.
 
 
 def auto_chunk(block: int, D: int, transpose: bool = False) -> int:
-    """Rows a program of the pre-pass holds at once (0: the whole block, read once). Measured on the H200
-    (2026-12-03, results/attention-fp8-h200.json, 16k tokens x 2048): V^T's whole blocks beyond 128 x 128 values
-    spill (ptxas) and ran 0.34-0.39 ms where 8192 // D-row pieces read twice ran 0.11; the Hadamard path's whole
-    blocks were the faster up to 32768 values (D 128: 0.104 / 0.123 ms at 128 / 256 rows against 0.156 / 0.145 in
-    pieces; D 256, 128 rows: 0.168 against 0.222), and past that do not compile (D 256 x 256 rows)."""
-    if block * D <= (_WHOLE_MAX_VT if transpose else _WHOLE_MAX_HADAMARD):
+    """Rows a program of the pre-pass holds at once (0: the whole block, read once): V^T in pieces of 8192 values
+    past that many; Q/K (the Hadamard path) whole up to 128 x 256 values (past that they do not compile), in pieces
+    of 8192 values past it. Measured: the comment above."""
+    if block * D <= (_PIECE if transpose else _WHOLE_MAX_HADAMARD):
         return 0
-    return max(16, 8192 // D)
+    return max(16, _PIECE // D)
+
+
+def auto_warps(rows: int, D: int, transpose: bool = False) -> int:
+    """Warps of a program holding `rows` rows: V^T 64 values a thread (4 warps for a piece; a whole block asked for
+    with chunk=0 gets as many: at 4 warps a 128 x 256 one ran 0.75 ms, 16 warps 0.38), whole Q/K blocks 128 values a
+    thread (at least 4 warps), the old rule (8 warps for a 8192-value Q/K piece) otherwise."""
+    values = rows * D
+    if transpose:
+        return max(4, values // (32 * 64))
+    if values > _PIECE:
+        return max(4, values // (32 * 128))
+    return 4 if values <= 64 * 64 else 8
+
+
+def auto_hmat(rows: int, D: int, warps: int) -> bool:
+    """The signed Hadamard matrix from memory where whole blocks take 8 warps or more (D 128 x 256 rows, D 256 x 128):
+    61.3 / 81.0 us against 71.0 / 104.2 built in registers; at 4 warps (D 128 x 128) building it won, 53.6 / 63.1."""
+    return rows * D > _PIECE and warps >= 8
+
+
+@functools.lru_cache(maxsize=32)
+def _signs(D: int, seed: int, device: torch.device) -> torch.Tensor:
+    """random_signs(D, seed) on `device`, made once (a host-to-device copy on every call otherwise)."""
+    return random_signs(D, seed, device=device)
+
+
+@functools.lru_cache(maxsize=32)
+def _signed_hadamard(D: int, seed: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(D, D) diag(random_signs(D, seed)) @ H_D in `dtype` (+-1 entries, exact), contiguous: the kernel's HMAT."""
+    h = hadamard_matrix(D, dtype=torch.float32, device=device)
+    return (_signs(D, seed, device)[:, None] * h).to(dtype).contiguous()
 
 
 def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0, transpose: bool = False,
                    per_tensor: bool = False, method: str = "mma", num_warps: int | None = None,
                    signs: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float8_e4m3fn,
-                   key_perm: bool = False, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   key_perm: bool = False, chunk: int | None = None, hmat: bool | None = None,
+                   num_stages: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """x (B, S, H, D) fp16/bf16/fp32, D in {16, ..., 256} a power of 2 -> (y8, descale).
 
     y8: e4m3 (B, S, H, D), or with transpose=True (B, H, D, padded_len(S)) (V's layout, zero padding).
@@ -170,7 +213,10 @@ def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0
     chunk: rows a program holds at once (a power of two dividing block; the block is then read twice: its amax,
     then its quantization); 0: the whole block in one read; None: auto_chunk(block, D, transpose), the measured
     faster of the two (the same descales and values either way, up to the transform's fp32 rounding).
-    """
+    num_warps: None = auto_warps. hmat (method "mma", seeded signs): programs read diag(signs) @ H_D as a (D, D)
+    matrix from memory instead of building H_D in registers (the same products: bit for bit the same y); None =
+    auto_hmat where it can apply. num_stages: software pipelining of the loop over a block's pieces (Triton's
+    tl.range num_stages; 1: none)."""
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}; got {method!r}")
     B, S, H, D = x.shape
@@ -192,8 +238,14 @@ def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0
     descale = torch.empty((B, H, nb), dtype=torch.float32, device=x.device)
     if B * H * nb == 0:
         return y, descale
-    if signs is None:
-        signs = random_signs(D, seed, device=x.device)
+    if not isinstance(num_stages, int) or not 1 <= num_stages <= 4:
+        raise ValueError(f"num_stages must be an int in 1..4; got {num_stages!r}")
+    if hmat and (method != "mma" or signs is not None):
+        raise ValueError("hmat=True reads the seeded diag(signs) @ H matrix on the tensor cores: it takes method='mma' "
+                         "and signs=None")
+    if hmat and num_stages > 1 and D * D * 2 * num_stages > 160 * 1024:
+        raise ValueError(f"hmat=True with num_stages={num_stages} at D {D}: the pipelined loop would buffer the "
+                         f"{D * D * 2 // 1024} KB matrix {num_stages} times, past the shared memory; take num_stages=1")
     chunk = auto_chunk(block, D, transpose) if chunk is None else chunk
     if not isinstance(chunk, int) or chunk < 0 or (chunk and (chunk & (chunk - 1) or block % chunk or chunk < 16)):
         raise ValueError(f"chunk must be 0 or a power of two >= 16 dividing block={block}; got {chunk!r}")
@@ -203,7 +255,13 @@ def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0
         raise ValueError(f"chunk=0: a whole {block} x {D} block through the Hadamard transform does not compile "
                          "(ptxas runs out of registers); leave chunk=None (pieces) or take a smaller block")
     rows = chunk or block
-    warps = num_warps or (4 if rows * D <= 64 * 64 else 8 if rows * D <= 128 * 128 else 16)
+    warps = num_warps or auto_warps(rows, D, transpose)
+    if hmat is None:
+        hmat = method == "mma" and signs is None and auto_hmat(rows, D, warps)
+    if hadamard and hmat:
+        signs = _signed_hadamard(D, seed, x.dtype, x.device)
+    elif signs is None:
+        signs = _signs(D, seed, x.device)
 
     def launch(amax=None):
         _hadamard_quant_kernel[(nb, B * H)](
@@ -211,7 +269,8 @@ def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0
             x.stride(0), x.stride(1), x.stride(2), *sy, descale.stride(0), descale.stride(1),
             H, S, 1.0 / math.sqrt(D),
             D=D, LOG2D=D.bit_length() - 1, BLOCK=block, HADAMARD=hadamard, METHOD=method,
-            PER_TENSOR=amax is not None, KEY_PERM=key_perm, CHUNK=chunk, num_warps=warps,
+            PER_TENSOR=amax is not None, KEY_PERM=key_perm, CHUNK=chunk, HMAT=hadamard and hmat, STAGES=num_stages,
+            num_warps=warps,
         )
 
     launch()
