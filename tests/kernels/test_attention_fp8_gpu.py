@@ -75,7 +75,8 @@ def test_prepass_in_pieces(d, block):
     else:
         outs.append(hadamard_quant(x, block=block, chunk=0, hadamard=True, seed=3))
     # the signed matrix read from memory, and pipelined pieces: the same bytes as built in registers
-    for kw in (dict(chunk=rows, hmat=True, num_stages=3 if d <= 128 else 1), dict(chunk=0 if block * d <= 128 * 256 else rows, hmat=True)):
+    whole = 0 if block * d <= 128 * 256 else rows
+    for kw in (dict(chunk=rows, hmat=True, num_stages=3 if d <= 128 else 1), dict(chunk=whole, hmat=True)):
         alt, base = (hadamard_quant(x, block=block, hadamard=True, seed=3, chunk=kw["chunk"], **extra)
                      for extra in ({k: v for k, v in kw.items() if k != "chunk"}, dict(hmat=False)))
         assert torch.equal(alt[1], base[1]) and torch.equal(alt[0].view(torch.uint8), base[0].view(torch.uint8)), kw
@@ -83,6 +84,22 @@ def test_prepass_in_pieces(d, block):
         assert torch.allclose(desc, rd, rtol=1e-6, atol=0)
         diff = (y.float() - r8.float()).abs()
         assert torch.all(diff <= 2.0 ** -3 * r8.float().abs() + 2.0 ** -9) and (diff > 0).float().mean() < 0.01
+
+
+@pytest.mark.parametrize("chunk", [0, 16, 32])
+def test_prepass_kron_matches_reference(chunk):
+    """method="kron" (H_256 = H_16 (x) H_16 on the tensor cores, its fp32 operand split exactly into bf16 parts) at
+    D 256 against the reference as test_prepass_matches_reference allows, whole blocks (spilling, but correct) and
+    the spill-free pieces the sweep times."""
+    _hopper()
+    from flashscale.kernels.hadamard import hadamard_quant
+    x = torch.randn(2, 1000, 4, 256, device=CUDA, dtype=torch.bfloat16)
+    x[1, 700, 2, 5] = 80.0
+    y, desc = hadamard_quant(x, block=128, hadamard=True, seed=1, method="kron", chunk=chunk)
+    r8, rd = quantize_blocks_ref(hadamard_ref(x, random_signs(256, 1, device=CUDA)), 128)
+    assert torch.allclose(desc, rd, rtol=1e-6, atol=0)
+    diff = (y.float() - r8.float()).abs()
+    assert torch.all(diff <= 2.0 ** -3 * r8.float().abs() + 2.0 ** -9) and (diff > 0).float().mean() < 0.01
 
 
 CASES = [  # (B, Sq, Sk, H, Hkv, D, causal)

@@ -13,6 +13,11 @@ Two ways to multiply by H_D (D = 64, 128, 256), picked by `method`:
                the input dtype and products accumulate in fp32, so this is exact up to fp32 summation
                order. 2 D FLOPs an element on tensor cores is far below the pass's byte cost
                (3 bytes an element), so it stays memory-bound. The default.
+  "kron":      D = 256 only: H_256 = H_16 (x) H_16, so x @ H_256 is two tensor-core products with H_16 over the
+               (R, 16, 16) view of the rows (contract the low index, then the high one): 64 FLOPs a value instead
+               of 512. The second product's fp32 inputs are split exactly into three bf16 parts (8 + 8 + 8 mantissa
+               bits), each multiplied by the +-1 entries exactly, so the result is the exact sum up to fp32
+               rounding, as "mma"'s (not bit for bit: another summation order). Opt-in until measured.
   "butterfly": the fast Walsh-Hadamard transform, log2(D) stages of (a + b, a - b) on register tiles
                through reshape/permute/split/join: D log2 D adds, but every stage may cost the compiler a
                layout shuffle through shared memory. Kept and tested as the O(D log D) alternative; the
@@ -40,9 +45,10 @@ import torch
 import triton
 import triton.language as tl
 
+from flashscale.kernels.interpreter import interpreting
 from flashscale.reference.attention_fp8 import E4M3_MAX, FLOOR, hadamard_matrix, padded_len, random_signs
 
-_METHODS = ("mma", "butterfly")
+_METHODS = ("mma", "kron", "butterfly")
 # globals a kernel reads must be constexpr instances (the interpreter does not check this; the compiler does)
 _FLOOR = tl.constexpr(FLOOR)
 _E4M3_MAX = tl.constexpr(E4M3_MAX)
@@ -61,6 +67,46 @@ def _hadamard_mma(x, D: tl.constexpr, LOG2D: tl.constexpr):
 
 
 @triton.jit
+def _hadamard_tile(A: tl.constexpr, DT: tl.constexpr):
+    """(A, A) H_A in DT: H[i, j] = (-1)^popcount(i & j) (A <= 256)."""
+    offs = tl.arange(0, A)
+    p = offs[:, None] & offs[None, :]
+    p = p ^ (p >> 4)
+    p = p ^ (p >> 2)
+    p = p ^ (p >> 1)
+    return (1 - 2 * (p & 1)).to(DT)
+
+
+@triton.jit
+def _dot_split3(a, h, DT: tl.constexpr):
+    """a (M, K) fp32 @ h (K, N) with +-1 entries in DT, exactly up to fp32 rounding: a = hi + mid + lo in DT parts
+    (each difference exact in fp32; in bf16 8 + 8 + 8 mantissa bits hold fp32's 24), three tensor-core products."""
+    hi = a.to(DT)
+    r = a - hi.to(tl.float32)
+    mid = r.to(DT)
+    lo = (r - mid.to(tl.float32)).to(DT)
+    return tl.dot(hi, h) + tl.dot(mid, h) + tl.dot(lo, h)
+
+
+@triton.jit
+def _hadamard_kron(x, R: tl.constexpr, D: tl.constexpr, DT: tl.constexpr):
+    """x (R, D = A * A) -> x @ H_D (unnormalized) in fp32 as two products with H_A: value j = ja * A + jb of a row,
+    H_D[i, j] = H_A[ia, ja] * H_A[ib, jb]; the first product contracts jb, the second ja. DT: the products' dtype
+    (bf16 on the GPU; fp16 under the interpreter, whose bf16 products are wrong: there the split drops bits past
+    fp16's range, ~2^-22 relative)."""
+    A: tl.constexpr = 16
+    h = _hadamard_tile(A, DT)
+    x2 = tl.reshape(x, [R * A, A])
+    if x.dtype == DT:
+        z = tl.dot(x2, h)  # +-1 products, exact; summed in fp32
+    else:
+        z = _dot_split3(x2.to(tl.float32), h, DT)
+    z = tl.reshape(tl.permute(tl.reshape(z, [R, A, A]), [0, 2, 1]), [R * A, A])  # (r, ib, ja)
+    y = _dot_split3(z, h, DT)  # (r, ib, ia)
+    return tl.reshape(tl.permute(tl.reshape(y, [R, A, A]), [0, 2, 1]), [R, D])
+
+
+@triton.jit
 def _hadamard_butterfly(x, R: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr):
     """x (R, D) fp32 -> x @ H_D (unnormalized): stage i pairs columns c and c + 2^i within blocks of 2^(i+1)."""
     for i in tl.static_range(LOG2D):
@@ -74,7 +120,7 @@ def _hadamard_butterfly(x, R: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr
 @triton.jit
 def _load_transform(X, b, h, rows, offs_d, SIGNS, stride_xb, stride_xs, stride_xh, S, inv_sqrt_d,
                     D: tl.constexpr, LOG2D: tl.constexpr, R: tl.constexpr, HADAMARD: tl.constexpr,
-                    METHOD: tl.constexpr, HMAT: tl.constexpr = False):
+                    METHOD: tl.constexpr, HMAT: tl.constexpr = False, KRON_DT: tl.constexpr = tl.bfloat16):
     """Rows `rows` (R,) of one head -> (R, D) fp32: the signed, normalized Hadamard transform (HADAMARD) or the
     values as they are; rows past S read as 0 (and raise no amax). HMAT (method "mma"): SIGNS is the (D, D) matrix
     diag(signs) @ H_D in x's dtype (+-1 entries: the same products, exactly), read from memory (L2 after the first
@@ -90,6 +136,8 @@ def _load_transform(X, b, h, rows, offs_d, SIGNS, stride_xb, stride_xs, stride_x
         x = x * signs[None, :]
         if METHOD == "mma":
             y = _hadamard_mma(x, D, LOG2D)
+        elif METHOD == "kron":
+            y = _hadamard_kron(x, R, D, KRON_DT)
         else:
             y = _hadamard_butterfly(x.to(tl.float32), R, D, LOG2D)
         y = y * inv_sqrt_d
@@ -105,7 +153,7 @@ def _hadamard_quant_kernel(
     H, S, inv_sqrt_d,
     D: tl.constexpr, LOG2D: tl.constexpr, BLOCK: tl.constexpr, HADAMARD: tl.constexpr, METHOD: tl.constexpr,
     PER_TENSOR: tl.constexpr, KEY_PERM: tl.constexpr = False, CHUNK: tl.constexpr = 0, HMAT: tl.constexpr = False,
-    STAGES: tl.constexpr = 1,
+    STAGES: tl.constexpr = 1, KRON_DT: tl.constexpr = tl.bfloat16,
 ):
     """One quantization block of one head. CHUNK (< BLOCK, dividing it): the block in CHUNK-row pieces, twice
     (the amax, then the quantization; the second read mostly from L2), so a large block holds only a piece in
@@ -124,12 +172,12 @@ def _hadamard_quant_kernel(
             for c in tl.range(BLOCK // R, num_stages=STAGES, loop_unroll_factor=1):
                 rows = blk * BLOCK + c * R + tl.arange(0, R)
                 y = _load_transform(X, b, h, rows, offs_d, SIGNS, stride_xb, stride_xs, stride_xh, S, inv_sqrt_d,
-                                    D, LOG2D, R, HADAMARD, METHOD, HMAT)
+                                    D, LOG2D, R, HADAMARD, METHOD, HMAT, KRON_DT)
                 amax = tl.maximum(amax, tl.max(tl.max(tl.abs(y), axis=1), axis=0))
     for c in tl.range(BLOCK // R, num_stages=STAGES, loop_unroll_factor=1):
         rows = blk * BLOCK + c * R + tl.arange(0, R)
         y = _load_transform(X, b, h, rows, offs_d, SIGNS, stride_xb, stride_xs, stride_xh, S, inv_sqrt_d,
-                            D, LOG2D, R, HADAMARD, METHOD, HMAT)
+                            D, LOG2D, R, HADAMARD, METHOD, HMAT, KRON_DT)
         if CHUNK == 0 and not PER_TENSOR:
             amax = tl.max(tl.max(tl.abs(y), axis=1), axis=0)
         # IEEE-rounded divisions, as torch does in the reference (Triton's "/" may be approximate on GPU)
@@ -220,6 +268,8 @@ def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}; got {method!r}")
     B, S, H, D = x.shape
+    if method == "kron" and hadamard and D != 256:
+        raise ValueError(f"method='kron' factors H_256 into H_16 (x) H_16: it takes head_dim 256, got {D}")
     if x.stride(-1) != 1:
         x = x.contiguous()
     if key_perm and not transpose:
@@ -270,6 +320,7 @@ def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0
             H, S, 1.0 / math.sqrt(D),
             D=D, LOG2D=D.bit_length() - 1, BLOCK=block, HADAMARD=hadamard, METHOD=method,
             PER_TENSOR=amax is not None, KEY_PERM=key_perm, CHUNK=chunk, HMAT=hadamard and hmat, STAGES=num_stages,
+            KRON_DT=tl.float16 if interpreting() else tl.bfloat16,
             num_warps=warps,
         )
 
@@ -278,3 +329,30 @@ def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0
         amax = (descale.amax() * E4M3_MAX).reshape(1).contiguous()
         launch(amax)
     return y, descale
+
+
+def compile_sm90(D: int, block: int, *, hadamard: bool = True, method: str = "mma", chunk: int = 0, num_warps: int = 8,
+                 hmat: bool = False, num_stages: int = 1, transpose: bool = False, key_perm: bool = False,
+                 dtype: str = "bf16"):
+    """Compile the pre-pass kernel for sm_90 as a launch of hadamard_quant specializes it (pointers and strides
+    16-divisible, the unit stride a constant) without a GPU: returns Triton's CompiledKernel (asm: ptx, cubin), for
+    the offline compile test (registers, spills)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    ptrs = {"X": f"*{dtype}", "Y": "*fp8e4nv", "DESCALE": "*fp32", "SIGNS": f"*{dtype}" if hmat else "*fp32",
+            "AMAX": "*fp32"}
+    strides = ("stride_xb", "stride_xs", "stride_xh", "stride_yb", "stride_ys", "stride_yh", "stride_yd",
+               "stride_db", "stride_dh")
+    unit = "stride_ys" if transpose else "stride_yd"
+    cx = dict(D=D, LOG2D=D.bit_length() - 1, BLOCK=block, HADAMARD=hadamard, METHOD=method, PER_TENSOR=False,
+              KEY_PERM=key_perm, CHUNK=chunk, HMAT=hmat, STAGES=num_stages, KRON_DT=tl.bfloat16)
+    sig = {**ptrs, **{n: "constexpr" if n == unit else "i32" for n in strides}, "H": "i32", "S": "i32",
+           "inv_sqrt_d": "fp32", **{n: "constexpr" for n in cx}}
+    names = list(sig)
+    consts = {**cx, unit: 1}
+    aligned = set(ptrs) | (set(strides) - {unit})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in aligned}
+    src = ASTSource(fn=_hadamard_quant_kernel, signature=sig, attrs=attrs,
+                    constexprs={(names.index(k),): v for k, v in consts.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
