@@ -260,7 +260,8 @@ def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0
     (attention_fa3_fp8.permute_v_keys, written in place of the natural one at no cost), S padded to 32.
     chunk: rows a program holds at once (a power of two dividing block; the block is then read twice: its amax,
     then its quantization); 0: the whole block in one read; None: auto_chunk(block, D, transpose), the measured
-    faster of the two (the same descales and values either way, up to the transform's fp32 rounding).
+    faster of the two (the same descales and values either way, up to the transform's fp32 rounding; method "kron":
+    32-row pieces, spill-free where whole blocks are not).
     num_warps: None = auto_warps. hmat (method "mma", seeded signs): programs read diag(signs) @ H_D as a (D, D)
     matrix from memory instead of building H_D in registers (the same products: bit for bit the same y); None =
     auto_hmat where it can apply. num_stages: software pipelining of the loop over a block's pieces (Triton's
@@ -296,7 +297,8 @@ def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0
     if hmat and num_stages > 1 and D * D * 2 * num_stages > 160 * 1024:
         raise ValueError(f"hmat=True with num_stages={num_stages} at D {D}: the pipelined loop would buffer the "
                          f"{D * D * 2 // 1024} KB matrix {num_stages} times, past the shared memory; take num_stages=1")
-    chunk = auto_chunk(block, D, transpose) if chunk is None else chunk
+    if chunk is None:  # kron: 32-row pieces (spill-free at 8 warps; whole 128 x 256 blocks spill)
+        chunk = min(32, block) if method == "kron" and hadamard else auto_chunk(block, D, transpose)
     if not isinstance(chunk, int) or chunk < 0 or (chunk and (chunk & (chunk - 1) or block % chunk or chunk < 16)):
         raise ValueError(f"chunk must be 0 or a power of two >= 16 dividing block={block}; got {chunk!r}")
     if chunk >= block:
