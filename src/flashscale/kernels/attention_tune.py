@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 import triton
 
+from flashscale.kernels.interpreter import interpreting  # noqa: F401  (attention kernels import it from here)
+
 
 @dataclass(frozen=True, kw_only=True)
 class FwdConfig:
@@ -78,10 +80,6 @@ def autotune_enabled() -> bool:
 def cache_path() -> Path:
     root = os.environ.get("FLASHSCALE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "flashscale")
     return Path(root) / "attention_configs.json"
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _load_disk() -> dict[str, dict]:

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from flashscale.kernels.interpreter import interpreting
 
 _ON: contextvars.ContextVar[bool] = contextvars.ContextVar("flashscale_pdl", default=False)
 _L2: contextvars.ContextVar[bool] = contextvars.ContextVar("flashscale_pdl_l2", default=False)
@@ -67,7 +68,7 @@ def pdl(enabled: bool = True, *, l2_prefetch: bool = False, trigger: bool = Fals
 
 def active(device: torch.device) -> bool:
     """Whether a launch on `device` now should use PDL: inside pdl(), on CUDA sm_90+, not interpreted."""
-    if not _ON.get() or device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if not _ON.get() or device.type != "cuda" or interpreting():
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
 

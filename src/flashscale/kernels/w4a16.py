@@ -34,7 +34,7 @@ import triton
 import triton.testing
 from triton.runtime.errors import OutOfResources
 
-from flashscale.kernels.interpreter import require_launchable
+from flashscale.kernels.interpreter import interpreting, require_launchable
 from flashscale.kernels.pdl import active as pdl_active
 from flashscale.kernels.pdl import l2_prefetch_active, launch_options, pre_l2_items, trigger_active
 from flashscale.kernels.w4a16_common import MAGIC_ONE, split_k_slices, split_k_workspace
@@ -143,9 +143,7 @@ def set_autotune(enabled: bool) -> None:
     _AUTOTUNE = bool(enabled)
 
 
-@functools.cache
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+_interpreting = functools.cache(interpreting)  # read once: Triton reads it when the kernels are decorated
 
 
 @functools.cache

@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flashscale.kernels.interpreter import interpreting
 from flashscale.kernels.w4a16_pack import PackedW4
 
 try:  # Gluon is experimental: absent from older Tritons
@@ -313,10 +314,7 @@ def _chunk_rows(cfg: StreamConfig) -> int:
     return cfg.num_warps * 128 // cfg.bc
 
 
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+_interpreting = interpreting
 
 
 def launch(p: PackedW4 | torch.Tensor, out: torch.Tensor, cfg: StreamConfig, per_sm: int, num_sms: int,
