@@ -6,7 +6,7 @@ Rows (impl): flashscale_fp8 (the kernel ops.attention_fp8 runs, on pre-quantized
 FA3-style kernel, kernels.attention_fa3_fp8, default config), flashscale_fp8_e2e (Hadamard/quantization
 pre-pass + that kernel, from bf16), flashscale_fp8_triton (the Triton FP8 kernel, best tile),
 flashscale_bf16 (our bf16 attention), sdpa_cudnn, sdpa_flash (bf16).
-Also the pre-pass alone (ms, GB/s): the Hadamard methods (kron at D 256), and 128- / 256-row blocks in pieces or
+Also the pre-pass alone (ms, GB/s): the three Hadamard methods, and 128- / 256-row blocks in pieces or
 whole.
 Times: triton.testing.do_bench medians, each cell timed in --rounds rounds (default 3, one after another) and the
 median kept (ms_rounds: all of them): the FP8 rates moved ~10 % between runs of the same kernel
@@ -142,7 +142,7 @@ def prepass_rows(hdim, rep, warmup):
     rows = []
     # (name, keyword arguments): both Hadamard methods on Q at 128-row blocks, then the default (mma) path as K
     # and V^T take it in 128- and 256-row blocks, each in pieces (auto_chunk) and whole (chunk=0)
-    methods = ("mma", "butterfly") + (("kron",) if hdim == 256 else ())  # kron: H_256 only
+    methods = ("mma", "butterfly", "kron")
     cases = [(f"hadamard_quant_{m}", dict(block=128, hadamard=True, method=m)) for m in methods]
     for bn in (128, 256):
         for chunk, tag in ((None, ""), (0, "_whole")):

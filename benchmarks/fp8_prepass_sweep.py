@@ -45,9 +45,14 @@ def tensors(hdim: int) -> dict:
             "vt": dict(block=bn, hadamard=False, transpose=True, key_perm=vperm)}
 
 
-# method "kron" (D 256 only): the configs ptxas compiles without spills (sm_90, kernels.hadamard.compile_sm90;
-# tests/kernels/test_hadamard_compile.py), (chunk, warps)
-KRON = ((16, 2), (16, 4), (32, 4), (32, 8), (64, 8))
+# method "kron": the configs ptxas compiles without spills (sm_90, kernels.hadamard.compile_sm90;
+# tests/kernels/test_hadamard_compile.py), head dim -> (chunk, warps); whole blocks (chunk 0) only up to 128 x 128
+KRON = {256: ((16, 2), (16, 4), (32, 4), (32, 8), (64, 8)), 128: ((0, 8), (32, 4), (64, 4), (64, 8)),
+        64: ((0, 4), (0, 8), (64, 4))}
+
+
+def kron_configs(block: int, hdim: int) -> list[tuple[int, int]]:
+    return [(c, w) for c, w in KRON.get(hdim, ()) if c < block and (c or block * hdim <= 128 * 128)]
 
 
 def configs(kw: dict, hdim: int, methods: tuple[str, ...] = ("mma",)) -> list[dict]:
@@ -60,9 +65,9 @@ def configs(kw: dict, hdim: int, methods: tuple[str, ...] = ("mma",)) -> list[di
             if rows * hdim > 128 * 256 or not 16 <= rows * hdim // (32 * warps) <= 128:
                 continue  # does not compile (the whole-block limit) / too many or too few values a thread
             out.append(dict(chunk=chunk, num_warps=warps, num_stages=stages, hmat=hmat))
-    if "kron" in methods and kw["hadamard"] and hdim == 256:
-        out += [dict(method="kron", chunk=c, num_warps=w, num_stages=1, hmat=False) for c, w in KRON
-                if c < kw["block"]]
+    if "kron" in methods and kw["hadamard"]:
+        out += [dict(method="kron", chunk=c, num_warps=w, num_stages=1, hmat=False)
+                for c, w in kron_configs(kw["block"], hdim)]
     return out
 
 
@@ -109,8 +114,8 @@ def plot(doc: dict, path: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hdims", type=int, nargs="+", default=[128, 256])
-    ap.add_argument("--methods", default="mma", help="comma-separated: mma (the matrix method's grid), kron (D 256: "
-                    "H_16 (x) H_16, spill-free configs)")
+    ap.add_argument("--methods", default="mma", help="comma-separated: mma (the matrix method's grid), kron "
+                    "(H_(D/16) (x) H_16, its spill-free configs)")
     ap.add_argument("--budget", type=float, default=240.0, help="seconds; configs past it are skipped (said so)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args(argv)

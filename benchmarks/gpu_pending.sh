@@ -237,12 +237,12 @@ case "${1:-}" in
   trace32)  # session 32: the decode step's timeline (decode_step_trace.py), then the e2e rows again (XAttn off)
     step trace 200 "$PY" benchmarks/decode_step_trace.py --out "$OUT"
     step e2e 420 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT" ;;
-  kron36)  # next session: the pre-pass's opt-in method "kron" (H_256 = H_16 (x) H_16, 64 FLOPs a value instead of 512;
-    # written in session 36 after the device time was spent, compile-checked spill-free): its GPU tests, then the sweep
-    # of its configs at D 256 beside the mma default (D 256 Q / K: 81 us each, the cast 32 us)
+  kron36)  # next session: the pre-pass's opt-in method "kron" (H_D = H_(D/16) (x) H_16, 64 FLOPs a value instead of
+    # 2 D; written in session 36 after the device time was spent, compile-checked spill-free): its GPU tests, then the
+    # sweep of its configs beside the mma defaults (Q / K: D 128 53.6 / 61.3 us, D 256 81 us each; the cast 32 us)
     step fp8_tests 130 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
       tests/kernels/test_attention_fp8_gpu.py -k "prepass"
-    step sweep 200 "$PY" benchmarks/fp8_prepass_sweep.py --hdims 256 --methods kron --budget 150 --out "$OUT" ;;
+    step sweep 200 "$PY" benchmarks/fp8_prepass_sweep.py --hdims 128 256 --methods kron --budget 150 --out "$OUT" ;;
   pre36)  # session 36: the pre-pass's measured rule (auto_warps / auto_hmat, V^T pieces from 8192 values, the signs and
     # the signed matrix made once a device): the FP8 GPU files whole, then the FP8 grid (its prepass / e2e rows)
     step fp8_tests 130 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \

@@ -86,17 +86,17 @@ def test_prepass_in_pieces(d, block):
         assert torch.all(diff <= 2.0 ** -3 * r8.float().abs() + 2.0 ** -9) and (diff > 0).float().mean() < 0.01
 
 
-@pytest.mark.parametrize("chunk", [0, 16, 32])
-def test_prepass_kron_matches_reference(chunk):
-    """method="kron" (H_256 = H_16 (x) H_16 on the tensor cores, its fp32 operand split exactly into bf16 parts) at
-    D 256 against the reference as test_prepass_matches_reference allows, whole blocks (spilling, but correct) and
-    the spill-free pieces the sweep times."""
+@pytest.mark.parametrize("d,chunk", [(256, 0), (256, 16), (256, None), (128, 0), (128, None), (64, None)])
+def test_prepass_kron_matches_reference(d, chunk):
+    """method="kron" (H_D = H_(D/16) (x) H_16 on the tensor cores, its fp32 operand split exactly into bf16 parts)
+    against the reference as test_prepass_matches_reference allows: whole blocks (D 256's spill, but are correct),
+    pieces, and its default pieces (None)."""
     _hopper()
     from flashscale.kernels.hadamard import hadamard_quant
-    x = torch.randn(2, 1000, 4, 256, device=CUDA, dtype=torch.bfloat16)
+    x = torch.randn(2, 1000, 4, d, device=CUDA, dtype=torch.bfloat16)
     x[1, 700, 2, 5] = 80.0
     y, desc = hadamard_quant(x, block=128, hadamard=True, seed=1, method="kron", chunk=chunk)
-    r8, rd = quantize_blocks_ref(hadamard_ref(x, random_signs(256, 1, device=CUDA)), 128)
+    r8, rd = quantize_blocks_ref(hadamard_ref(x, random_signs(d, 1, device=CUDA)), 128)
     assert torch.allclose(desc, rd, rtol=1e-6, atol=0)
     diff = (y.float() - r8.float()).abs()
     assert torch.all(diff <= 2.0 ** -3 * r8.float().abs() + 2.0 ** -9) and (diff > 0).float().mean() < 0.01

@@ -194,18 +194,19 @@ def test_signed_matrix_from_memory_and_staged_pieces_give_the_same_bits(dtype):
         hadamard_quant(x, block=32, hadamard=True, num_stages=0)
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
-def test_kron_method_is_the_same_transform(dtype):
-    """method="kron" (H_256 as H_16 (x) H_16: two 16-wide products over the (R, 16, 16) view of each row) gives the
-    matrix method's values up to fp32 summation order: here within 2^-20 of the largest (under the interpreter its
-    split is in fp16, exact to ~2^-22 of the inputs; on the GPU bf16, exact), whole blocks and pieces; the same
-    descales to 1e-6. It takes head_dim 256 only."""
-    x = torch.randn(1, 40, 2, 256, dtype=dtype) * 3
+def test_kron_method_is_the_same_transform(dtype, d):
+    """method="kron" (H_D as H_(D/16) (x) H_16: two 16-wide products over the (R, D/16, 16) view of each row, the
+    second on H_(D/16)'s diagonal blocks) gives the matrix method's values up to fp32 summation order: here within
+    2^-20 of the largest (under the interpreter its split is in fp16, exact to ~2^-22 of the inputs; on the GPU bf16,
+    exact), whole blocks and pieces; the same descales to 1e-6. It takes head_dim 32..256."""
+    x = torch.randn(1, 40, 2, d, dtype=dtype) * 3
     x[0, 5, 1, 7] = 90.0
     for chunk in (0, 16):
         ref = hadamard_quant(x, block=32, hadamard=True, seed=2, out_dtype=torch.float32, chunk=chunk)
         got = hadamard_quant(x, block=32, hadamard=True, seed=2, out_dtype=torch.float32, chunk=chunk, method="kron")
         torch.testing.assert_close(got[1], ref[1], rtol=1e-6, atol=0)
         torch.testing.assert_close(got[0], ref[0], rtol=2.0 ** -20, atol=448 * 2.0 ** -20)
-    with pytest.raises(ValueError, match="method='kron' .* takes head_dim 256, got 128"):
-        hadamard_quant(torch.randn(1, 16, 1, 128), block=16, hadamard=True, method="kron")
+    with pytest.raises(ValueError, match=r"method='kron' .* takes head_dim 32\.\.256, got 16"):
+        hadamard_quant(torch.randn(1, 16, 1, 16), block=16, hadamard=True, method="kron")

@@ -1,7 +1,8 @@
 """The FP8 pre-pass kernel (kernels.hadamard) compiles for sm_90 without a GPU (Triton ships ptxas) with no register
 spills: at the configs hadamard_quant picks by itself for Q, K and V^T as ops.attention_fp8 quantizes them for its
 kernel's default (head dims 64, 128, 256; session 28 found whole blocks that spilled 188 B to ~1 KB and ran 3x
-slower), and at the spill-free configs of the opt-in method "kron" that benchmarks/fp8_prepass_sweep.py times."""
+slower), and at the configs of the opt-in method "kron" that benchmarks/fp8_prepass_sweep.py times (KRON) in 128- and
+256-row blocks."""
 
 from __future__ import annotations
 
@@ -50,9 +51,10 @@ def _default_configs() -> list[dict]:
 
 def test_the_pre_pass_compiles_spill_free(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from fp8_prepass_sweep import KRON
+    from fp8_prepass_sweep import KRON, kron_configs
 
-    cases = _default_configs() + [dict(D=256, block=128, method="kron", chunk=c, num_warps=w) for c, w in KRON]
+    cases = _default_configs() + [dict(D=d, block=b, method="kron", chunk=c, num_warps=w) for d in KRON
+                                  for b in (128, 256) for c, w in kron_configs(b, d)]
     out = tmp_path / "stats.json"
     compile_offline(_COMPILE, json.dumps(cases), str(out))
     stats = json.loads(out.read_text())

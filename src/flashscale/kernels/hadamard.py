@@ -13,9 +13,9 @@ Two ways to multiply by H_D (D = 64, 128, 256), picked by `method`:
                the input dtype and products accumulate in fp32, so this is exact up to fp32 summation
                order. 2 D FLOPs an element on tensor cores is far below the pass's byte cost
                (3 bytes an element), so it stays memory-bound. The default.
-  "kron":      D = 256 only: H_256 = H_16 (x) H_16, so x @ H_256 is two tensor-core products with H_16 over the
-               (R, 16, 16) view of the rows (contract the low index, then the high one): 64 FLOPs a value instead
-               of 512. The second product's fp32 inputs are split exactly into three bf16 parts (8 + 8 + 8 mantissa
+  "kron":      D = 32..256: H_D = H_(D/16) (x) H_16, so x @ H_D is two 16-wide tensor-core products over the
+               (R, D/16, 16) view of the rows (contract the low index with H_16, then the high one with H_(D/16)
+               on the diagonal blocks of a 16 x 16 tile): 64 FLOPs a value instead of 2 D. The second product's fp32 inputs are split exactly into three bf16 parts (8 + 8 + 8 mantissa
                bits), each multiplied by the +-1 entries exactly, so the result is the exact sum up to fp32
                rounding, as "mma"'s (not bit for bit: another summation order). Opt-in until measured.
   "butterfly": the fast Walsh-Hadamard transform, log2(D) stages of (a + b, a - b) on register tiles
@@ -68,13 +68,14 @@ def _hadamard_mma(x, D: tl.constexpr, LOG2D: tl.constexpr):
 
 @triton.jit
 def _hadamard_tile(A: tl.constexpr, DT: tl.constexpr):
-    """(A, A) H_A in DT: H[i, j] = (-1)^popcount(i & j) (A <= 256)."""
-    offs = tl.arange(0, A)
-    p = offs[:, None] & offs[None, :]
-    p = p ^ (p >> 4)
+    """(16, 16) in DT: H_A on each of the 16 // A diagonal blocks (A in 2..16), zeros elsewhere; H[i, j] =
+    (-1)^popcount(i & j) inside a block."""
+    i = tl.arange(0, 16)[:, None]
+    j = tl.arange(0, 16)[None, :]
+    p = (i % A) & (j % A)
     p = p ^ (p >> 2)
     p = p ^ (p >> 1)
-    return (1 - 2 * (p & 1)).to(DT)
+    return tl.where(i // A == j // A, 1 - 2 * (p & 1), 0).to(DT)
 
 
 @triton.jit
@@ -90,20 +91,21 @@ def _dot_split3(a, h, DT: tl.constexpr):
 
 @triton.jit
 def _hadamard_kron(x, R: tl.constexpr, D: tl.constexpr, DT: tl.constexpr):
-    """x (R, D = A * A) -> x @ H_D (unnormalized) in fp32 as two products with H_A: value j = ja * A + jb of a row,
-    H_D[i, j] = H_A[ia, ja] * H_A[ib, jb]; the first product contracts jb, the second ja. DT: the products' dtype
+    """x (R, D = A * 16), A in 2..16 -> x @ H_D (unnormalized) in fp32 as two 16-wide products: value j = ja * 16 + jb
+    of a row, H_D[i, j] = H_A[ia, ja] * H_16[ib, jb]; the first product contracts jb with H_16, the second ja with
+    H_A on the diagonal blocks of a 16 x 16 tile (16 // A rows' (ib) groups of A at once). DT: the products' dtype
     (bf16 on the GPU; fp16 under the interpreter, whose bf16 products are wrong: there the split drops bits past
     fp16's range, ~2^-22 relative)."""
-    A: tl.constexpr = 16
-    h = _hadamard_tile(A, DT)
-    x2 = tl.reshape(x, [R * A, A])
+    A: tl.constexpr = D // 16
+    h16 = _hadamard_tile(16, DT)
+    x2 = tl.reshape(x, [R * A, 16])  # (r, ja) rows of jb
     if x.dtype == DT:
-        z = tl.dot(x2, h)  # +-1 products, exact; summed in fp32
+        z = tl.dot(x2, h16)  # +-1 products, exact; summed in fp32
     else:
-        z = _dot_split3(x2.to(tl.float32), h, DT)
-    z = tl.reshape(tl.permute(tl.reshape(z, [R, A, A]), [0, 2, 1]), [R * A, A])  # (r, ib, ja)
-    y = _dot_split3(z, h, DT)  # (r, ib, ia)
-    return tl.reshape(tl.permute(tl.reshape(y, [R, A, A]), [0, 2, 1]), [R, D])
+        z = _dot_split3(x2.to(tl.float32), h16, DT)
+    z = tl.reshape(tl.permute(tl.reshape(z, [R, A, 16]), [0, 2, 1]), [R * A, 16])  # (r, ib, ja), 16 // A ib a row
+    y = _dot_split3(z, _hadamard_tile(A, DT), DT)  # (r, ib, ia)
+    return tl.reshape(tl.permute(tl.reshape(y, [R, 16, A]), [0, 2, 1]), [R, D])  # (r, ia, ib)
 
 
 @triton.jit
@@ -261,7 +263,7 @@ def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0
     chunk: rows a program holds at once (a power of two dividing block; the block is then read twice: its amax,
     then its quantization); 0: the whole block in one read; None: auto_chunk(block, D, transpose), the measured
     faster of the two (the same descales and values either way, up to the transform's fp32 rounding; method "kron":
-    32-row pieces, spill-free where whole blocks are not).
+    8192-value pieces, spill-free where whole blocks are not).
     num_warps: None = auto_warps. hmat (method "mma", seeded signs): programs read diag(signs) @ H_D as a (D, D)
     matrix from memory instead of building H_D in registers (the same products: bit for bit the same y); None =
     auto_hmat where it can apply. num_stages: software pipelining of the loop over a block's pieces (Triton's
@@ -269,8 +271,8 @@ def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}; got {method!r}")
     B, S, H, D = x.shape
-    if method == "kron" and hadamard and D != 256:
-        raise ValueError(f"method='kron' factors H_256 into H_16 (x) H_16: it takes head_dim 256, got {D}")
+    if method == "kron" and hadamard and not 32 <= D <= 256:
+        raise ValueError(f"method='kron' factors H_D into H_(D/16) (x) H_16: it takes head_dim 32..256, got {D}")
     if x.stride(-1) != 1:
         x = x.contiguous()
     if key_perm and not transpose:
@@ -297,8 +299,8 @@ def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0
     if hmat and num_stages > 1 and D * D * 2 * num_stages > 160 * 1024:
         raise ValueError(f"hmat=True with num_stages={num_stages} at D {D}: the pipelined loop would buffer the "
                          f"{D * D * 2 // 1024} KB matrix {num_stages} times, past the shared memory; take num_stages=1")
-    if chunk is None:  # kron: 32-row pieces (spill-free at 8 warps; whole 128 x 256 blocks spill)
-        chunk = min(32, block) if method == "kron" and hadamard else auto_chunk(block, D, transpose)
+    if chunk is None:  # kron: 8192-value pieces (spill-free at 8 warps; whole 128 x 256 blocks spill)
+        chunk = min(_PIECE // D, block) if method == "kron" and hadamard else auto_chunk(block, D, transpose)
     if not isinstance(chunk, int) or chunk < 0 or (chunk and (chunk & (chunk - 1) or block % chunk or chunk < 16)):
         raise ValueError(f"chunk must be 0 or a power of two >= 16 dividing block={block}; got {chunk!r}")
     if chunk >= block:
