@@ -22,7 +22,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace32   # ~6 min: the decode step's timeline, e2e rows
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace32b  # ~3 min: the timeline, late starters, variants
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh final32   # ~10 min: e2e rows (+tuned), GPU tests, trace
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh kron36    # ~5 min: the pre-pass's kron method: tests, sweep (unrun)
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh kron36    # ~5 min: the pre-pass's kron method (unrun)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh pre36     # ~6 min: FP8 GPU files, the FP8 grid (pre-pass rule)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh suite35   # ~9.5 min: the whole suite on the GPU (grep FAILED)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh late34    # ~9.5 min: e2e rows +lateN, timelines, GPU tests

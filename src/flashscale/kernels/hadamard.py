@@ -15,9 +15,10 @@ Two ways to multiply by H_D (D = 64, 128, 256), picked by `method`:
                (3 bytes an element), so it stays memory-bound. The default.
   "kron":      D = 32..256: H_D = H_(D/16) (x) H_16, so x @ H_D is two 16-wide tensor-core products over the
                (R, D/16, 16) view of the rows (contract the low index with H_16, then the high one with H_(D/16)
-               on the diagonal blocks of a 16 x 16 tile): 64 FLOPs a value instead of 2 D. The second product's fp32 inputs are split exactly into three bf16 parts (8 + 8 + 8 mantissa
-               bits), each multiplied by the +-1 entries exactly, so the result is the exact sum up to fp32
-               rounding, as "mma"'s (not bit for bit: another summation order). Opt-in until measured.
+               on the diagonal blocks of a 16 x 16 tile): 64 FLOPs a value instead of 2 D. The second product's
+               fp32 inputs are split exactly into three bf16 parts (8 + 8 + 8 mantissa bits), each multiplied by
+               the +-1 entries exactly, so the result is the exact sum up to fp32 rounding, as "mma"'s (not bit
+               for bit: another summation order). Opt-in until measured.
   "butterfly": the fast Walsh-Hadamard transform, log2(D) stages of (a + b, a - b) on register tiles
                through reshape/permute/split/join: D log2 D adds, but every stage may cost the compiler a
                layout shuffle through shared memory. Kept and tested as the O(D log D) alternative; the

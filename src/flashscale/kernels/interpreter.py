@@ -19,7 +19,7 @@ class NeedsInterpreter(ValueError):
 
 
 def interpreting() -> bool:
-    """True when Triton runs kernels under its interpreter (TRITON_INTERPRET set to a true value, as Triton reads it)."""
+    """True when Triton runs kernels under its interpreter (TRITON_INTERPRET a true value, as Triton reads it)."""
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on", "y")
 
 
