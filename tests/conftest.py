@@ -22,7 +22,10 @@ except ImportError:  # pragma: no cover
 # module is imported: on a CPU-only machine every @triton.jit kernel runs under the interpreter.
 if not _HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
-_COMPILED = os.environ.get("TRITON_INTERPRET", "0") in ("", "0")  # kernels compile for the GPU in this run
+
+from flashscale.kernels.interpreter import NeedsInterpreter, interpreting  # noqa: E402  (after the variable is set)
+
+_COMPILED = not interpreting()  # kernels compile for the GPU in this run
 _CPU_TENSOR_LAUNCH = "cannot be accessed from Triton (cpu tensor?)"  # Triton's launcher on a CPU tensor
 
 
@@ -48,8 +51,6 @@ def _seed():
 def _needs_interpreter(exc: BaseException | None) -> bool:
     """The failure, or an exception it was raised from (pytest.raises(match=...) meeting another error), is a CPU
     tensor refused by a kernel that compiles for the GPU."""
-    from flashscale.kernels.interpreter import NeedsInterpreter
-
     seen = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, NeedsInterpreter) or _CPU_TENSOR_LAUNCH in str(exc):

@@ -31,7 +31,7 @@ json.dump(out, open(sys.argv[2], "w"))
 
 def _default_configs() -> list[dict]:
     from flashscale.kernels import attention_fa3_fp8 as fa3
-    from flashscale.kernels.hadamard import auto_chunk, auto_hmat, auto_warps
+    from flashscale.kernels.hadamard import auto_config
 
     out = []
     for d in (64, 128, 256):
@@ -39,11 +39,9 @@ def _default_configs() -> list[dict]:
             bn = fa3.quant_block_n(d, causal)
             vperm = fa3.default_config(d, bn, causal).v_perm
             for block, hadamard, transpose in ((128, True, False), (bn, True, False), (bn, False, True)):
-                chunk = auto_chunk(block, d, transpose)
-                rows = chunk or block
-                warps = auto_warps(rows, d, transpose)
+                chunk, warps, hmat = auto_config(block, d, transpose=transpose, hadamard=hadamard)
                 kw = dict(D=d, block=block, hadamard=hadamard, chunk=chunk, num_warps=warps, transpose=transpose,
-                          key_perm=transpose and vperm, hmat=hadamard and auto_hmat(rows, d, warps))
+                          key_perm=transpose and vperm, hmat=hmat)
                 if kw not in out:
                     out.append(kw)
     return out

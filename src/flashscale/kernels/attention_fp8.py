@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 
 from flashscale.kernels.attention_common import block_range, visible
-from flashscale.kernels.attention_tune import cdiv, interpreting
+from flashscale.kernels.attention_tune import cdiv
+from flashscale.kernels.interpreter import interpreting
 
 P_SHIFT_LOG2 = tl.constexpr(8.0)  # flashscale.reference.attention_fp8.P_SHIFT_LOG2
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import triton
 
-from flashscale.kernels.interpreter import interpreting  # noqa: F401  (attention kernels import it from here)
+from flashscale.kernels.interpreter import interpreting
 
 
 @dataclass(frozen=True, kw_only=True)

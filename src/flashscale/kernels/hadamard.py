@@ -235,6 +235,23 @@ def auto_hmat(rows: int, D: int, warps: int) -> bool:
     return rows * D > _PIECE and warps >= 8
 
 
+def auto_config(block: int, D: int, *, transpose: bool = False, hadamard: bool = True, method: str = "mma",
+                chunk: int | None = None, num_warps: int | None = None,
+                hmat: bool | None = None) -> tuple[int, int, bool]:
+    """(chunk, num_warps, hmat) a launch of hadamard_quant takes, the given ones kept (a chunk >= block: 0) and the
+    others by the rules above (method "kron": 8192-value pieces, spill-free at 8 warps where whole 128 x 256 blocks
+    spill). hmat only where it applies: the Hadamard path of method "mma"."""
+    if chunk is None:
+        chunk = min(_PIECE // D, block) if method == "kron" and hadamard else auto_chunk(block, D, transpose)
+    if chunk >= block:
+        chunk = 0
+    rows = chunk or block
+    warps = num_warps or auto_warps(rows, D, transpose)
+    if hmat is None:
+        hmat = method == "mma" and auto_hmat(rows, D, warps)
+    return chunk, warps, bool(hadamard and hmat)
+
+
 @functools.lru_cache(maxsize=32)
 def _signs(D: int, seed: int, device: torch.device) -> torch.Tensor:
     """random_signs(D, seed) on `device`, made once (a host-to-device copy on every call otherwise)."""
@@ -300,20 +317,15 @@ def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0
     if hmat and num_stages > 1 and D * D * 2 * num_stages > 160 * 1024:
         raise ValueError(f"hmat=True with num_stages={num_stages} at D {D}: the pipelined loop would buffer the "
                          f"{D * D * 2 // 1024} KB matrix {num_stages} times, past the shared memory; take num_stages=1")
-    if chunk is None:  # kron: 8192-value pieces (spill-free at 8 warps; whole 128 x 256 blocks spill)
-        chunk = min(_PIECE // D, block) if method == "kron" and hadamard else auto_chunk(block, D, transpose)
-    if not isinstance(chunk, int) or chunk < 0 or (chunk and (chunk & (chunk - 1) or block % chunk or chunk < 16)):
+    if chunk is not None and (not isinstance(chunk, int) or chunk < 0
+                              or (chunk and (chunk & (chunk - 1) or block % chunk or chunk < 16))):
         raise ValueError(f"chunk must be 0 or a power of two >= 16 dividing block={block}; got {chunk!r}")
-    if chunk >= block:
-        chunk = 0
+    chunk, warps, hmat = auto_config(block, D, transpose=transpose, hadamard=hadamard, method=method, chunk=chunk,
+                                     num_warps=num_warps, hmat=False if signs is not None else hmat)
     if chunk == 0 and hadamard and block * D > _WHOLE_MAX_HADAMARD and x.is_cuda:
         raise ValueError(f"chunk=0: a whole {block} x {D} block through the Hadamard transform does not compile "
                          "(ptxas runs out of registers); leave chunk=None (pieces) or take a smaller block")
-    rows = chunk or block
-    warps = num_warps or auto_warps(rows, D, transpose)
-    if hmat is None:
-        hmat = method == "mma" and signs is None and auto_hmat(rows, D, warps)
-    if hadamard and hmat:
+    if hmat:
         signs = _signed_hadamard(D, seed, x.dtype, x.device)
     elif signs is None:
         signs = _signs(D, seed, x.device)
@@ -324,7 +336,7 @@ def hadamard_quant(x: torch.Tensor, *, block: int, hadamard: bool, seed: int = 0
             x.stride(0), x.stride(1), x.stride(2), *sy, descale.stride(0), descale.stride(1),
             H, S, 1.0 / math.sqrt(D),
             D=D, LOG2D=D.bit_length() - 1, BLOCK=block, HADAMARD=hadamard, METHOD=method,
-            PER_TENSOR=amax is not None, KEY_PERM=key_perm, CHUNK=chunk, HMAT=hadamard and hmat, STAGES=num_stages,
+            PER_TENSOR=amax is not None, KEY_PERM=key_perm, CHUNK=chunk, HMAT=hmat, STAGES=num_stages,
             KRON_DT=tl.float16 if interpreting() else tl.bfloat16,
             num_warps=warps,
         )

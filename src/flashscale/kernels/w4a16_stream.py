@@ -40,7 +40,6 @@ import torch
 import triton
 import triton.language as tl
 
-from flashscale.kernels.interpreter import interpreting
 from flashscale.kernels.w4a16_pack import PackedW4
 
 try:  # Gluon is experimental: absent from older Tritons
@@ -312,9 +311,6 @@ def _chunk_rows(cfg: StreamConfig) -> int:
     """Rows of a box the Gluon consumer loads at once: 16 bytes a thread (one LDS.128 each)."""
     assert cfg.bc % 128 == 0 and cfg.num_warps % (cfg.bc // 128) == 0 and cfg.br % (cfg.num_warps * 128 // cfg.bc) == 0
     return cfg.num_warps * 128 // cfg.bc
-
-
-_interpreting = interpreting
 
 
 def launch(p: PackedW4 | torch.Tensor, out: torch.Tensor, cfg: StreamConfig, per_sm: int, num_sms: int,

@@ -7,7 +7,6 @@ kernels, which on a CPU run under Triton's interpreter (TRITON_INTERPRET=1, as t
 
 from __future__ import annotations
 
-
 import torch
 
 from flashscale.kernels.w4a16_pack import PackedW4
