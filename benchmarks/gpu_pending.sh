@@ -22,7 +22,9 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace32   # ~6 min: the decode step's timeline, e2e rows
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace32b  # ~3 min: the timeline, late starters, variants
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh final32   # ~10 min: e2e rows (+tuned), GPU tests, trace
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh kron36    # ~5 min: the pre-pass's kron method (unrun)
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m64s37    # ~5 min: every 64-token W4A16 tile at M = 64, ncu of
+#                                                                  # the M = 64 pick and of the FP8 D 128 default
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh kron36    # ~1 min: the pre-pass's kron method (ran, s37)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh pre36     # ~6 min: FP8 GPU files, the FP8 grid (pre-pass rule)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh suite35   # ~9.5 min: the whole suite on the GPU (grep FAILED)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh late34    # ~9.5 min: e2e rows +lateN, timelines, GPU tests
@@ -237,9 +239,18 @@ case "${1:-}" in
   trace32)  # session 32: the decode step's timeline (decode_step_trace.py), then the e2e rows again (XAttn off)
     step trace 200 "$PY" benchmarks/decode_step_trace.py --out "$OUT"
     step e2e 420 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT" ;;
-  kron36)  # next session: the pre-pass's opt-in method "kron" (H_D = H_(D/16) (x) H_16, 64 FLOPs a value instead of
-    # 2 D; written in session 36 after the device time was spent, compile-checked spill-free): its GPU tests, then the
-    # sweep of its configs beside the mma defaults (Q / K: D 128 53.6 / 61.3 us, D 256 81 us each; the cast 32 us)
+  m64s37)  # ran in session 37 (results/w4a16-gemm-probe-m64-h200.json, docs/w4a16_gemm.md session 37): issue 7's
+    # point 2 cells sit at 24-51 % of their roofline bound: every
+    # 64-token tile at M = 64 on the two largest-gap shapes with its L2 -> SM rate, then ncu of the tuner's M = 64
+    # pick (8192 x 28672) and of the FP8 D 128 default (128 x 256 serial, V^T permuted: never profiled)
+    step probe 200 "$PY" benchmarks/w4a16_gemm_probe.py --shapes 8192x28672,8192x8192 --ms 64 --candidates all \
+      --extra small --out "$OUT"
+    NCU_LIMIT=120 step ncu 270 bash benchmarks/ncu_device.sh gemm_64 fp8_d128 ;;
+  kron36)  # ran in session 37 (18 GPU tests passed; kron slower at every config: D 128 Q/K 100 / 102 us against
+    # 54 / 61, D 256 92 against 81; results/fp8-prepass-kron-h200.json): the pre-pass's opt-in method "kron"
+    # (H_D = H_(D/16) (x) H_16, 64 FLOPs a value instead of 2 D; written in session 36 after the device time was
+    # spent, compile-checked spill-free): its GPU tests, then the sweep of its configs beside the mma defaults
+    # (Q / K: D 128 53.6 / 61.3 us, D 256 81 us each; the cast 32 us)
     step fp8_tests 130 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
       tests/kernels/test_attention_fp8_gpu.py -k "prepass"
     step sweep 200 "$PY" benchmarks/fp8_prepass_sweep.py --hdims 128 256 --methods kron --budget 150 --out "$OUT" ;;

@@ -15,6 +15,8 @@ name). Targets (bf16; the shapes of the benchmark grids' long cells):
   fp8_d128     attention_fa3_fp8_fwd, default config, inputs quantized beforehand, B 1, S 16384, H 16, D 128
   dec_8192     w4a16_linear at M 1, K = N = 8192, group 128 (the decode kernel the tuner picks)
   gemm_1024    w4a16_linear at M 1024, K 4096, N 14336 (the GEMM the tuner picks)
+  gemm_64      w4a16_linear at M 64, K 8192, N 28672 (the tuner's pick; issue 7's point 2 cell furthest below its
+               roofline bound: 89.5 us against bf16's 119, docs/w4a16_gemm.md)
   ring_28672   the ring decode kernel (w4a16_ring, bn256 ring2 atomic, 2 programs an SM: the tuner's M = 1 pick on
                most Llama shapes since session 29) at M 1, K 8192, N 28672 (117 MB: HBM-bound even after ncu's
                cache flush; docs/w4a16_decode.md Round 8: it streams at 0.72x the copy there)
@@ -63,13 +65,13 @@ def build(target: str):
         x = quantize_fp8(q, k, v, block_n=max(128, cfg.block_n), v_key_perm=cfg.v_perm)
         return lambda: fp8.attention_fa3_fp8_fwd(*x.args(), block_n=max(128, cfg.block_n), config=cfg,
                                                  v_key_perm=x.v_key_perm)
-    if target in ("dec_8192", "gemm_1024"):
+    if target in ("dec_8192", "gemm_1024", "gemm_64"):
         sys.path.insert(0, "benchmarks")
         from w4a16 import random_packed
 
         from flashscale.ops.w4a16 import w4a16_linear
 
-        m, k, n = (1, 8192, 8192) if target == "dec_8192" else (1024, 4096, 14336)
+        m, k, n = {"dec_8192": (1, 8192, 8192), "gemm_1024": (1024, 4096, 14336), "gemm_64": (64, 8192, 28672)}[target]
         p = random_packed(k, n, 128, gen)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
         return lambda: w4a16_linear(x, p)
@@ -85,7 +87,7 @@ def build(target: str):
         cfg = RingConfig(bn=256, kt=2, num_warps=4, ring=2, per_sm=2, atomic=True)
         return lambda: w4a16_ring(x, p, config=cfg)
     raise SystemExit(f"target {target!r}: one of bwd_d128, bwd_d128_c, bwd_d128_tma, bwd_d256, fwd_d128, fp8_d128, "
-                     "dec_8192, gemm_1024, ring_28672, ring_8192")
+                     "dec_8192, gemm_1024, gemm_64, ring_28672, ring_8192")
 
 
 def main() -> None:

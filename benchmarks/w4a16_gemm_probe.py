@@ -45,6 +45,13 @@ EXTRA = [C(bm=256, consumers=2, bk=64, stages=6), C(bm=256, consumers=2, bk=64, 
          C(bm=256, consumers=2, bk=128, stages=3, pingpong=True, persistent=True),
          C(bm=256, consumers=2, bk=128, stages=3, pingpong=True, persistent=True, stream_k=True)]
 
+# M <= 64 (issue 7's point 2: 0.91-1.50x bf16 where the roofline allows 2.8-3.7x): the 64-token tile's knobs the
+# candidates leave out (half-size K steps, turns, the sweep's grouping, persistence without the stream-K tail)
+EXTRA_SMALL = [C(bm=64, consumers=2, bk=64, stages=8), C(bm=64, consumers=2, stages=6, pingpong=True),
+               C(bm=64, consumers=2, bk=64, stages=8, pingpong=True), C(bm=64, consumers=2, stages=6, group=16),
+               C(bm=64, consumers=2, stages=6, group=4), C(bm=64, consumers=2, stages=6, persistent=True),
+               C(bm=64, consumers=2, stages=4)]
+
 
 def l2_bytes(m: int, k: int, n: int, bm: int, bn: int) -> float:
     return m * k * 2 * math.ceil(n / bn) + n * k / 2 * math.ceil(m / bm)
@@ -74,9 +81,12 @@ def main(argv=None) -> int:
     ap.add_argument("--rep", type=int, default=40)
     ap.add_argument("--candidates", default="big", help="which of w4a16_wgmma.candidates(M) run before EXTRA: all, "
                     "big (bm >= 128 only), none")
+    ap.add_argument("--extra", default="large", choices=("large", "small", "none"),
+                    help="configs timed after the candidates: EXTRA (large-M tiles), EXTRA_SMALL (64-token tiles), none")
     args = ap.parse_args(argv)
     gen = torch.Generator(device="cuda").manual_seed(0)
     gpu = torch.cuda.get_device_name()
+    extra = {"large": EXTRA, "small": EXTRA_SMALL, "none": []}[args.extra]
     rows = []
     for shape in args.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))
@@ -98,7 +108,7 @@ def main(argv=None) -> int:
             print(f"M={m} {k}x{n}: bf16 {t_bf:.1f} us {flops / t_bf * 1e-6:.0f} TFLOP/s", flush=True)
             cand = {"all": wg.candidates(m), "none": []}.get(args.candidates, [c for c in wg.candidates(m) if c.bm >= 128])
             checks = []  # float64 checks first (w4a16.wgmma_trials): only the correct configs are timed
-            trials = wgmma_trials(base, packs, w_bf16, x, m, gen, checks, cand + [c for c in EXTRA if c not in cand])
+            trials = wgmma_trials(base, packs, w_bf16, x, m, gen, checks, cand + [c for c in extra if c not in cand])
             err = {c["config"]: c["rel_err"] for c in checks}
             rows += [dict(impl="flashscale-wgmma", config=c["config"], M=m, K=k, N=n, wrong=True)
                      for c in checks if not c["ok"]]
