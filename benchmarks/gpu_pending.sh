@@ -22,7 +22,6 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace32   # ~6 min: the decode step's timeline, e2e rows
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace32b  # ~3 min: the timeline, late starters, variants
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh final32   # ~10 min: e2e rows (+tuned), GPU tests, trace
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh sum37     # ~2 min: FP8 sum_mma GPU tests, sweep (ran: wrong l)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m64s37    # ~5 min: every 64-token W4A16 tile at M = 64, ncu of
 #                                                                  # the M = 64 pick and of the FP8 D 128 default
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh kron36    # ~1 min: the pre-pass's kron method (ran, s37)
@@ -240,15 +239,6 @@ case "${1:-}" in
   trace32)  # session 32: the decode step's timeline (decode_step_trace.py), then the e2e rows again (XAttn off)
     step trace 200 "$PY" benchmarks/decode_step_trace.py --out "$OUT"
     step e2e 420 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT" ;;
-  sum37)  # session 37: P's row sums by the tensor cores (FA3Fp8Config.sum_mma: one m64nNk32 QGMMA a key step
-    # against a ones tile instead of one FADD a score; compile: D 128 default loop 1146 -> 1027 instructions, no
-    # spills): its GPU tests, then the sweep. Ran: every sum_mma test failed, the sweep refused both variants
-    # (docs/attention_fp8.md session 37)
-    step fp8_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
-      tests/kernels/test_attention_fa3_fp8_gpu.py -k "sum or d128_pp_n256_serial_vperm or d128_pp_serial"
-    step fp8_sweep 240 "$PY" benchmarks/attention_fa3_fp8_sweep.py --hdims 128 --seqlens 4096,8192,16384 \
-      --variants pp_n256_serial_vperm,pp_n256_serial_vperm_sum,pp_serial,pp_serial_sum --budget 220 \
-      --out "$OUT/attention-fa3-fp8-sweep-sum-h200.json" ;;
   m64s37)  # ran in session 37 (results/w4a16-gemm-probe-m64-h200.json, docs/w4a16_gemm.md session 37): issue 7's
     # point 2 cells sit at 24-51 % of their roofline bound: every
     # 64-token tile at M = 64 on the two largest-gap shapes with its L2 -> SM rate, then ncu of the tuner's M = 64

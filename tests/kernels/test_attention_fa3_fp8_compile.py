@@ -48,7 +48,6 @@ def loop_stats(body):
             depth[regs[0]] = d = 1 + max([depth.get(r, 0) for r in regs[1:]] + [0])
             fmnmx_depth = max(fmnmx_depth, d)
     return dict(n=len(ops), mufu_ex2=ops.count("MUFU.EX2"), ffma=ops.count("FFMA"), fmnmx=ops.count("FMNMX"),
-                fadd=ops.count("FADD"), qgmma_n8=sum(o.startswith("QGMMA.64x8x32") for o in ops),
                 fmnmx_depth=fmnmx_depth, mufu_ex2_under_pv=None if w0 is None else ops[w1:w0].count("MUFU.EX2"))
 out, extra, res = sys.argv[1], json.loads(sys.argv[2]), {}
 jobs = [(f"d{d}_{'causal' if c else 'full'}", d, c, None) for d in fp8.HEAD_DIMS for c in (False, True)]
@@ -96,9 +95,6 @@ EXTRA = {
     # the 128-key default before session 28 (still the one for 128-row K/V blocks): the knobs' baseline below
     "pp_d128_full": (128, False, dict(block_m=128, block_n=128, stages=3)),
     "pp_d128_causal": (128, True, dict(block_m=128, block_n=128, stages=3)),
-    # session 37: P's row sums on the tensor cores (the D 128 default's tile with sum_mma)
-    "sum_d128_full": (128, False, dict(block_m=128, block_n=256, stages=2, overlap=False, v_perm=True, sum_mma=True)),
-    "sum_d128_causal": (128, True, dict(block_m=128, block_n=256, stages=2, overlap=False, v_perm=True, sum_mma=True)),
 }
 
 
@@ -219,21 +215,6 @@ def test_tree_max_shortens_the_row_max_chain(compiled):
         assert lt["fmnmx_depth"] <= 10, lt
         assert lt["fmnmx"] == lb["fmnmx"] and lt["mufu_ex2"] == lb["mufu_ex2"], (lb, lt)
         assert abs(lt["n"] - lb["n"]) <= 8, (lb, lt)
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_sum_mma_takes_the_row_sum_off_the_softmax(compiled, causal):
-    # the D 128 default's key loop sums P with one FADD a score (128 a thread and 256-key block, + the quad's);
-    # sum_mma leaves the sum to one m64n8k32 QGMMA a key step against the ones tile: no FADD a score, the rest equal
-    c = "causal" if causal else "full"
-    _, base = compiled(f"d128_{c}")
-    _, meta = compiled(f"sum_d128_{c}")
-    assert len(meta["key_loops"]) == len(base["key_loops"]) == 2
-    for lb, ls in zip(base["key_loops"], meta["key_loops"]):
-        assert lb["fadd"] >= 128 and lb["qgmma_n8"] == 0, lb
-        assert ls["fadd"] <= 8 and ls["qgmma_n8"] == 256 // 32, ls
-        assert ls["mufu_ex2"] == lb["mufu_ex2"] and ls["fmnmx"] == lb["fmnmx"], (lb, ls)
-        assert ls["n"] <= lb["n"] - 100, (lb["n"], ls["n"])
 
 
 # ---- the accumulator -> FP8 A-operand register exchange, replayed on Triton's own linear layouts ----------------
@@ -388,6 +369,5 @@ def test_config_errors():
     assert fp8.quant_block_n(64) == fp8.quant_block_n(256, True) == 128
     assert "exp2_fma" in fp8.config_error(128, C(exp2_fma=9))
     assert "overlap" in fp8.config_error(128, C(late_pv_wait=True, overlap=False))
-    assert "serial" in fp8.config_error(128, C(sum_mma=True))  # overlap=True counts its wgmma groups
     for (d, _), cfg in fp8.DEFAULT_CONFIGS.items():  # the new knobs are opt-in
         assert cfg.exp2_fma == 0 and not cfg.late_pv_wait and not cfg.tree_max

@@ -161,13 +161,6 @@ class FA3Fp8Config:
     # with key v_key_of_slot(k), which is what v8 holds there (quantize_fp8(..., v_key_perm=True) writes it). Session
     # 27 on the H200: D 256 +2-9 % (the default there since), D 128 -0.3-2.5 % (not taken).
     v_perm: bool = False
-    # P's row sums by the tensor cores (overlap=False only): each block's e4m3 P also multiplies an 8-key-wide tile
-    # of ones in shared memory (one wgmma m64n8k32 a key step: +6 % of the PV's tensor work), whose accumulator,
-    # rescaled by alpha as O is, holds l in every column. ncu of the D 128 default (docs/attention_fp8.md, session
-    # 37): the softmax turn is issue-bound with the tensor pipe at 44 %, and the row sum is one FADD a score (128 a
-    # thread and 256-key block). The sum is of the e4m3 P that PV multiplies, not of its fp32 values: O / l weighs
-    # V by exactly the normalized P it used (not bitwise the default's output or lse).
-    sum_mma: bool = False
 
     @property
     def sub_m(self) -> int:
@@ -224,9 +217,6 @@ TUNING_CONFIGS = {
         # Gluon's reach); 256 keys without overlap, V^T's keys permuted: +4-6 % over pp full in session 28's sweep,
         # the D 128 default since (K/V in 256-row blocks). (With overlap, 360 B spilled.)
         "pp_n256_serial_vperm": _C(block_m=128, block_n=256, stages=2, overlap=False, v_perm=True),
-        # session 37: P's row sums on the tensor cores (no FADD a score in the softmax turn)
-        "pp_n256_serial_vperm_sum": _C(block_m=128, block_n=256, stages=2, overlap=False, v_perm=True, sum_mma=True),
-        "pp_serial_sum": _C(block_m=128, block_n=128, stages=3, overlap=False, sum_mma=True),
     },
     256: {
         "pp": _C(block_m=128, block_n=128, stages=2),  # causal: 44 B spilled (the diagonal block's mask)
@@ -286,9 +276,8 @@ def smem_bytes(head_dim: int, cfg: FA3Fp8Config, out_dtype: torch.dtype = torch.
     """Shared memory of one program, about (Triton aligns and adds a few hundred bytes): the fp8 Q slices,
     the fp8 K/V ring, one output tile a consumer (out dtype) and the barriers."""
     n_bars = 4 * cfg.stages + 3 * cfg.consumers
-    ones = cfg.consumers * 8 * (cfg.block_n if cfg.sum_mma else 32)
     return (head_dim * (cfg.block_m + 2 * cfg.stages * cfg.block_n) + cfg.block_m * head_dim * _out_elem(out_dtype)
-            + 8 * n_bars + ones)
+            + 8 * n_bars)
 
 
 def config_error(head_dim: int, cfg: FA3Fp8Config, *, quant_block_n: int | None = None,
@@ -310,8 +299,6 @@ def config_error(head_dim: int, cfg: FA3Fp8Config, *, quant_block_n: int | None 
         return f"block_m {cfg.block_m}: {cfg.consumers} slices of 64 or 128 rows"
     if cfg.late_pv_wait and not cfg.overlap:
         return "late_pv_wait orders the overlapped loop (overlap=True)"
-    if cfg.sum_mma and cfg.overlap:
-        return "sum_mma runs in the serial loop (overlap=False): the overlapped one counts its wgmma groups"
     if not 0 <= cfg.exp2_fma <= 8:
         return f"exp2_fma {cfg.exp2_fma}: eighths of P's key groups on the FMA pipe, 0..8"
     if smem_bytes(head_dim, cfg, out_dtype) > SMEM_LIMIT:
@@ -465,8 +452,6 @@ if HAS_GLUON:
         return "{" + _pairs(_ACC_TO_A_PERM_PAIR, pack) + "}"
 
     # module globals a kernel reads must be constexpr
-    SUM_N = gl.constexpr(16)  # sum_mma: columns of the ones tile (the wgmma's N)
-    ONES_ROWS = gl.constexpr(64)
     _ACC_TO_A_16 = gl.constexpr(_acc_to_a_asm(16))
     _ACC_TO_A_32 = gl.constexpr(_acc_to_a_asm(32))
     _ACC_TO_A_PERM_16 = gl.constexpr(_acc_to_a_perm_asm(16))
@@ -547,8 +532,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _softmax(s, j, m_i, l_i, rs, rows, off, seqlen_k, cols0, n_full, CAUSAL: gl.constexpr,
-                 BLOCK_N: gl.constexpr, EXP2_FMA: gl.constexpr, TREE_MAX: gl.constexpr = False,
-                 SUM_MMA: gl.constexpr = False):
+                 BLOCK_N: gl.constexpr, EXP2_FMA: gl.constexpr, TREE_MAX: gl.constexpr = False):
         """Online-softmax step on raw scores s (SUB_M, BN) fp32 with the per-row scale rs (log2 units)
         -> p = exp2(s * rs - m + 8) (fp32), alpha, new m, new l. Blocks j >= n_full (the ragged last block, the
         causal diagonal band) mask keys >= Sk and, if CAUSAL, past the diagonal (key > row + Sk - Sq)."""
@@ -576,12 +560,11 @@ if HAS_GLUON:
         else:
             p = gl.exp2(x)  # MUFU.EX2
         alpha = gl.exp2(m_i - m_use)
-        if not SUM_MMA:  # else the tensor cores sum P (_consumer_tile's acc_l)
-            l_i = l_i * alpha + gl.reduce(p, 1, _sum_combine)
+        l_i = l_i * alpha + gl.reduce(p, 1, _sum_combine)
         return p, alpha, m_new, l_i
 
     @gluon.jit
-    def _consumer_tile(q_tile, o_tile, ones_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+    def _consumer_tile(q_tile, o_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                        my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b,
                        skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile, it, t_i, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                        qk_scale, C: gl.constexpr, FIRST: gl.constexpr, HEAD_DIM: gl.constexpr,
@@ -589,7 +572,7 @@ if HAS_GLUON:
                        QBLOCK_M: gl.constexpr, QBLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                        OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
                        EXP2_FMA: gl.constexpr, LATE_PV_WAIT: gl.constexpr, TREE_MAX: gl.constexpr,
-                       V_PERM: gl.constexpr, SUM_MMA: gl.constexpr):
+                       V_PERM: gl.constexpr):
         """One tile of consumer C (attention_fa3._consumer_pp_tile with FP8 operands and descales). `it` / `t_i`:
         K/V blocks and tiles before this one. Returns the updated it."""
         # FP8 wgmma: instruction K = 32 (256 bits of e4m3); the accumulators are the bf16 kernel's
@@ -601,11 +584,6 @@ if HAS_GLUON:
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-        # SUM_MMA: l as an (SUB_M, 8) accumulator of P times ones (every column the row sum)
-        l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, SUM_N, 32])
-        pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=4)
-        row_l: gl.constexpr = gl.SliceLayout(1, l_layout)
         f8: gl.constexpr = q_tile.dtype
         q = q_tile.reshape([SUB_M, HEAD_DIM])
         zero_s = gl.zeros([SUB_M, BLOCK_N], gl.float32, layout=s_layout)
@@ -628,7 +606,6 @@ if HAS_GLUON:
         m_i = gl.full([SUB_M], float("-inf"), gl.float32, layout=row_s)
         l_i = gl.zeros([SUB_M], gl.float32, layout=row_s)
         acc = gl.zeros([SUB_M, HEAD_DIM], gl.float32, layout=o_layout)
-        acc_l = gl.zeros([SUB_M, SUM_N], gl.float32, layout=l_layout)
         vd_last = gl.to_tensor(1.0)  # the V descale the accumulator's units are (O = acc * vd_last)
         mbarrier.wait(q_ready.index(C), t_i & 1)
         if OVERLAP:
@@ -708,32 +685,22 @@ if HAS_GLUON:
                 s = warpgroup_mma_wait(0, deps=(tok, ))
                 mbarrier.arrive(k_empty.index(st))
                 p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, row_scale * kd, rows, off, seqlen_k, cols0,
-                                              n_full, CAUSAL, BLOCK_N, EXP2_FMA, TREE_MAX, SUM_MMA)
+                                              n_full, CAUSAL, BLOCK_N, EXP2_FMA, TREE_MAX)
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha * (vd_last / vd), row_o), 1)
-                if SUM_MMA:
-                    acc_l = acc_l * gl.expand_dims(gl.convert_layout(alpha, row_l, assert_trivial=True), 1)
                 vd_last = vd
                 p8 = _p_to_a(p, p_layout, SUB_M, BLOCK_N, f8, V_PERM)
                 mbarrier.wait(v_ready.index(st), ph)
                 if PINGPONG:
                     mbarrier.wait(my_turn, FIRST ^ 1)  # turn 2 (it + j) + 1: odd
                 tok_o = warpgroup_mma(p8, v_smem.index(st).permute((1, 0)), acc, is_async=True)
-                if SUM_MMA:  # the same A registers (the operand layout does not depend on N)
-                    pl = gl.convert_layout(p8, pl_layout, assert_trivial=True)
-                    tok_l = warpgroup_mma(pl, ones_tile.slice(0, SUM_N, dim=0).permute((1, 0)), acc_l, is_async=True)
                 if PINGPONG:
                     mbarrier.arrive(next_turn)
-                if SUM_MMA:
-                    acc, acc_l = warpgroup_mma_wait(0, deps=(tok_o, tok_l))
-                else:
-                    acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+                acc = warpgroup_mma_wait(0, deps=(tok_o, ))
                 mbarrier.arrive(v_empty.index(st))
             mbarrier.arrive(q_empty.index(C))
         it += n_blocks
 
         # Epilogue: out = acc * vd_last / l; empty rows (l = 0) give 0 and lse = -inf.
-        if SUM_MMA:  # every column of acc_l holds the row's sum
-            l_i = gl.convert_layout(gl.max(acc_l, axis=1), row_s)
         empty = l_i == 0.0
         l_safe = gl.where(empty, 1.0, l_i)
         lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe) - 8.0) * 0.6931471805599453)
@@ -751,14 +718,14 @@ if HAS_GLUON:
         return it
 
     @gluon.jit
-    def _consumer(q_smem, o_smem, ones_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
+    def _consumer(q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
                   o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n, VD, svd_b,
                   svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, qk_scale,
                   C: gl.constexpr, CONSUMERS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, QBLOCK_M: gl.constexpr, QBLOCK_N: gl.constexpr,
                   CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
                   EXP2_FMA: gl.constexpr, LATE_PV_WAIT: gl.constexpr, TREE_MAX: gl.constexpr,
-                  V_PERM: gl.constexpr, SUM_MMA: gl.constexpr):
+                  V_PERM: gl.constexpr):
         """Consumer C: rows [m0 + C * SUB_M, m0 + (C + 1) * SUB_M) of each tile; turn protocol of
         attention_fa3 (turn t of consumer c waits turn[c] on parity (t & 1) ^ (c == 0))."""
         SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
@@ -767,31 +734,25 @@ if HAS_GLUON:
         next_turn = turn.index((C + 1) % CONSUMERS)
         q_tile = q_smem.index(C)
         o_tile = o_smem.index(C)
-        ones_tile = ones_smem.index(C)
-        if SUM_MMA:  # this consumer's (8, BLOCK_N) tile of e4m3 ones: the B operand of its row sums
-            ones_l: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [4, 1], [1, 0])
-            ones_tile.store(gl.full([ONES_ROWS, BLOCK_N], 1.0, gl.float32, layout=ones_l).to(ones_tile.dtype))
-            fence_async_shared()
-            gl.thread_barrier()  # every warp's rows stored before the first wgmma reads the tile
         if PERSISTENT:
             it = 0
             t_i = 0
             for kt in range(0, _program_tiles(tile0, n_tiles, tile_step)):
                 tile = _snake_tile(kt, tile0, tile_step)
-                it = _consumer_tile(q_tile, o_tile, ones_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+                it = _consumer_tile(q_tile, o_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
                                     v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h,
                                     sqd_n, KD, skd_b, skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile, it, t_i, n_m, BH, HG,
                                     H, GROUP, seqlen_q, seqlen_k, qk_scale, C, FIRST, HEAD_DIM, BLOCK_M, SUB_M,
                                     BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
-                                    EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM, SUM_MMA)
+                                    EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM)
                 t_i += 1
             tma.store_wait(pendings=0)
         else:  # one tile a program: constant counters (fewer live registers)
-            _consumer_tile(q_tile, o_tile, ones_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+            _consumer_tile(q_tile, o_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                            my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b,
                            skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile0, 0, 0, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                            qk_scale, C, FIRST, HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                           OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM, SUM_MMA)
+                           OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM)
 
     # One binary per (config, head dim, causal, quantization blocks, out dtype): no integer specialisation.
     @gluon.jit(do_not_specialize=["stride_lb", "stride_lh", "sqd_b", "sqd_h", "sqd_n", "skd_b", "skd_h", "skd_n",
@@ -803,7 +764,7 @@ if HAS_GLUON:
                             CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
                             CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, EXP2_FMA: gl.constexpr,
                             LATE_PV_WAIT: gl.constexpr, TREE_MAX: gl.constexpr, V_PERM: gl.constexpr,
-                            SUM_MMA: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                            PRODUCER_REGS: gl.constexpr,
                             CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         f8: gl.constexpr = q_desc.dtype
         n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
@@ -813,10 +774,6 @@ if HAS_GLUON:
             tile_step = gl.num_programs(0)
         else:
             tile_step = n_tiles  # one tile a program
-        # SUM_MMA: a consumer's (SUM_N, BLOCK_N) tile of ones, laid out as V^T's tiles (rows of BLOCK_N keys); else
-        # a token one never touched
-        ONES_N: gl.constexpr = BLOCK_N if SUM_MMA else 32
-        ones_smem = gl.allocate_shared_memory(f8, [CONSUMERS, ONES_ROWS, ONES_N], v_desc.layout)
         q_smem = gl.allocate_shared_memory(f8, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS] + o_desc.block_type.shape, o_desc.layout)
         k_smem = gl.allocate_shared_memory(f8, [STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -839,16 +796,16 @@ if HAS_GLUON:
             mbarrier.init(v_empty.index(i), count=CONSUMERS)
         if CONSUMERS == 2:
             gl.warp_specialize([
-                (_consumer, (q_smem, o_smem, ones_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
                              VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM, SUM_MMA)),
-                (_consumer, (q_smem, o_smem, ones_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM)),
+                (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
                              VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM, SUM_MMA)),
+                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, PERSISTENT)),
@@ -856,21 +813,21 @@ if HAS_GLUON:
         else:
             gl.static_assert(CONSUMERS == 3, "2 or 3 consumer warpgroups")
             gl.warp_specialize([
-                (_consumer, (q_smem, o_smem, ones_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
                              VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM, SUM_MMA)),
-                (_consumer, (q_smem, o_smem, ones_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM)),
+                (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
                              VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM, SUM_MMA)),
-                (_consumer, (q_smem, o_smem, ones_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM)),
+                (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                              turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
                              VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              qk_scale, 2, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM, SUM_MMA)),
+                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, PERSISTENT)),
@@ -1018,7 +975,7 @@ def _constexprs(head_dim: int, causal: bool, cfg: FA3Fp8Config, block_m: int, bl
             "QBLOCK_M": block_m, "QBLOCK_N": block_n, "CAUSAL": causal, "OVERLAP": cfg.overlap,
             "PINGPONG": cfg.pingpong, "CONSUMERS": cfg.consumers, "PERSISTENT": cfg.persistent,
             "EXP2_FMA": cfg.exp2_fma, "LATE_PV_WAIT": cfg.late_pv_wait, "TREE_MAX": cfg.tree_max,
-            "V_PERM": cfg.v_perm, "SUM_MMA": cfg.sum_mma,
+            "V_PERM": cfg.v_perm,
             "PRODUCER_REGS": cfg.producer_regs, "CONSUMER_REGS": cfg.worker_consumer_regs, "num_warps": cfg.num_warps}
 
 
