@@ -35,6 +35,10 @@ def _attn(S, H, D, gen):
     return q, k, v
 
 
+# w4a16_linear targets: (M, K, N), the kernel the tuner picks there
+LINEAR_TARGETS = {"dec_8192": (1, 8192, 8192), "gemm_1024": (1024, 4096, 14336), "gemm_64": (64, 8192, 28672)}
+
+
 def build(target: str):
     """A no-argument callable that launches the target once (compiled and tuned already after one call)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -65,13 +69,13 @@ def build(target: str):
         x = quantize_fp8(q, k, v, block_n=max(128, cfg.block_n), v_key_perm=cfg.v_perm)
         return lambda: fp8.attention_fa3_fp8_fwd(*x.args(), block_n=max(128, cfg.block_n), config=cfg,
                                                  v_key_perm=x.v_key_perm)
-    if target in ("dec_8192", "gemm_1024", "gemm_64"):
+    if target in LINEAR_TARGETS:
         sys.path.insert(0, "benchmarks")
         from w4a16 import random_packed
 
         from flashscale.ops.w4a16 import w4a16_linear
 
-        m, k, n = {"dec_8192": (1, 8192, 8192), "gemm_1024": (1024, 4096, 14336), "gemm_64": (64, 8192, 28672)}[target]
+        m, k, n = LINEAR_TARGETS[target]
         p = random_packed(k, n, 128, gen)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
         return lambda: w4a16_linear(x, p)
