@@ -22,6 +22,8 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace32   # ~6 min: the decode step's timeline, e2e rows
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace32b  # ~3 min: the timeline, late starters, variants
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh final32   # ~10 min: e2e rows (+tuned), GPU tests, trace
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2s38     # ~9 min: the packed 16-bit W4A16 unpack: its GPU
+#                                                                  # test, every candidate and its h2 twin, M 64-1024
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m64s37    # ~5 min: every 64-token W4A16 tile at M = 64, ncu of
 #                                                                  # the M = 64 pick and of the FP8 D 128 default
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh kron36    # ~1 min: the pre-pass's kron method (ran, s37)
@@ -239,6 +241,16 @@ case "${1:-}" in
   trace32)  # session 32: the decode step's timeline (decode_step_trace.py), then the e2e rows again (XAttn off)
     step trace 200 "$PY" benchmarks/decode_step_trace.py --out "$OUT"
     step e2e 420 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT" ;;
+  h2s38)  # session 38 (written without a GPU; compile-checked spill-free, the asm text proven exact on the CPU by
+    # tests/kernels/test_w4a16_h2.py): the packed 16-bit unpack (WgmmaConfig(h2=True), kernels/w4a16_h2.py: 9 ALU-pipe
+    # instructions a word instead of 11 + 4 F2FP). Its GPU test first (bitwise the fp32 unpack's output, every
+    # candidate of the M 64 / 256 buckets and the large-M pick, bf16 and fp16), then every candidate and its h2 twin
+    # at M 64 / 256 / 1024 on three shapes. Then: if h2 wins, put the twins among CANDIDATES and rerun the grid.
+    step h2_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
+      tests/kernels/test_w4a16_wgmma_gpu.py -k "h2"
+    step probe 330 "$PY" benchmarks/w4a16_gemm_probe.py --shapes 8192x28672,8192x8192,4096x14336 --ms 64,256,1024 \
+      --candidates all --extra h2 --out "$OUT"
+    cp "$OUT/w4a16-gemm-probe-h200.json" "$OUT/w4a16-gemm-probe-h2-h200.json" 2>/dev/null ;;
   m64s37)  # ran in session 37 (results/w4a16-gemm-probe-m64-h200.json, docs/w4a16_gemm.md session 37): issue 7's
     # point 2 cells sit at 24-51 % of their roofline bound: every
     # 64-token tile at M = 64 on the two largest-gap shapes with its L2 -> SM rate, then ncu of the tuner's M = 64

@@ -15,6 +15,7 @@ Writes DIR/w4a16-gemm-probe-<gpu>.json (rows: impl, config, M, K, N, us, tflops,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -81,12 +82,13 @@ def main(argv=None) -> int:
     ap.add_argument("--rep", type=int, default=40)
     ap.add_argument("--candidates", default="big", help="which of w4a16_wgmma.candidates(M) run before EXTRA: all, "
                     "big (bm >= 128 only), none")
-    ap.add_argument("--extra", default="large", choices=("large", "small", "none"),
-                    help="configs timed after the candidates: EXTRA (large-M tiles), EXTRA_SMALL (64-token tiles), none")
+    ap.add_argument("--extra", default="large", choices=("large", "small", "h2", "none"),
+                    help="configs timed after the candidates: EXTRA (large-M tiles), EXTRA_SMALL (64-token tiles), "
+                    "h2 (each candidate again with the packed 16-bit unpack, kernels/w4a16_h2.py), none")
     args = ap.parse_args(argv)
     gen = torch.Generator(device="cuda").manual_seed(0)
     gpu = torch.cuda.get_device_name()
-    extra = {"large": EXTRA, "small": EXTRA_SMALL, "none": []}[args.extra]
+    extra = {"large": EXTRA, "small": EXTRA_SMALL, "h2": [], "none": []}[args.extra]
     rows = []
     for shape in args.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))
@@ -107,6 +109,8 @@ def main(argv=None) -> int:
                              x_bf16=1.0, l2_TBps=l2_bytes(m, k, n, 128, 256) / t_bf * 1e-6))
             print(f"M={m} {k}x{n}: bf16 {t_bf:.1f} us {flops / t_bf * 1e-6:.0f} TFLOP/s", flush=True)
             cand = {"all": wg.candidates(m), "none": []}.get(args.candidates, [c for c in wg.candidates(m) if c.bm >= 128])
+            if args.extra == "h2":
+                extra = [dataclasses.replace(c, h2=True) for c in cand]
             checks = []  # float64 checks first (w4a16.wgmma_trials): only the correct configs are timed
             trials = wgmma_trials(base, packs, w_bf16, x, m, gen, checks, cand + [c for c in extra if c not in cand])
             err = {c["config"]: c["rel_err"] for c in checks}

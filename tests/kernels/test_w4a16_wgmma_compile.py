@@ -26,14 +26,18 @@ json.dump([wg.census(c) for c in wg.all_candidates()] + [wg.census(wg.all_candid
 """
 
 
-@pytest.fixture(scope="module")
-def census(tmp_path_factory):
-    out = tmp_path_factory.mktemp("w4a16_wgmma_sm90") / "census.json"
-    proc = run_offline(_COMPILE, str(out))
+def _census(tmp_path_factory, script: str, name: str) -> list[dict]:
+    out = tmp_path_factory.mktemp(name) / "census.json"
+    proc = run_offline(script, str(out))
     if proc.returncode and "get_ptxas" in proc.stderr:
         pytest.skip("no sm_90 toolchain (ptxas) in this triton")
     assert proc.returncode == 0, f"sm_90 compile failed:\n{proc.stderr[-4000:]}"
     return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def census(tmp_path_factory):
+    return _census(tmp_path_factory, _COMPILE, "w4a16_wgmma_sm90")
 
 
 def test_every_candidate_compiles_without_spills(census):
@@ -72,3 +76,46 @@ def test_large_token_tiles_are_candidates():
     labels = {c.label() for c in wg.candidates(1 << 20)}
     assert {"bm128-bn64-bk128-s4", "bm128-bn128-bk128-s4", "bm256-bn64-bk128-s3", "bm256-bn64-bk64-s6"} <= labels
     assert {"bm128-bn64-bk128-s4", "bm128-bn128-bk128-s4"} <= {c.label() for c in wg.candidates(256)}
+
+
+# The packed 16-bit unpack (h2=True, kernels/w4a16_h2.py) on the 64-token candidates, the large-M pick, fp16, and
+# group 64 with bias.
+_COMPILE_H2 = """
+import dataclasses, json, sys, torch
+from flashscale.kernels import w4a16_wgmma as wg
+cs = [dataclasses.replace(c, h2=True) for c in wg.candidates(64) + [wg.candidates(4096)[0]]]
+rows = [wg.census(c) for c in cs]
+rows.append(wg.census(cs[3], dtype=torch.float16))
+rows.append(wg.census(cs[1], group_size=64, bias=True))
+rows[-2]["fp16"] = True
+json.dump(rows, open(sys.argv[1], "w"))
+"""
+
+
+@pytest.fixture(scope="module")
+def census_h2(tmp_path_factory):
+    return _census(tmp_path_factory, _COMPILE_H2, "w4a16_wgmma_h2")
+
+
+def test_h2_unpack_machine_code(census_h2):
+    """Per packed word (8 weights): 1 SHF, 4 PRMT, 4 LOP3 and 4 HADD2 + 4 HMUL2 (+ 4 HFMA2 for bf16), no F2FP,
+    no FFMA beyond the per-row constants: the pairs come out of the asm as A-fragment registers. Spill-free, and
+    the unpack issued while a wgmma group is in flight as in the fp32 path."""
+    for r in census_h2:
+        assert r["config"].endswith("-h2")
+        assert not (r["spill_stores"] or r["spill_loads"] or r["stack"] or r["local"]), r
+        for lp in r["loops"]:
+            words = lp["steps"] * r["bk"] // 16  # 64 features x BK inputs / 128 threads / 8 weights a word, a step
+            d = lp["dequant"]
+            assert d["HADD2"] == d["HMUL2"] == 4 * words, (r["config"], d, words)
+            assert d["HFMA2"] == (0 if r.get("fp16") else 4 * words), (r["config"], d)
+            assert d["F2FP"] == 0 and d["FFMA"] <= 4 * lp["steps"], (r["config"], d)
+            assert 4 * words <= d["LOP3"] <= 4 * words + 12 * lp["steps"], (r["config"], d)  # + constants
+            # one consumer: all of it under the wgmma (289 / 289 at bm64); two, persistent: 125-138 / 144. The plain
+            # two-consumer loop (wait(0), one tile a program): ptxas sinks a third or more of A_{j+1}'s packed ops
+            # below the try-wait loop and the wgmma wait (session 38, bf16 100 / 146, fp16 46 / 112), which it does
+            # not do to the fp32 unpack's last ops (F2FP, 151 / 184): a cost on the critical path, timed on the GPU
+            share = 0.95 if r["consumers"] == 1 else 0.8 if r["config"].count("persist") else 0.35
+            assert lp["dequant_between_issue_and_wait"] >= share * lp["dequant_total"], (r["config"], lp)
+            if r["consumers"] == 1:
+                assert lp["moves"] == 0, (r["config"], lp["moves"])

@@ -177,6 +177,41 @@ def test_shapes_groups_split(dtype, k, n, g, act, split):
     assert int(wg._workspace(torch.device("cuda", torch.cuda.current_device()), 1, 1)[1].abs().sum()) == 0
 
 
+_H2_CONFIGS = list(dict.fromkeys(wg.candidates(64) + wg.candidates(256) + [wg.candidates(4096)[0]]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("cfg", _H2_CONFIGS, ids=lambda c: c.label())
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_h2_unpack_is_bitwise_the_fp32_unpack(cfg, dtype):
+    """The packed 16-bit unpack (h2=True, kernels/w4a16_h2.py) makes the same A operands as the fp32 one, so the
+    same config gives the same bits: asymmetric zero points 0..16, scales over float16's range (bf16: the split
+    scale's low part non-zero), group 128 / 64 / one a row, act-order, bias, ragged M and N."""
+    h2 = dataclasses.replace(cfg, h2=True)
+    for k, n, g, act in ((1024, 384, 128, False), (1088, 200, 64, False), (960, 272, -1, True)):
+        p = _weight(k, n, g, act_order=act, seed=k + n)
+        p.sz.copy_(_wide_scales(p.sz, seed=n))
+        for m in (17, 64, 257):
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            bias = torch.randn(n, device="cuda", dtype=dtype) if m == 17 else None
+            if wg.config_error(cfg, p.group_size, k) is not None:
+                continue
+            y32 = wg.w4a16_wgmma(x, p, bias, config=cfg)
+            y16 = wg.w4a16_wgmma(x, p, bias, config=h2)
+            assert torch.equal(y16, y32), (h2.label(), k, n, g, m, (y16.float() - y32.float()).abs().max().item())
+            if m == 64:
+                _check(x, p, bias, h2)
+
+
+def _wide_scales(sz: torch.Tensor, seed: int) -> torch.Tensor:
+    """sz words with float16 scales drawn over 2^-14 .. 2^-2 (every exponent, full 11-bit mantissas), zero points
+    kept: the bf16 split's low part is non-zero for most."""
+    gen = torch.Generator().manual_seed(seed)
+    s = (torch.rand(sz.shape, generator=gen) * 12 - 14).exp2().half().float()
+    return ((s * 2048).view(torch.int32) & -32).to(sz.device) | (sz & 31)
+
+
 def test_errors():
     p = pack_w4(torch.randint(0, 16, (128, 32)), torch.zeros(4, 32, dtype=torch.int64),
                 torch.ones(4, 32).half(), group_size=32)

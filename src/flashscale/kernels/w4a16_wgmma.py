@@ -19,7 +19,8 @@ x^T (BK, BM) with RS-wgmma (m64nBMk16: A, the dequantized weights, from register
     live, each untouched until its wgmma retires). Epilogue in 16..64-token chunks (HAS_SPLIT: split-K path).
   * scale and zero are applied to A before the MMA, exactly (w4a16_common's fp32 magic-number unpack: one
     shift per two nibbles, one LOP3 and one FFMA a weight, one cvt per pair; w = (q - z) * s rounded once to
-    16 bits, as the reference does). The alternative (decode kernel: MMA on OFF + q, s and z*sum(x) per group
+    16 bits, as the reference does); with h2=True (opt-in until timed) the packed 16-bit unpack of w4a16_h2.py: the
+    same values, two weights an instruction, 9 instead of 15 ALU-pipe instructions a packed word. The alternative (decode kernel: MMA on OFF + q, s and z*sum(x) per group
     after) needs one accumulator drain per group: BM/2 fp32 per thread times two FMAs every 128 K plus group
     sums of x and a wait per group that breaks the wgmma overlap: more work than the dequant at BM >= 64.
   * split-K (grid axis 1) for grids that cannot fill the SMs (M = 64 on N <= 8192): each split writes its fp32
@@ -48,6 +49,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flashscale.kernels import w4a16_h2 as h2
 from flashscale.kernels.w4a16_common import MAGIC_ONE
 from flashscale.kernels.w4a16_pack import FRAG_K, PackedW4
 
@@ -79,6 +81,7 @@ class WgmmaConfig:
     pingpong: bool = False  # two consumers: tensor-core turns (consumer c issues its wgmma of step j after c - 1)
     persistent: bool = False  # one CTA an SM looping over tiles: the ring runs on into the next tile's K steps
     stream_k: bool = False  # persistent: the last, partly filled wave's tiles split along K over all programs
+    h2: bool = False  # the packed 16-bit unpack (w4a16_h2.py: half the ALU-pipe work a weight, the same values)
 
     @property
     def bn(self) -> int:
@@ -87,7 +90,7 @@ class WgmmaConfig:
     def label(self) -> str:
         return (f"bm{self.bm}-bn{self.bn}-bk{self.bk}-s{self.stages}" + (f"-k{self.split_k}" if self.split_k else "")
                 + ("-pp" if self.pingpong else "") + ("-persist" if self.persistent else "")
-                + ("-sk" if self.stream_k else ""))
+                + ("-sk" if self.stream_k else "") + ("-h2" if self.h2 else ""))
 
 
 def smem_bytes(cfg: WgmmaConfig, group_size: int = 128) -> int:
@@ -230,6 +233,12 @@ if HAS_GLUON:
                          num_n, num_m, G, BM, BN, BK, STAGES, GROUP)
                 base += k1 - k0
 
+    # module globals a kernel reads must be constexpr
+    _H2_B0, _H2_B1, _H2_B2, _H2_B3 = (gl.constexpr(h2.pair_asm(m, "bf16")) for m in range(4))
+    _H2_F0, _H2_F1, _H2_F2, _H2_F3 = (gl.constexpr(h2.pair_asm(m, "fp16")) for m in range(4))
+    _H2_CON_B = gl.constexpr(h2.constraints("bf16"))
+    _H2_CON_F = gl.constexpr(h2.constraints("fp16"))
+
     @gluon.jit
     def _nib(s, MAGIC, LOW: gl.constexpr):
         """int32 -> float32 1 + q/2^11 (q at bits 12..15, LOW) or 1 + q/2^7 (bits 16..19): one LOP3."""
@@ -266,16 +275,19 @@ if HAS_GLUON:
         return p, szw
 
     @gluon.jit
-    def _unpack(p, szw, MAGIC, DT: gl.constexpr, a_layout: gl.constexpr, BK: gl.constexpr, num_warps: gl.constexpr):
+    def _unpack(p, szw, MAGIC, H2: gl.constexpr, DT: gl.constexpr, a_layout: gl.constexpr, BK: gl.constexpr,
+                num_warps: gl.constexpr):
         """Registers only: words + scale/zero words -> this consumer's A tile (64, BK) in the wgmma operand layout."""
         l5: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 4], [1, 1, 8, 4, 1], [num_warps, 1, 1, 1, 1], [4, 3, 2, 1, 0])
         sza, szb = gl.split(szw)  # (SZR, 4, 8): rows n3 = 0 / 1
         l3: gl.constexpr = gl.SliceLayout(3, gl.SliceLayout(4, l5))  # (nb, kt, g), broadcast over t and i
         sza = gl.expand_dims(gl.expand_dims(gl.convert_layout(gl.permute(sza, [1, 0, 2]), l3), 3), 4)
         szb = gl.expand_dims(gl.expand_dims(gl.convert_layout(gl.permute(szb, [1, 0, 2]), l3), 3), 4)
+        pu = p.to(gl.uint32, bitcast=True)
+        if H2:  # packed 16-bit pairs (w4a16_h2.py): 1 SHF, then PRMT, LOP3 and 2-3 packed FMA-pipe ops a pair
+            return _unpack_h2(p, pu, sza, szb, DT, a_layout, BK)
         s12a, c12a, s16a, c16a = _consts(sza)
         s12b, c12b, s16b, c16b = _consts(szb)
-        pu = p.to(gl.uint32, bitcast=True)
         r16 = ((pu << 16) | (pu >> 16)).to(gl.int32, bitcast=True)
         l8 = p << 8
         r8 = (pu >> 8).to(gl.int32, bitcast=True)
@@ -290,8 +302,60 @@ if HAS_GLUON:
         return gl.convert_layout(gl.reshape(e, [64, BK]), a_layout)  # registers only: the A fragment layout
 
     @gluon.jit
-    def _step(a_prev, acc, w_smem, x_smem, sz_smem, ready, empty, j, MAGIC, C: gl.constexpr, a_l: gl.constexpr,
-              BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr):
+    def _dup16(v):
+        """16-bit floats -> int32 words holding the value in both halves (an h2 pair operand)."""
+        return (v.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF) * 0x10001
+
+    @gluon.jit
+    def _h2_consts(sz, like, BF16: gl.constexpr):
+        """sz words (float32 bits of s*2^11 | zero) -> the h2 asm's C = BIAS + z, then S_LO, S_HI (bf16: s split
+        in two bf16, the low part exact) or S, S (fp16), each as both halves of an int32, broadcast like `like`."""
+        s = (sz & -32).to(gl.float32, bitcast=True) * (1.0 / 2048.0)  # s exactly (a float16 value)
+        z = (sz & 31).to(gl.float32)
+        if BF16:
+            hi = s.to(gl.bfloat16)
+            c, lo, hi = _dup16((z + 128.0).to(gl.bfloat16)), _dup16((s - hi.to(gl.float32)).to(gl.bfloat16)), _dup16(hi)
+        else:
+            c, lo = _dup16((z + 1024.0).to(gl.float16)), _dup16(s.to(gl.float16))
+            hi = lo
+        c, lo, hi = gl.broadcast(c, like)[0], gl.broadcast(lo, like)[0], gl.broadcast(hi, like)[0]
+        return gl.join(c, c), gl.join(lo, lo), gl.join(hi, hi)
+
+    @gluon.jit
+    def _h2_pair(pp, shp, c, lo, hi, ASM: gl.constexpr, CON: gl.constexpr, BF16: gl.constexpr):
+        if BF16:
+            return gl.inline_asm_elementwise(ASM, CON, [pp, shp, c, lo, hi], dtype=gl.bfloat16, is_pure=True, pack=2)
+        else:
+            return gl.inline_asm_elementwise(ASM, CON, [pp, shp, c, lo], dtype=gl.float16, is_pure=True, pack=2)
+
+    @gluon.jit
+    def _unpack_h2(p, pu, sza, szb, DT: gl.constexpr, a_layout: gl.constexpr, BK: gl.constexpr):
+        """_unpack with w4a16_h2's packed 16-bit arithmetic: pair m of a word (nibbles 2m, 2m + 1 = k0 0, 1) is
+        one asm call with pack=2 on int32 operands whose two elements are equal (the word, word >> 4, C, S_LO,
+        S_HI of its row), giving the packed A-fragment register directly: the same values as the fp32 path."""
+        BF16: gl.constexpr = DT == gl.bfloat16
+        sh = (pu >> 4).to(gl.int32, bitcast=True)
+        pp = gl.join(p, p)
+        shp = gl.join(sh, sh)
+        ca, la, ha = _h2_consts(sza, p, BF16)
+        cb, lb, hb = _h2_consts(szb, p, BF16)
+        if BF16:
+            w0 = _h2_pair(pp, shp, ca, la, ha, _H2_B0, _H2_CON_B, BF16)  # nibbles 0, 1 (row n3 = 0)
+            w1 = _h2_pair(pp, shp, cb, lb, hb, _H2_B1, _H2_CON_B, BF16)  # 2, 3 (n3 = 1)
+            w2 = _h2_pair(pp, shp, ca, la, ha, _H2_B2, _H2_CON_B, BF16)  # 4, 5
+            w3 = _h2_pair(pp, shp, cb, lb, hb, _H2_B3, _H2_CON_B, BF16)  # 6, 7
+        else:
+            w0 = _h2_pair(pp, shp, ca, la, ha, _H2_F0, _H2_CON_F, BF16)
+            w1 = _h2_pair(pp, shp, cb, lb, hb, _H2_F1, _H2_CON_F, BF16)
+            w2 = _h2_pair(pp, shp, ca, la, ha, _H2_F2, _H2_CON_F, BF16)
+            w3 = _h2_pair(pp, shp, cb, lb, hb, _H2_F3, _H2_CON_F, BF16)
+        e = gl.join(gl.join(w0, w1), gl.join(w2, w3))  # as _unpack's
+        e = gl.permute(e, [0, 6, 2, 1, 4, 7, 3, 5])
+        return gl.convert_layout(gl.reshape(e, [64, BK]), a_layout)
+
+    @gluon.jit
+    def _step(a_prev, acc, w_smem, x_smem, sz_smem, ready, empty, j, MAGIC, H2: gl.constexpr, C: gl.constexpr,
+              a_l: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr):
         """K step j >= 1, wgmma j-1 (A = a_prev) in flight: slot j's words to registers -> unpack A_j (ALU work under
         wgmma j-1) -> issue wgmma j async (queued behind j-1: the tensor cores never wait for the unpack) ->
         wait(1): wgmma j-1 retired, a_prev's registers free -> release slot j-1. The issue reads A_j, so ptxas
@@ -300,15 +364,15 @@ if HAS_GLUON:
         s = j % STAGES
         mbarrier.wait(ready.index(s), (j // STAGES) & 1)
         p, szw = _load_slot(w_smem.index(s), sz_smem.index(s), C, BK, SZR, 4)
-        a = _unpack(p, szw, MAGIC, x_smem.dtype, a_l, BK, 4)
+        a = _unpack(p, szw, MAGIC, H2, x_smem.dtype, a_l, BK, 4)
         acc = warpgroup_mma(a, x_smem.index(s).permute((1, 0)), acc, is_async=True)
         acc, a_prev = warpgroup_mma_wait(1, deps=(acc, a_prev))
         mbarrier.arrive(empty.index((j - 1) % STAGES), count=1)
         return acc, a
 
     @gluon.jit
-    def _mainloop_wait0(a, acc, w_smem, x_smem, sz_smem, ready, empty, turn, base, n_it, MAGIC, C: gl.constexpr,
-                        a_l: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr,
+    def _mainloop_wait0(a, acc, w_smem, x_smem, sz_smem, ready, empty, turn, base, n_it, MAGIC, H2: gl.constexpr,
+                        C: gl.constexpr, a_l: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr,
                         PINGPONG: gl.constexpr):
         """The first loop (two consumer warpgroups): issue wgmma(A_j, x_j) -> unpack A_{j+1} -> wait for slot j+2 ->
         wait(0) -> release j. A_{j+1} is a dependency of the wait too (no sinking the unpack below it in the PTX),
@@ -335,7 +399,7 @@ if HAS_GLUON:
             tok = warpgroup_mma(a, x_smem.index(s).permute((1, 0)), acc, is_async=True)
             if PINGPONG:
                 mbarrier.arrive(turn.index(1 - C))
-            a_next = _unpack(p, szw, MAGIC, x_smem.dtype, a_l, BK, 4)  # only ALU work under wgmma j
+            a_next = _unpack(p, szw, MAGIC, H2, x_smem.dtype, a_l, BK, 4)  # only ALU work under wgmma j
             mbarrier.wait(ready.index((base + j + 2) % STAGES), ((base + j + 2) // STAGES) & 1, pred=j + 2 < n_it)
             acc, a, a_next = warpgroup_mma_wait(0, deps=(tok, a, a_next))
             mbarrier.arrive(empty.index(s), count=1)
@@ -351,20 +415,20 @@ if HAS_GLUON:
         return acc
 
     @gluon.jit
-    def _mainloop_wait1(a0, acc, w_smem, x_smem, sz_smem, ready, empty, base, n_it, MAGIC, C: gl.constexpr,
-                        a_l: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr):
+    def _mainloop_wait1(a0, acc, w_smem, x_smem, sz_smem, ready, empty, base, n_it, MAGIC, H2: gl.constexpr,
+                        C: gl.constexpr, a_l: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr):
         """Steps 0..n_it-1 (A_0 = a0 unpacked) with _step (ring steps base + j); returns the retired accumulator."""
         acc = warpgroup_mma(a0, x_smem.index(base % STAGES).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(1, deps=(acc, ))  # a no-op (one group in flight): the loop carries a tensor
         # unrolled by two: steps 2i+1 and 2i+2 use the A buffers alternately, so A_j is unpacked into the registers
         # that wgmma j-2 freed (no a = a_next copies: ptxas moved 21-58 registers a step for the loop-carried A)
         for i in range((n_it - 1) // 2):
-            acc, a1 = _step(a0, acc, w_smem, x_smem, sz_smem, ready, empty, base + 2 * i + 1, MAGIC, C, a_l, BK, SZR,
-                            STAGES)
-            acc, a0 = _step(a1, acc, w_smem, x_smem, sz_smem, ready, empty, base + 2 * i + 2, MAGIC, C, a_l, BK, SZR,
-                            STAGES)
+            acc, a1 = _step(a0, acc, w_smem, x_smem, sz_smem, ready, empty, base + 2 * i + 1, MAGIC, H2, C, a_l, BK,
+                            SZR, STAGES)
+            acc, a0 = _step(a1, acc, w_smem, x_smem, sz_smem, ready, empty, base + 2 * i + 2, MAGIC, H2, C, a_l, BK,
+                            SZR, STAGES)
         if (n_it - 1) % 2 == 1:  # an odd count of steps after the first
-            acc, a1 = _step(a0, acc, w_smem, x_smem, sz_smem, ready, empty, base + n_it - 1, MAGIC, C, a_l, BK, SZR,
+            acc, a1 = _step(a0, acc, w_smem, x_smem, sz_smem, ready, empty, base + n_it - 1, MAGIC, H2, C, a_l, BK, SZR,
                             STAGES)
             acc, a1 = warpgroup_mma_wait(0, deps=(acc, a1))
         else:
@@ -450,8 +514,8 @@ if HAS_GLUON:
             gl.atomic_xchg(cnt_ptr + tkt, 0, sem="relaxed", scope="gpu")
 
     @gluon.jit
-    def _tile_acc(w_smem, x_smem, sz_smem, ready, empty, turn, base, n_it, MAGIC, C: gl.constexpr, BM: gl.constexpr,
-                  BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
+    def _tile_acc(w_smem, x_smem, sz_smem, ready, empty, turn, base, n_it, MAGIC, H2: gl.constexpr, C: gl.constexpr,
+                  BM: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                   PINGPONG: gl.constexpr):
         """The accumulator (64 features, BM tokens) of the K steps at ring steps base .. base + n_it - 1."""
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
@@ -459,24 +523,24 @@ if HAS_GLUON:
         acc = gl.zeros([64, BM], gl.float32, acc_l)
         mbarrier.wait(ready.index(base % STAGES), (base // STAGES) & 1)
         p, szw = _load_slot(w_smem.index(base % STAGES), sz_smem.index(base % STAGES), C, BK, SZR, 4)
-        a0 = _unpack(p, szw, MAGIC, x_smem.dtype, a_l, BK, 4)
+        a0 = _unpack(p, szw, MAGIC, H2, x_smem.dtype, a_l, BK, 4)
         if CONSUMERS == 2:  # 12 warps (168 registers at launch, 240 by setmaxnreg): wait(1) serializes the wgmma there
-            acc = _mainloop_wait0(a0, acc, w_smem, x_smem, sz_smem, ready, empty, turn, base, n_it, MAGIC, C, a_l, BK,
-                                  SZR, STAGES, PINGPONG)
+            acc = _mainloop_wait0(a0, acc, w_smem, x_smem, sz_smem, ready, empty, turn, base, n_it, MAGIC, H2, C, a_l,
+                                  BK, SZR, STAGES, PINGPONG)
         else:
-            acc = _mainloop_wait1(a0, acc, w_smem, x_smem, sz_smem, ready, empty, base, n_it, MAGIC, C, a_l, BK, SZR,
-                                  STAGES)
+            acc = _mainloop_wait1(a0, acc, w_smem, x_smem, sz_smem, ready, empty, base, n_it, MAGIC, H2, C, a_l, BK,
+                                  SZR, STAGES)
         return acc
 
     @gluon.jit
     def _consumer_tile(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, t, base, num_n,
-                       num_m, n_it, M, N, MAGIC, SPLIT_K, C: gl.constexpr, HAS_BIAS: gl.constexpr, BM: gl.constexpr,
-                       BN: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr,
+                       num_m, n_it, M, N, MAGIC, H2: gl.constexpr, SPLIT_K, C: gl.constexpr, HAS_BIAS: gl.constexpr,
+                       BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr,
                        CONSUMERS: gl.constexpr, HAS_SPLIT: gl.constexpr, PINGPONG: gl.constexpr, GROUP: gl.constexpr):
         """Tile t, its K steps at ring steps base .. base + n_it - 1: main loop, then the epilogue."""
         CHUNKS: gl.constexpr = 4 if BM >= 128 else (2 if BM == 64 else 1)  # 16..64 tokens a chunk
         pid_n, pid_m = _coords(t, num_n, num_m, GROUP)
-        acc = _tile_acc(w_smem, x_smem, sz_smem, ready, empty, turn, base, n_it, MAGIC, C, BM, BK, SZR, STAGES,
+        acc = _tile_acc(w_smem, x_smem, sz_smem, ready, empty, turn, base, n_it, MAGIC, H2, C, BM, BK, SZR, STAGES,
                         CONSUMERS, PINGPONG)
         if HAS_SPLIT:  # never persistent (config_error); slices, the last split sums them in split order
             _fixup(acc, y_ptr, bias_ptr, ws_ptr, ws_ptr, cnt_ptr, t, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN,
@@ -485,10 +549,10 @@ if HAS_GLUON:
             _epilogue(acc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, CHUNKS, 0)
 
     @gluon.jit
-    def _consumer_sk(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, tiles,
-                     num_n, num_m, n_it, M, N, MAGIC, base, DP, SKQ, MAXC, C: gl.constexpr, HAS_BIAS: gl.constexpr,
-                     BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr,
-                     CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, GROUP: gl.constexpr):
+    def _consumer_sk(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, tiles, num_n,
+                     num_m, n_it, M, N, MAGIC, H2: gl.constexpr, base, DP, SKQ, MAXC, C: gl.constexpr,
+                     HAS_BIAS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr,
+                     STAGES: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, GROUP: gl.constexpr):
         """Stream-K tail: the K steps of tiles DP .. tiles - 1 in one run, program p taking run steps [p SKQ, (p + 1)
         SKQ): one segment a tile it touches. A tile done by one program is stored; a shared one is written by each
         of its contributors to its own fp32 block (tile r's blocks r MAXC + idx, idx = program - the tile's first),
@@ -497,7 +561,7 @@ if HAS_GLUON:
         s0, s1, r_lo, r_hi = _sk_run(tile0, tiles, DP, SKQ, n_it)
         for r in range(r_lo, r_hi):
             k0, k1 = _sk_segment(r, s0, s1, n_it)
-            acc = _tile_acc(w_smem, x_smem, sz_smem, ready, empty, turn, base, k1 - k0, MAGIC, C, BM, BK, SZR,
+            acc = _tile_acc(w_smem, x_smem, sz_smem, ready, empty, turn, base, k1 - k0, MAGIC, H2, C, BM, BK, SZR,
                             STAGES, CONSUMERS, PINGPONG)
             base += k1 - k0
             t = DP + r
@@ -514,7 +578,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _consumer(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, tiles, tstride,
-                  num_n, num_m, it0, n_it, M, N, MAGIC, SPLIT_K, DP, SKQ, MAXC, C: gl.constexpr,
+                  num_n, num_m, it0, n_it, M, N, MAGIC, H2: gl.constexpr, SPLIT_K, DP, SKQ, MAXC, C: gl.constexpr,
                   HAS_BIAS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr,
                   STAGES: gl.constexpr, CONSUMERS: gl.constexpr, HAS_SPLIT: gl.constexpr, PINGPONG: gl.constexpr,
                   GROUP: gl.constexpr, PERSISTENT: gl.constexpr, STREAM_K: gl.constexpr):
@@ -522,24 +586,25 @@ if HAS_GLUON:
             base = 0
             for t in range(tile0, DP, tstride):
                 _consumer_tile(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, t, base,
-                               num_n, num_m, n_it, M, N, MAGIC, SPLIT_K, C, HAS_BIAS, BM, BN, BK, SZR, STAGES,
+                               num_n, num_m, n_it, M, N, MAGIC, H2, SPLIT_K, C, HAS_BIAS, BM, BN, BK, SZR, STAGES,
                                CONSUMERS, HAS_SPLIT, PINGPONG, GROUP)
                 base += n_it
             if STREAM_K:
                 _consumer_sk(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0,
-                             tiles, num_n, num_m, n_it, M, N, MAGIC, base, DP, SKQ, MAXC, C, HAS_BIAS, BM, BN, BK, SZR,
-                             STAGES, CONSUMERS, PINGPONG, GROUP)
+                             tiles, num_n, num_m, n_it, M, N, MAGIC, H2, base, DP, SKQ, MAXC, C, HAS_BIAS, BM, BN, BK,
+                             SZR, STAGES, CONSUMERS, PINGPONG, GROUP)
         else:  # one tile a program (no loop: a tile loop around the body made bm256-bn64-bk128 spill 12 B)
             _consumer_tile(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, 0,
-                           num_n, num_m, n_it, M, N, MAGIC, SPLIT_K, C, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS,
-                           HAS_SPLIT, PINGPONG, GROUP)
+                           num_n, num_m, n_it, M, N, MAGIC, H2, SPLIT_K, C, HAS_BIAS, BM, BN, BK, SZR, STAGES,
+                           CONSUMERS, HAS_SPLIT, PINGPONG, GROUP)
 
     @gluon.jit(do_not_specialize=["M", "N", "K", "SPLIT_K", "DP", "SKQ", "MAXC"])
     def w4a16_wgmma_kernel(w_desc, x_desc, sz_desc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, K, MAGIC, SPLIT_K, DP, SKQ,
                            MAXC, G: gl.constexpr, HAS_BIAS: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
                            STAGES: gl.constexpr, CONSUMERS: gl.constexpr, GROUP: gl.constexpr,
                            PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, HAS_SPLIT: gl.constexpr,
-                           PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, STREAM_K: gl.constexpr):
+                           PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, STREAM_K: gl.constexpr,
+                           H2: gl.constexpr):
         BN: gl.constexpr = 64 * CONSUMERS
         SZR: gl.constexpr = sz_desc.block_type.shape[0]
         num_n = (N + BN - 1) // BN
@@ -566,24 +631,22 @@ if HAS_GLUON:
         for i in gl.static_range(2):
             mbarrier.init(turn.index(i), count=1)
         if CONSUMERS == 2:
-            gl.warp_specialize([
-                (_consumer, (w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, tiles,
-                             tstride, num_n, num_m, it0, n_it, M, N, MAGIC, SPLIT_K, DP, SKQ, MAXC, 0, HAS_BIAS, BM,
-                             BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT, PINGPONG, GROUP, PERSISTENT, STREAM_K)),
-                (_consumer, (w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, tiles,
-                             tstride, num_n, num_m, it0, n_it, M, N, MAGIC, SPLIT_K, DP, SKQ, MAXC, 1, HAS_BIAS, BM,
-                             BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT, PINGPONG, GROUP, PERSISTENT, STREAM_K)),
-                (_producer, (w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, tile0, tiles, tstride,
-                             num_n, num_m, it0, n_it, DP, SKQ, G, BM, BN, BK, STAGES, GROUP, STREAM_K)),
-            ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+            gl.warp_specialize([ (_consumer, (w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr,
+                               cnt_ptr, tile0, tiles, tstride, num_n, num_m, it0, n_it, M, N, MAGIC, H2, SPLIT_K, DP,
+                               SKQ, MAXC, 0, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT, PINGPONG, GROUP,
+                               PERSISTENT, STREAM_K)), (_consumer, (w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr,
+                               bias_ptr, ws_ptr, cnt_ptr, tile0, tiles, tstride, num_n, num_m, it0, n_it, M, N, MAGIC,
+                               H2, SPLIT_K, DP, SKQ, MAXC, 1, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT,
+                               PINGPONG, GROUP, PERSISTENT, STREAM_K)), (_producer, (w_desc, x_desc, sz_desc, w_smem,
+                               x_smem, sz_smem, ready, empty, tile0, tiles, tstride, num_n, num_m, it0, n_it, DP, SKQ,
+                               G, BM, BN, BK, STAGES, GROUP, STREAM_K)), ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
         else:
-            gl.warp_specialize([
-                (_consumer, (w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, tiles,
-                             tstride, num_n, num_m, it0, n_it, M, N, MAGIC, SPLIT_K, DP, SKQ, MAXC, 0, HAS_BIAS, BM,
-                             BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT, PINGPONG, GROUP, PERSISTENT, STREAM_K)),
-                (_producer, (w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, tile0, tiles, tstride,
-                             num_n, num_m, it0, n_it, DP, SKQ, G, BM, BN, BK, STAGES, GROUP, STREAM_K)),
-            ], [1], [PRODUCER_REGS])
+            gl.warp_specialize([ (_consumer, (w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr,
+                               cnt_ptr, tile0, tiles, tstride, num_n, num_m, it0, n_it, M, N, MAGIC, H2, SPLIT_K, DP,
+                               SKQ, MAXC, 0, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT, PINGPONG, GROUP,
+                               PERSISTENT, STREAM_K)), (_producer, (w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem,
+                               ready, empty, tile0, tiles, tstride, num_n, num_m, it0, n_it, DP, SKQ, G, BM, BN, BK,
+                               STAGES, GROUP, STREAM_K)), ], [1], [PRODUCER_REGS])
 
 
 # ---- host side
@@ -772,7 +835,7 @@ def w4a16_wgmma(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None,
         w_desc, x_desc, sz_desc, y, bias if bias is not None else y, ws, cnt, m, n, k, MAGIC_ONE, split, dp, skq, maxc,
         G=p.group_size, HAS_BIAS=bias is not None, BM=cfg.bm, BK=cfg.bk, STAGES=cfg.stages,
         CONSUMERS=cfg.consumers, GROUP=cfg.group, PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs,
-        HAS_SPLIT=split > 1, PINGPONG=cfg.pingpong, PERSISTENT=persistent, STREAM_K=skq > 0, num_warps=4)
+        HAS_SPLIT=split > 1, PINGPONG=cfg.pingpong, PERSISTENT=persistent, STREAM_K=skq > 0, H2=cfg.h2, num_warps=4)
     return y
 
 
@@ -797,7 +860,7 @@ def compile_sm90(cfg: WgmmaConfig, *, n: int = 8192, k: int = 8192, group_size: 
     persistent, stream_k = _grid_flags(cfg, split_k)
     cx = dict(G=group_size, HAS_BIAS=bias, BM=cfg.bm, BK=cfg.bk, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
               GROUP=cfg.group, PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs, HAS_SPLIT=split_k > 1,
-              PINGPONG=cfg.pingpong, PERSISTENT=persistent, STREAM_K=stream_k)
+              PINGPONG=cfg.pingpong, PERSISTENT=persistent, STREAM_K=stream_k, H2=cfg.h2)
     names = list(sig)
     sig.update({key: "constexpr" for key in cx})
     attrs = {(names.index(a), ): [["tt.divisibility", 16]] for a in ("y_ptr", "bias_ptr", "ws_ptr", "cnt_ptr")}
@@ -805,7 +868,7 @@ def compile_sm90(cfg: WgmmaConfig, *, n: int = 8192, k: int = 8192, group_size: 
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 
 
-_DEQUANT_OPS = ("LOP3", "SHF", "FFMA", "F2FP")
+_DEQUANT_OPS = ("LOP3", "SHF", "FFMA", "F2FP", "HADD2", "HMUL2", "HFMA2")  # the last three: the h2 unpack's
 
 
 def _is_move(instruction: str) -> bool:
