@@ -24,6 +24,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh final32   # ~10 min: e2e rows (+tuned), GPU tests, trace
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2s38     # ~9 min: the packed 16-bit W4A16 unpack: its GPU
 #                                                                  # test, every candidate and its h2 twin, M 64-1024
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2grid38  # ~7 min: the W4A16 grid, the tuner given the twins
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m64s37    # ~5 min: every 64-token W4A16 tile at M = 64, ncu of
 #                                                                  # the M = 64 pick and of the FP8 D 128 default
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh kron36    # ~1 min: the pre-pass's kron method (ran, s37)
@@ -251,6 +252,9 @@ case "${1:-}" in
     step probe 330 "$PY" benchmarks/w4a16_gemm_probe.py --shapes 8192x28672,8192x8192,4096x14336 --ms 64,256,1024 \
       --candidates all --extra h2 --out "$OUT"
     cp "$OUT/w4a16-gemm-probe-h200.json" "$OUT/w4a16-gemm-probe-h2-h200.json" 2>/dev/null ;;
+  h2grid38)  # after h2s38 passed: the W4A16 grid from M = 32 with the tuner timing every wgmma config beside its h2 twin
+    # (FLASHSCALE_W4A16_WGMMA=h2); the rows' configs say where a twin won (label suffix -h2)
+    FLASHSCALE_W4A16_WGMMA=h2 step w4a16 400 "$PY" benchmarks/w4a16.py --ms 32,64,128,256,1024,4096 --out "$OUT" ;;
   m64s37)  # ran in session 37 (results/w4a16-gemm-probe-m64-h200.json, docs/w4a16_gemm.md session 37): issue 7's
     # point 2 cells sit at 24-51 % of their roofline bound: every
     # 64-token tile at M = 64 on the two largest-gap shapes with its L2 -> SM rate, then ncu of the tuner's M = 64

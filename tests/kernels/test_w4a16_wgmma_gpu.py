@@ -235,8 +235,8 @@ def test_errors():
 
 def test_dispatch_candidates_and_tuned_table_round_trip(monkeypatch):
     """w4a16_matmul's automatic dispatch: the wgmma configs join the candidates only on sm_90 from M = 2
-    (none on the CPU or with FLASHSCALE_W4A16_WGMMA=0; a bad value is refused), and a tuned wgmma entry
-    survives tuned_configs() -> load_tuned_configs() as a WgmmaConfig (its split in "split_k")."""
+    (none on the CPU or with FLASHSCALE_W4A16_WGMMA=0; =h2 adds each config's h2 twin; a bad value is refused), and
+    a tuned wgmma entry survives tuned_configs() -> load_tuned_configs() as a WgmmaConfig (its split in "split_k")."""
     from flashscale.kernels import w4a16
 
     p = pack_w4(torch.randint(0, 16, (128, 64)), torch.zeros(1, 64, dtype=torch.int64),
@@ -253,6 +253,11 @@ def test_dispatch_candidates_and_tuned_table_round_trip(monkeypatch):
         assert got == wg.candidates(64)
         got = w4a16.wgmma_candidates(torch.randn(9, 128, device="cuda").half(), p.to("cuda"), None)
         assert got == wg.candidates(16) and all(c.bm == 16 for c in got)  # 16-token tiles up to M = 16
+        monkeypatch.setenv(w4a16.WGMMA_ENV, "h2")  # each config, then its packed 16-bit unpack twin
+        got = w4a16.wgmma_candidates(torch.randn(64, 128, device="cuda").half(), p.to("cuda"), None)
+        assert got[::2] == wg.candidates(64) and got[1::2] == [dataclasses.replace(c, h2=True) for c in got[::2]]
+        monkeypatch.delenv(w4a16.WGMMA_ENV)
+    assert w4a16._wgmma_configs(64, p, h2=True)[1::2] == [dataclasses.replace(c, h2=True) for c in wg.candidates(64)]
     cfg = wg.WgmmaConfig(bm=128, consumers=1, stages=4)
     key = ("gemm", 256, 64, 128, 128, "bfloat16", "noperm", "test-device")
     monkeypatch.setitem(w4a16._TUNED, key, dict(dataclasses.asdict(cfg), split_k=3))
