@@ -22,8 +22,9 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace32   # ~6 min: the decode step's timeline, e2e rows
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh trace32b  # ~3 min: the timeline, late starters, variants
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh final32   # ~10 min: e2e rows (+tuned), GPU tests, trace
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2s38     # ~9 min: the packed 16-bit W4A16 unpack: its GPU
-#                                                                  # test, every candidate and its h2 twin, M 64-1024
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2s38     # ~9.5 min: the packed 16-bit W4A16 unpack and the
+#                                                                  # 128-feature consumer: GPU tests, M = 64 probe
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2s38b    # ~9 min: the same probe at M = 256 / 1024
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2grid38  # ~7 min: the W4A16 grid, the tuner given the twins
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m64s37    # ~5 min: every 64-token W4A16 tile at M = 64, ncu of
 #                                                                  # the M = 64 pick and of the FP8 D 128 default
@@ -244,14 +245,19 @@ case "${1:-}" in
     step e2e 420 "$PY" benchmarks/generate_w4a16.py --no-pdl --out "$OUT" ;;
   h2s38)  # session 38 (written without a GPU; compile-checked spill-free, the asm text proven exact on the CPU by
     # tests/kernels/test_w4a16_h2.py): the packed 16-bit unpack (WgmmaConfig(h2=True), kernels/w4a16_h2.py: 9 ALU-pipe
-    # instructions a word instead of 11 + 4 F2FP). Its GPU test first (bitwise the fp32 unpack's output, every
-    # candidate of the M 64 / 256 buckets and the large-M pick, bf16 and fp16), then every candidate and its h2 twin
-    # at M 64 / 256 / 1024 on three shapes. Then: if h2 wins, put the twins among CANDIDATES and rerun the grid.
-    step h2_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
-      tests/kernels/test_w4a16_wgmma_gpu.py -k "h2"
-    step probe 330 "$PY" benchmarks/w4a16_gemm_probe.py --shapes 8192x28672,8192x8192,4096x14336 --ms 64,256,1024 \
-      --candidates all --extra h2 --out "$OUT"
-    cp "$OUT/w4a16-gemm-probe-h200.json" "$OUT/w4a16-gemm-probe-h2-h200.json" 2>/dev/null ;;
+    # instructions a word instead of 11 + 4 F2FP) and one consumer of 128 features (features=128: half the x bytes
+    # a feature of bm64-bn64's, the M = 64 pick at 8192^2 at 6.5 TB/s L2 -> SM). Their GPU tests first (h2 bitwise
+    # the fp32 unpack's output on every candidate of the M 64 / 256 buckets and the large-M pick; f128 bitwise the
+    # 64-feature consumer's), then at M = 64 every candidate, the f128 configs and all their h2 twins
+    step h2_tests 170 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
+      tests/kernels/test_w4a16_wgmma_gpu.py -k "h2 or 128_features"
+    step probe 380 "$PY" benchmarks/w4a16_gemm_probe.py --shapes 8192x28672,8192x8192,4096x14336 --ms 64 \
+      --candidates all --extra f128,h2 --out "$OUT"
+    cp "$OUT/w4a16-gemm-probe-h200.json" "$OUT/w4a16-gemm-probe-h2-m64-h200.json" 2>/dev/null ;;
+  h2s38b)  # after h2s38: the same at M = 256 and 1024 (two shapes)
+    step probe 540 "$PY" benchmarks/w4a16_gemm_probe.py --shapes 8192x28672,8192x8192 --ms 256,1024 \
+      --candidates all --extra f128,h2 --out "$OUT"
+    cp "$OUT/w4a16-gemm-probe-h200.json" "$OUT/w4a16-gemm-probe-h2-m256-h200.json" 2>/dev/null ;;
   h2grid38)  # after h2s38 passed: the W4A16 grid from M = 32 with the tuner timing every wgmma config beside its h2 twin
     # (FLASHSCALE_W4A16_WGMMA=h2); the rows' configs say where a twin won (label suffix -h2)
     FLASHSCALE_W4A16_WGMMA=h2 step w4a16 400 "$PY" benchmarks/w4a16.py --ms 32,64,128,256,1024,4096 --out "$OUT" ;;

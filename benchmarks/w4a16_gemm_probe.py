@@ -53,6 +53,11 @@ EXTRA_SMALL = [C(bm=64, consumers=2, bk=64, stages=8), C(bm=64, consumers=2, sta
                C(bm=64, consumers=2, stages=6, group=4), C(bm=64, consumers=2, stages=6, persistent=True),
                C(bm=64, consumers=2, stages=4)]
 
+# One consumer owning 128 features (two wgmma row blocks on one x tile): x's L2 -> SM bytes a feature halve against
+# bm64-bn64 one consumer, the M = 64 pick at 8192^2 at 6.5 TB/s of that stream (session 38, compile-checked)
+EXTRA_F128 = [C(bm=64, consumers=1, features=128, bk=64, stages=8), C(bm=64, consumers=1, features=128, bk=64, stages=12),
+              C(bm=32, consumers=1, features=128, bk=128, stages=8)]
+
 
 def l2_bytes(m: int, k: int, n: int, bm: int, bn: int) -> float:
     return m * k * 2 * math.ceil(n / bn) + n * k / 2 * math.ceil(m / bm)
@@ -82,13 +87,19 @@ def main(argv=None) -> int:
     ap.add_argument("--rep", type=int, default=40)
     ap.add_argument("--candidates", default="big", help="which of w4a16_wgmma.candidates(M) run before EXTRA: all, "
                     "big (bm >= 128 only), none")
-    ap.add_argument("--extra", default="large", choices=("large", "small", "h2", "none"),
-                    help="configs timed after the candidates: EXTRA (large-M tiles), EXTRA_SMALL (64-token tiles), "
-                    "h2 (each candidate again with the packed 16-bit unpack, kernels/w4a16_h2.py), none")
+    ap.add_argument("--extra", default="large",
+                    help="comma list of the configs timed after the candidates: large (EXTRA, large-M tiles), small "
+                    "(EXTRA_SMALL, 64-token tiles), f128 (EXTRA_F128, one consumer of 128 features), h2 (each config "
+                    "timed, candidates included, again with the packed 16-bit unpack, kernels/w4a16_h2.py), none")
     args = ap.parse_args(argv)
+    lists = {"large": EXTRA, "small": EXTRA_SMALL, "f128": EXTRA_F128, "h2": [], "none": []}
+    names = args.extra.split(",")
+    bad = [v for v in names if v not in lists]
+    if bad:
+        ap.error(f"--extra {bad[0]!r}: a comma list of {', '.join(lists)}")
+    extra = [c for v in names for c in lists[v]]
     gen = torch.Generator(device="cuda").manual_seed(0)
     gpu = torch.cuda.get_device_name()
-    extra = {"large": EXTRA, "small": EXTRA_SMALL, "h2": [], "none": []}[args.extra]
     rows = []
     for shape in args.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))
@@ -109,10 +120,11 @@ def main(argv=None) -> int:
                              x_bf16=1.0, l2_TBps=l2_bytes(m, k, n, 128, 256) / t_bf * 1e-6))
             print(f"M={m} {k}x{n}: bf16 {t_bf:.1f} us {flops / t_bf * 1e-6:.0f} TFLOP/s", flush=True)
             cand = {"all": wg.candidates(m), "none": []}.get(args.candidates, [c for c in wg.candidates(m) if c.bm >= 128])
-            if args.extra == "h2":
-                extra = [dataclasses.replace(c, h2=True) for c in cand]
+            todo = list(dict.fromkeys(cand + extra))
+            if "h2" in names:
+                todo += [dataclasses.replace(c, h2=True) for c in todo if not c.h2]
             checks = []  # float64 checks first (w4a16.wgmma_trials): only the correct configs are timed
-            trials = wgmma_trials(base, packs, w_bf16, x, m, gen, checks, cand + [c for c in extra if c not in cand])
+            trials = wgmma_trials(base, packs, w_bf16, x, m, gen, checks, todo)
             err = {c["config"]: c["rel_err"] for c in checks}
             rows += [dict(impl="flashscale-wgmma", config=c["config"], M=m, K=k, N=n, wrong=True)
                      for c in checks if not c["ok"]]

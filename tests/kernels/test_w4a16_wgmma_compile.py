@@ -88,6 +88,9 @@ rows = [wg.census(c) for c in cs]
 rows.append(wg.census(cs[3], dtype=torch.float16))
 rows.append(wg.census(cs[1], group_size=64, bias=True))
 rows[-2]["fp16"] = True
+C = wg.WgmmaConfig
+rows += [wg.census(C(bm=64, consumers=1, features=128, bk=64, stages=8)),
+         wg.census(C(bm=32, consumers=1, features=128, bk=128, stages=8, h2=True))]
 json.dump(rows, open(sys.argv[1], "w"))
 """
 
@@ -102,10 +105,11 @@ def test_h2_unpack_machine_code(census_h2):
     no FFMA beyond the per-row constants: the pairs come out of the asm as A-fragment registers. Spill-free, and
     the unpack issued while a wgmma group is in flight as in the fp32 path."""
     for r in census_h2:
-        assert r["config"].endswith("-h2")
+        if not r["config"].endswith("-h2"):
+            continue
         assert not (r["spill_stores"] or r["spill_loads"] or r["stack"] or r["local"]), r
         for lp in r["loops"]:
-            words = lp["steps"] * r["bk"] // 16  # 64 features x BK inputs / 128 threads / 8 weights a word, a step
+            words = lp["steps"] * r["bk"] * r["features"] // 1024  # features x BK / 128 threads / 8 a word, a step
             d = lp["dequant"]
             assert d["HADD2"] == d["HMUL2"] == 4 * words, (r["config"], d, words)
             assert d["HFMA2"] == (0 if r.get("fp16") else 4 * words), (r["config"], d)
@@ -119,3 +123,22 @@ def test_h2_unpack_machine_code(census_h2):
             assert lp["dequant_between_issue_and_wait"] >= share * lp["dequant_total"], (r["config"], lp)
             if r["consumers"] == 1:
                 assert lp["moves"] == 0, (r["config"], lp["moves"])
+
+
+def test_one_consumer_of_128_features(census_h2):
+    """features=128 (one consumer, two wgmma row blocks on each x tile): spill-free and not serialized where
+    config_error lets it compile (bm + bk <= 160), twice the HGMMA and LDS.128 of a 64-feature step, the A tiles
+    converted in registers (no STS, no moves), the whole unpack under the wgmma."""
+    rows = [r for r in census_h2 if "-f128" in r["config"]]
+    assert len(rows) == 2
+    for r in rows:
+        assert not (r["spill_stores"] or r["spill_loads"] or r["stack"] or r["local"] or r["serialized"]), r
+        (lp,) = r["loops"]
+        assert r["features"] == 128 and lp["steps"] == 2 and lp["hgmma"] == 2 * 2 * r["bk"] // 16, (r["config"], lp)
+        assert lp["lds128"] == 2 * 2 * r["bk"] // 64 and lp["sts"] == 0 and lp["moves"] == 0, (r["config"], lp)
+        assert lp["dequant_between_issue_and_wait"] >= 0.95 * lp["dequant_total"], (r["config"], lp)
+    bad = wg.config_error(wg.WgmmaConfig(bm=64, consumers=1, features=128, bk=128))
+    assert "bm + bk <= 160" in bad
+    assert "features=128 takes consumers=1" in wg.config_error(wg.WgmmaConfig(bm=64, consumers=2, features=128, bk=64))
+    assert "features=96" in wg.config_error(wg.WgmmaConfig(bm=64, consumers=1, features=96))
+    assert wg.WgmmaConfig(bm=64, consumers=1, features=128, bk=64).label() == "bm64-bn128-bk64-s4-f128"

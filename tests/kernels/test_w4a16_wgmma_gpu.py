@@ -204,6 +204,31 @@ def test_h2_unpack_is_bitwise_the_fp32_unpack(cfg, dtype):
                 _check(x, p, bias, h2)
 
 
+_F128 = [wg.WgmmaConfig(bm=64, consumers=1, features=128, bk=64, stages=8),
+         wg.WgmmaConfig(bm=32, consumers=1, features=128, bk=128, stages=8, h2=True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("cfg", _F128, ids=lambda c: c.label())
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_one_consumer_of_128_features(cfg, dtype):
+    """features=128: one consumer's two wgmma row blocks give the same bits as the 64-feature consumer of the same
+    tile shape (the same K order per output; split-K forced to 1 on both, since the tile counts differ), and stay
+    within the 16-bit noise of the float64 reference with the automatic split; ragged N past a 128-feature tile."""
+    f64 = dataclasses.replace(cfg, features=64, split_k=1)
+    for k, n, g, act in ((1024, 384, 128, False), (1088, 200, 64, False), (960, 272, -1, True)):
+        p = _weight(k, n, g, act_order=act, seed=k + n)
+        for m in (17, 64, 100):
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            bias = torch.randn(n, device="cuda", dtype=dtype) if m == 17 else None
+            if wg.config_error(cfg, p.group_size, k) is not None:
+                continue
+            y = wg.w4a16_wgmma(x, p, bias, config=dataclasses.replace(cfg, split_k=1))
+            assert torch.equal(y, wg.w4a16_wgmma(x, p, bias, config=f64)), (cfg.label(), k, n, g, m)
+            _check(x, p, bias, cfg)
+
+
 def _wide_scales(sz: torch.Tensor, seed: int) -> torch.Tensor:
     """sz words with float16 scales drawn over 2^-14 .. 2^-2 (every exponent, full 11-bit mantissas), zero points
     kept: the bf16 split's low part is non-zero for most."""

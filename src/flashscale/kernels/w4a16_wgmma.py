@@ -8,7 +8,8 @@ x^T (BK, BM) with RS-wgmma (m64nBMk16: A, the dequantized weights, from register
     scale/zero words (sz (NG, N_pad), box (SZR, BN), SZR = BK / G groups a step for G = 64, else 1); one
     ready mbarrier a slot (expect-tx of all three), one empty mbarrier (count CONSUMERS).
   * consumers, CONSUMERS warpgroups (setmaxnreg CONSUMER_REGS; consumer 0 is the default partition), each
-    owning 64 of the tile's BN = 64 * CONSUMERS features: LDS.128 of its fragments (one 16-byte vector a
+    owning 64 of the tile's BN = 64 * CONSUMERS features (or one consumer owning 128: `features=128`, two wgmma row
+    blocks sharing each x tile, so x's L2 -> SM bytes a feature halve): LDS.128 of its fragments (one 16-byte vector a
     thread IS a 16x16 A fragment of four K steps, PackedW4), dequantization in registers, then with one
     consumer (unrolled by two, A buffers alternating by position: no register moves; _mainloop_wait1)
         dequantize A_j (slot j, wgmma j-1 in flight)  ->  issue wgmma j  ->  wait(1): j-1 retired  ->  release j-1
@@ -71,7 +72,7 @@ SMEM_LIMIT = 232_448  # H100/H200: the most shared memory one block may take
 @dataclass(frozen=True, kw_only=True)
 class WgmmaConfig:
     bm: int = 128  # tokens a tile: the wgmma N (16..256, a power of two)
-    consumers: int = 2  # consumer warpgroups, 64 output features each (BN = 64 * consumers)
+    consumers: int = 2  # consumer warpgroups, `features` output features each (BN = features * consumers)
     bk: int = 128  # input features a K step (64 or 128: the packed box's inner dims)
     stages: int = 4  # slots of the shared-memory ring
     split_k: int = 0  # K splits (grid axis 1); 0: as many as fill the SMs at small grids (auto_split)
@@ -81,16 +82,18 @@ class WgmmaConfig:
     pingpong: bool = False  # two consumers: tensor-core turns (consumer c issues its wgmma of step j after c - 1)
     persistent: bool = False  # one CTA an SM looping over tiles: the ring runs on into the next tile's K steps
     stream_k: bool = False  # persistent: the last, partly filled wave's tiles split along K over all programs
+    features: int = 64  # output features a consumer: 64, or 128 (one consumer, two wgmma row blocks sharing x)
     h2: bool = False  # the packed 16-bit unpack (w4a16_h2.py: half the ALU-pipe work a weight, the same values)
 
     @property
     def bn(self) -> int:
-        return 64 * self.consumers
+        return self.features * self.consumers
 
     def label(self) -> str:
         return (f"bm{self.bm}-bn{self.bn}-bk{self.bk}-s{self.stages}" + (f"-k{self.split_k}" if self.split_k else "")
                 + ("-pp" if self.pingpong else "") + ("-persist" if self.persistent else "")
-                + ("-sk" if self.stream_k else "") + ("-h2" if self.h2 else ""))
+                + ("-sk" if self.stream_k else "") + (f"-f{self.features}" if self.features != 64 else "")
+                + ("-h2" if self.h2 else ""))
 
 
 def smem_bytes(cfg: WgmmaConfig, group_size: int = 128) -> int:
@@ -154,6 +157,12 @@ def config_error(cfg: WgmmaConfig, group_size: int = 128, k: int | None = None) 
         return f"consumers={cfg.consumers}: 1 or 2 warpgroups"
     if cfg.bk not in (64, 128):
         return f"bk={cfg.bk}: 64 or 128"
+    if cfg.features not in (64, 128):
+        return f"features={cfg.features}: 64 or 128 a consumer"
+    if cfg.features == 128 and (cfg.consumers != 1 or cfg.bm + cfg.bk > 160):
+        return (f"features=128 takes consumers=1 and bm + bk <= 160 (got consumers={cfg.consumers}, bm={cfg.bm}, "
+                f"bk={cfg.bk}): its accumulator (bm) and two A tiles (bk) registers a thread; bm64 x bk128 makes ptxas "
+                f"serialize the wgmma")
     if cfg.stages < 2:
         return "stages >= 2"
     if cfg.persistent and (cfg.split_k > 1 or cfg.consumers != 2):
@@ -260,24 +269,27 @@ if HAS_GLUON:
         return s12, c12, s12 * 0.0625, s12 * -0.9375 + c12
 
     @gluon.jit
-    def _load_slot(w_slot, sz_slot, c: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, num_warps: gl.constexpr):
-        """Slot -> this consumer's packed words and scale/zero words in registers (LDS.128 / LDS.64).
-        words (4, KT, 8, 4, 4) = (fragment row nb = warp, column kt, g, t, step i); nibble j = 4 k3 + 2 n3 + k0
+    def _load_slot(w_slot, sz_slot, c: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, num_warps: gl.constexpr,
+                   NBF: gl.constexpr):
+        """Slot -> consumer c's packed words and scale/zero words in registers (LDS.128 / LDS.64), NBF fragments of
+        16 features (4: 64 features; 8: 128, warp w holding fragments w and w + 4, the wgmma's row blocks).
+        words (NBF, KT, 8, 4, 4) = (fragment row nb, column kt, g, t, step i); nibble j = 4 k3 + 2 n3 + k0
         of word (nb, kt, g, t, i) is W^T[16 nb + 8 n3 + g, 64 kt + 16 i + 8 k3 + 2 t + k0]."""
         KT: gl.constexpr = BK // 64
         ld: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [num_warps, 1, 1], [2, 1, 0])
-        p = w_slot.slice(c * 4, 4, dim=0).load(ld)  # (4, KT, 128): one LDS.128 a thread a fragment
+        p = w_slot.slice(c * NBF, NBF, dim=0).load(ld)  # (NBF, KT, 128): one LDS.128 a thread a fragment
         l5: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 4], [1, 1, 8, 4, 1], [num_warps, 1, 1, 1, 1], [4, 3, 2, 1, 0])
-        p = gl.convert_layout(gl.reshape(p, [4, KT, 8, 4, 4]), l5)  # the same registers, named (nb, kt, g, t, i)
-        # scale/zero words of the 64 rows: column 16 nb + 2 g + n3 (rows 8 n3 + g), SZR groups a step
+        p = gl.convert_layout(gl.reshape(p, [NBF, KT, 8, 4, 4]), l5)  # the same registers, named (nb, kt, g, t, i)
+        # scale/zero words of the 16 NBF rows: column 16 nb + 2 g + n3 (rows 8 n3 + g), SZR groups a step
         sl: gl.constexpr = gl.BlockedLayout([1, 1, 1, 2], [1, 1, 8, 4], [1, num_warps, 1, 1], [3, 2, 1, 0])
-        szw = sz_slot.reshape([SZR, sz_slot.shape[1] // 16, 8, 2]).slice(c * 4, 4, dim=1).load(sl)
+        szw = sz_slot.reshape([SZR, sz_slot.shape[1] // 16, 8, 2]).slice(c * NBF, NBF, dim=1).load(sl)
         return p, szw
 
     @gluon.jit
     def _unpack(p, szw, MAGIC, H2: gl.constexpr, DT: gl.constexpr, a_layout: gl.constexpr, BK: gl.constexpr,
                 num_warps: gl.constexpr):
-        """Registers only: words + scale/zero words -> this consumer's A tile (64, BK) in the wgmma operand layout."""
+        """Registers only: words + scale/zero words -> this consumer's A tile (16 NBF, BK) in the wgmma operand
+        layout."""
         l5: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 4], [1, 1, 8, 4, 1], [num_warps, 1, 1, 1, 1], [4, 3, 2, 1, 0])
         sza, szb = gl.split(szw)  # (SZR, 4, 8): rows n3 = 0 / 1
         l3: gl.constexpr = gl.SliceLayout(3, gl.SliceLayout(4, l5))  # (nb, kt, g), broadcast over t and i
@@ -299,7 +311,7 @@ if HAS_GLUON:
         w3 = _pair(_nib(r8, MAGIC, False) * s16b - c16b, _nib(r16, MAGIC, True) * s12b - c12b, DT)  # 6, 7
         e = gl.join(gl.join(w0, w1), gl.join(w2, w3))  # (nb, kt, g, t, i, k0, n3, k3) -> reorder below
         e = gl.permute(e, [0, 6, 2, 1, 4, 7, 3, 5])  # (nb, n3, g, kt, i, k3, t, k0)
-        return gl.convert_layout(gl.reshape(e, [64, BK]), a_layout)  # registers only: the A fragment layout
+        return gl.convert_layout(gl.reshape(e, [p.shape[0] * 16, BK]), a_layout)  # registers only: A's layout
 
     @gluon.jit
     def _dup16(v):
@@ -351,7 +363,7 @@ if HAS_GLUON:
             w3 = _h2_pair(pp, shp, cb, lb, hb, _H2_F3, _H2_CON_F, BF16)
         e = gl.join(gl.join(w0, w1), gl.join(w2, w3))  # as _unpack's
         e = gl.permute(e, [0, 6, 2, 1, 4, 7, 3, 5])
-        return gl.convert_layout(gl.reshape(e, [64, BK]), a_layout)
+        return gl.convert_layout(gl.reshape(e, [p.shape[0] * 16, BK]), a_layout)
 
     @gluon.jit
     def _step(a_prev, acc, w_smem, x_smem, sz_smem, ready, empty, j, MAGIC, H2: gl.constexpr, C: gl.constexpr,
@@ -363,7 +375,7 @@ if HAS_GLUON:
         unpack of the first half of an unrolled pair below the wait: 48 % overlap)."""
         s = j % STAGES
         mbarrier.wait(ready.index(s), (j // STAGES) & 1)
-        p, szw = _load_slot(w_smem.index(s), sz_smem.index(s), C, BK, SZR, 4)
+        p, szw = _load_slot(w_smem.index(s), sz_smem.index(s), C, BK, SZR, 4, w_smem.shape[1])  # one consumer
         a = _unpack(p, szw, MAGIC, H2, x_smem.dtype, a_l, BK, 4)
         acc = warpgroup_mma(a, x_smem.index(s).permute((1, 0)), acc, is_async=True)
         acc, a_prev = warpgroup_mma_wait(1, deps=(acc, a_prev))
@@ -393,7 +405,7 @@ if HAS_GLUON:
         for j in range(n_it - 1):
             s = (base + j) % STAGES
             s1 = (base + j + 1) % STAGES
-            p, szw = _load_slot(w_smem.index(s1), sz_smem.index(s1), C, BK, SZR, 4)  # slot j+1 (waited for)
+            p, szw = _load_slot(w_smem.index(s1), sz_smem.index(s1), C, BK, SZR, 4, 4)  # slot j+1 (waited for)
             if PINGPONG:
                 mbarrier.wait(turn.index(C), ((base + j) & 1) ^ FIRST)
             tok = warpgroup_mma(a, x_smem.index(s).permute((1, 0)), acc, is_async=True)
@@ -444,19 +456,20 @@ if HAS_GLUON:
     @gluon.jit
     def _epi_store(v, col0, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C: gl.constexpr,
                    HAS_BIAS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, MODE: gl.constexpr):
-        """One column chunk (64 features, W tokens) of the accumulator, its offsets computed for it alone (the 64-bit
+        """One column chunk (F = BN / CONSUMERS features, W tokens) of the accumulator, its offsets computed for it alone (the 64-bit
         pointers of the whole tile would not fit beside acc at BM >= 128). MODE 0: to y; 1: to this split's
         workspace slice; 2: the last split sums the slices in split order (v unused) and writes y; stream-K, ws_ptr
         at a (BN features, BM tokens) fp32 block of the tile: 3: to that block; 4: sums SPLIT_K consecutive blocks
         in order (v unused) and writes y."""
         W: gl.constexpr = v.shape[1]
+        F: gl.constexpr = v.shape[0]
         l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, W, 16])
-        offs_n = pid_n * BN + C * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, l))
+        offs_n = pid_n * BN + C * F + gl.arange(0, F, layout=gl.SliceLayout(1, l))
         offs_m = pid_m * BM + col0 + gl.arange(0, W, layout=gl.SliceLayout(0, l))
         mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(offs_m < M, 0)
         off = gl.expand_dims(offs_m * N, 0) + gl.expand_dims(offs_n, 1)  # M * N < 2^31 (unsupported())
         if MODE >= 3:  # the block's own offsets: tokens contiguous (a thread's column pairs: 8-byte accesses)
-            loc = (gl.expand_dims((C * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, l))) * BM, 1)
+            loc = (gl.expand_dims((C * F + gl.arange(0, F, layout=gl.SliceLayout(1, l))) * BM, 1)
                    + gl.expand_dims(col0 + gl.arange(0, W, layout=gl.SliceLayout(0, l)), 0))
         if MODE == 2:
             acc = gl.load(ws_ptr + off, mask=mask, other=0.0, cache_modifier=".cg")
@@ -481,7 +494,7 @@ if HAS_GLUON:
     def _epilogue(acc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C: gl.constexpr,
                   HAS_BIAS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, CHUNKS: gl.constexpr,
                   MODE: gl.constexpr):
-        """acc (64 features, BM tokens) -> y[m, n] (MODE, _epi_store) in CHUNKS (1, 2 or 4) column chunks."""
+        """acc (BN / CONSUMERS features, BM tokens) -> y[m, n] (MODE, _epi_store) in CHUNKS (1, 2 or 4) column chunks."""
         if CHUNKS == 1:
             _epi_store(acc, 0, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, MODE)
         else:
@@ -517,12 +530,13 @@ if HAS_GLUON:
     def _tile_acc(w_smem, x_smem, sz_smem, ready, empty, turn, base, n_it, MAGIC, H2: gl.constexpr, C: gl.constexpr,
                   BM: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                   PINGPONG: gl.constexpr):
-        """The accumulator (64 features, BM tokens) of the K steps at ring steps base .. base + n_it - 1."""
+        """The accumulator (BN / CONSUMERS features, BM tokens) of the K steps at ring steps base .. base + n_it - 1."""
+        NBF: gl.constexpr = w_smem.shape[1] // CONSUMERS  # 16-feature fragments a consumer
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
-        acc = gl.zeros([64, BM], gl.float32, acc_l)
+        acc = gl.zeros([16 * NBF, BM], gl.float32, acc_l)
         mbarrier.wait(ready.index(base % STAGES), (base // STAGES) & 1)
-        p, szw = _load_slot(w_smem.index(base % STAGES), sz_smem.index(base % STAGES), C, BK, SZR, 4)
+        p, szw = _load_slot(w_smem.index(base % STAGES), sz_smem.index(base % STAGES), C, BK, SZR, 4, NBF)
         a0 = _unpack(p, szw, MAGIC, H2, x_smem.dtype, a_l, BK, 4)
         if CONSUMERS == 2:  # 12 warps (168 registers at launch, 240 by setmaxnreg): wait(1) serializes the wgmma there
             acc = _mainloop_wait0(a0, acc, w_smem, x_smem, sz_smem, ready, empty, turn, base, n_it, MAGIC, H2, C, a_l,
@@ -605,7 +619,7 @@ if HAS_GLUON:
                            PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, HAS_SPLIT: gl.constexpr,
                            PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, STREAM_K: gl.constexpr,
                            H2: gl.constexpr):
-        BN: gl.constexpr = 64 * CONSUMERS
+        BN: gl.constexpr = w_desc.block_type.shape[0] * 16  # 64 or 128 features a consumer
         SZR: gl.constexpr = sz_desc.block_type.shape[0]
         num_n = (N + BN - 1) // BN
         num_m = (M + BM - 1) // BM
@@ -893,7 +907,8 @@ def census(cfg: WgmmaConfig, **kw) -> dict:
     stats = ptxas_stats(ptx)
     text = sass(kern.asm["cubin"])
     loops = sass_key_loops(text, "HGMMA")
-    res = dict(config=cfg.label(), bm=cfg.bm, bk=cfg.bk, consumers=cfg.consumers, pingpong=cfg.pingpong,
+    res = dict(config=cfg.label(), bm=cfg.bm, bk=cfg.bk, consumers=cfg.consumers, features=cfg.features,
+               pingpong=cfg.pingpong,
                stream_k=_grid_flags(cfg, kw.get("split_k", 1))[1],
                registers=stats["registers"],
                spill_stores=stats["spill_stores"], spill_loads=stats["spill_loads"], stack=stats["stack"],
