@@ -246,9 +246,10 @@ case "${1:-}" in
   h2s38)  # session 38 (written without a GPU; compile-checked spill-free, the asm text proven exact on the CPU by
     # tests/kernels/test_w4a16_h2.py): the packed 16-bit unpack (WgmmaConfig(h2=True), kernels/w4a16_h2.py: 9 ALU-pipe
     # instructions a word instead of 11 + 4 F2FP) and one consumer of 128 features (features=128: half the x bytes
-    # a feature of bm64-bn64's, the M = 64 pick at 8192^2 at 6.5 TB/s L2 -> SM). Their GPU tests first (h2 bitwise
-    # the fp32 unpack's output on every candidate of the M 64 / 256 buckets and the large-M pick; f128 bitwise the
-    # 64-feature consumer's), then at M = 64 every candidate, the f128 configs and all their h2 twins
+    # a feature of bm64-bn64's, the M = 64 pick at 8192^2 at 6.5 TB/s L2 -> SM) and two one-consumer blocks an SM
+    # (ctas=2). Their GPU tests first (h2 bitwise the fp32 unpack's output on every candidate of the M 64 / 256
+    # buckets and the large-M pick; f128 / x2 bitwise the one-block 64-feature consumer's), then at M = 64 every
+    # candidate, the f128 / x2 configs and all their h2 twins
     step h2_tests 170 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
       tests/kernels/test_w4a16_wgmma_gpu.py -k "h2 or 128_features"
     step probe 380 "$PY" benchmarks/w4a16_gemm_probe.py --shapes 8192x28672,8192x8192,4096x14336 --ms 64 \

@@ -54,9 +54,14 @@ EXTRA_SMALL = [C(bm=64, consumers=2, bk=64, stages=8), C(bm=64, consumers=2, sta
                C(bm=64, consumers=2, stages=4)]
 
 # One consumer owning 128 features (two wgmma row blocks on one x tile): x's L2 -> SM bytes a feature halve against
-# bm64-bn64 one consumer, the M = 64 pick at 8192^2 at 6.5 TB/s of that stream (session 38, compile-checked)
-EXTRA_F128 = [C(bm=64, consumers=1, features=128, bk=64, stages=8), C(bm=64, consumers=1, features=128, bk=64, stages=12),
-              C(bm=32, consumers=1, features=128, bk=128, stages=8)]
+# bm64-bn64 one consumer, the M = 64 pick at 8192^2 at 6.5 TB/s of that stream; and two one-consumer blocks an SM
+# (ctas=2: 128 registers at launch, 232 for the consumer by setmaxnreg) for two independent loops a scheduler
+# (session 38, compile-checked)
+EXTRA_F128 = [C(bm=64, consumers=1, features=128, bk=64, stages=8),
+              C(bm=64, consumers=1, features=128, bk=64, stages=12),
+              C(bm=32, consumers=1, features=128, bk=128, stages=8),
+              C(bm=64, consumers=1, bk=64, stages=6, ctas=2), C(bm=64, consumers=1, bk=128, stages=3, ctas=2),
+              C(bm=64, consumers=1, features=128, bk=64, stages=8, ctas=2)]
 
 
 def l2_bytes(m: int, k: int, n: int, bm: int, bn: int) -> float:
@@ -89,8 +94,9 @@ def main(argv=None) -> int:
                     "big (bm >= 128 only), none")
     ap.add_argument("--extra", default="large",
                     help="comma list of the configs timed after the candidates: large (EXTRA, large-M tiles), small "
-                    "(EXTRA_SMALL, 64-token tiles), f128 (EXTRA_F128, one consumer of 128 features), h2 (each config "
-                    "timed, candidates included, again with the packed 16-bit unpack, kernels/w4a16_h2.py), none")
+                    "(EXTRA_SMALL, 64-token tiles), f128 (EXTRA_F128, one consumer of 128 features, two blocks an "
+                    "SM), h2 (each config timed, candidates included, again with the packed 16-bit unpack, "
+                    "kernels/w4a16_h2.py), none")
     args = ap.parse_args(argv)
     lists = {"large": EXTRA, "small": EXTRA_SMALL, "f128": EXTRA_F128, "h2": [], "none": []}
     names = args.extra.split(",")

@@ -90,7 +90,9 @@ rows.append(wg.census(cs[1], group_size=64, bias=True))
 rows[-2]["fp16"] = True
 C = wg.WgmmaConfig
 rows += [wg.census(C(bm=64, consumers=1, features=128, bk=64, stages=8)),
-         wg.census(C(bm=32, consumers=1, features=128, bk=128, stages=8, h2=True))]
+         wg.census(C(bm=32, consumers=1, features=128, bk=128, stages=8, h2=True)),
+         wg.census(C(bm=64, consumers=1, bk=64, stages=6, ctas=2)),
+         wg.census(C(bm=64, consumers=1, features=128, bk=64, stages=8, ctas=2, h2=True))]
 json.dump(rows, open(sys.argv[1], "w"))
 """
 
@@ -130,7 +132,7 @@ def test_one_consumer_of_128_features(census_h2):
     config_error lets it compile (bm + bk <= 160), twice the HGMMA and LDS.128 of a 64-feature step, the A tiles
     converted in registers (no STS, no moves), the whole unpack under the wgmma."""
     rows = [r for r in census_h2 if "-f128" in r["config"]]
-    assert len(rows) == 2
+    assert len(rows) == 3
     for r in rows:
         assert not (r["spill_stores"] or r["spill_loads"] or r["stack"] or r["local"] or r["serialized"]), r
         (lp,) = r["loops"]
@@ -142,3 +144,24 @@ def test_one_consumer_of_128_features(census_h2):
     assert "features=128 takes consumers=1" in wg.config_error(wg.WgmmaConfig(bm=64, consumers=2, features=128, bk=64))
     assert "features=96" in wg.config_error(wg.WgmmaConfig(bm=64, consumers=1, features=96))
     assert wg.WgmmaConfig(bm=64, consumers=1, features=128, bk=64).label() == "bm64-bn128-bk64-s4-f128"
+
+
+def test_two_blocks_an_sm(census_h2):
+    """ctas=2 (one consumer): 128 registers a thread at launch (2 blocks x 8 warps fill the SM's 64 K), the consumer
+    raised to 232 and the producer lowered to 24 by setmaxnreg, spill-free and unserialized at that budget, at most
+    half an SM's shared memory a block; the loop as the one-block kernel's (no STS, no moves, the unpack under
+    the wgmma)."""
+    rows = [r for r in census_h2 if "-x2" in r["config"]]
+    assert len(rows) == 2
+    for r in rows:
+        assert r["registers"] == 128 and {24, 232} <= set(r["setmaxnreg"]), r
+        assert not (r["spill_stores"] or r["spill_loads"] or r["stack"] or r["local"] or r["serialized"]), r
+        assert r["shared"] <= wg.SMEM_PER_SM // 2 - 1024, r
+        (lp,) = r["loops"]
+        assert lp["sts"] == 0 and lp["moves"] == 0, (r["config"], lp)
+        assert lp["dequant_between_issue_and_wait"] >= 0.95 * lp["dequant_total"], (r["config"], lp)
+    assert "ctas=2 takes consumers=1" in wg.config_error(wg.WgmmaConfig(bm=64, consumers=2, ctas=2))
+    assert "half an SM" in wg.config_error(wg.WgmmaConfig(bm=64, consumers=1, stages=8, ctas=2))
+    assert "ctas=3" in wg.config_error(wg.WgmmaConfig(bm=64, consumers=1, ctas=3))
+    assert wg.launch_options(wg.WgmmaConfig(bm=64, consumers=1, ctas=2)) == {"maxnreg": 128}
+    assert wg.launch_options(wg.WgmmaConfig(bm=64, consumers=1)) == {}

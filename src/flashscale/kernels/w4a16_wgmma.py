@@ -67,6 +67,7 @@ except ImportError:  # pragma: no cover - depends on the installed triton
     HAS_GLUON = False
 
 SMEM_LIMIT = 232_448  # H100/H200: the most shared memory one block may take
+SMEM_PER_SM = 233_472  # H100/H200: an SM's shared memory (228 KB), 1 KB of it reserved a resident block
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +84,8 @@ class WgmmaConfig:
     persistent: bool = False  # one CTA an SM looping over tiles: the ring runs on into the next tile's K steps
     stream_k: bool = False  # persistent: the last, partly filled wave's tiles split along K over all programs
     features: int = 64  # output features a consumer: 64, or 128 (one consumer, two wgmma row blocks sharing x)
+    ctas: int = 1  # resident blocks an SM: 2 (one consumer): 128 registers a thread at launch, the consumer raised
+    # to 232 by setmaxnreg (the producer gives its own back), and at most half an SM's shared memory a block
     h2: bool = False  # the packed 16-bit unpack (w4a16_h2.py: half the ALU-pipe work a weight, the same values)
 
     @property
@@ -93,6 +96,7 @@ class WgmmaConfig:
         return (f"bm{self.bm}-bn{self.bn}-bk{self.bk}-s{self.stages}" + (f"-k{self.split_k}" if self.split_k else "")
                 + ("-pp" if self.pingpong else "") + ("-persist" if self.persistent else "")
                 + ("-sk" if self.stream_k else "") + (f"-f{self.features}" if self.features != 64 else "")
+                + (f"-x{self.ctas}" if self.ctas != 1 else "")
                 + ("-h2" if self.h2 else ""))
 
 
@@ -177,7 +181,19 @@ def config_error(cfg: WgmmaConfig, group_size: int = 128, k: int | None = None) 
         return f"group_size={g}: a multiple of bk={cfg.bk}, 64, or one group a row (K)"
     if smem_bytes(cfg, g) > SMEM_LIMIT:
         return f"{smem_bytes(cfg, g)} B of shared memory > {SMEM_LIMIT}"
+    if cfg.ctas not in (1, 2):
+        return f"ctas={cfg.ctas}: 1 or 2 blocks an SM"
+    if cfg.ctas == 2 and cfg.consumers != 1:
+        return "ctas=2 takes consumers=1 (two blocks of 12 warps would get 85 registers a thread)"
+    if cfg.ctas == 2 and smem_bytes(cfg, g) > SMEM_PER_SM // 2 - 1024:
+        return f"ctas=2: {smem_bytes(cfg, g)} B of shared memory a block > {SMEM_PER_SM // 2 - 1024} (half an SM)"
     return None
+
+
+def launch_options(cfg: WgmmaConfig) -> dict:
+    """Compile options beyond num_warps: two blocks an SM cap the launch registers at 128 a thread (8 warps x 128
+    x 2 = the SM's 64 K); setmaxnreg then gives the consumer 232 and the producer 24 (spill-free: sm_90 census)."""
+    return {"maxnreg": 128} if cfg.ctas == 2 else {}
 
 
 if HAS_GLUON:
@@ -838,7 +854,7 @@ def w4a16_wgmma(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None,
     k_steps = triton.cdiv(triton.cdiv(k, FRAG_K) * FRAG_K, cfg.bk)
     sms = _num_sms(x.device.index or 0)
     # auto split only for token tiles <= 64: the split epilogue of bm >= 128 spills (docs/w4a16_gemm.md)
-    split = cfg.split_k or (auto_split(tiles, k_steps, sms) if cfg.bm <= 64 else 1)
+    split = cfg.split_k or (auto_split(tiles, k_steps, sms * cfg.ctas) if cfg.bm <= 64 else 1)
     split = max(1, min(split, k_steps))
     persistent, stream_k = _grid_flags(cfg, split)
     dp, skq, maxc = stream_k_plan(tiles, k_steps, sms, triton.cdiv(m, cfg.bm)) if stream_k else (tiles, 0, 0)
@@ -849,7 +865,8 @@ def w4a16_wgmma(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None,
         w_desc, x_desc, sz_desc, y, bias if bias is not None else y, ws, cnt, m, n, k, MAGIC_ONE, split, dp, skq, maxc,
         G=p.group_size, HAS_BIAS=bias is not None, BM=cfg.bm, BK=cfg.bk, STAGES=cfg.stages,
         CONSUMERS=cfg.consumers, GROUP=cfg.group, PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs,
-        HAS_SPLIT=split > 1, PINGPONG=cfg.pingpong, PERSISTENT=persistent, STREAM_K=skq > 0, H2=cfg.h2, num_warps=4)
+        HAS_SPLIT=split > 1, PINGPONG=cfg.pingpong, PERSISTENT=persistent, STREAM_K=skq > 0, H2=cfg.h2, num_warps=4,
+        **launch_options(cfg))
     return y
 
 
@@ -879,7 +896,7 @@ def compile_sm90(cfg: WgmmaConfig, *, n: int = 8192, k: int = 8192, group_size: 
     sig.update({key: "constexpr" for key in cx})
     attrs = {(names.index(a), ): [["tt.divisibility", 16]] for a in ("y_ptr", "bias_ptr", "ws_ptr", "cnt_ptr")}
     src = GluonASTSource(fn=w4a16_wgmma_kernel, signature=sig, constexprs=cx, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **launch_options(cfg)})
 
 
 _DEQUANT_OPS = ("LOP3", "SHF", "FFMA", "F2FP", "HADD2", "HMUL2", "HFMA2")  # the last three: the h2 unpack's
