@@ -24,7 +24,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh final32   # ~10 min: e2e rows (+tuned), GPU tests, trace
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2s38     # ~9.5 min: the packed 16-bit W4A16 unpack and the
 #                                                                  # 128-feature consumer: GPU tests, M = 64 probe
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2s38b    # ~9 min: the same probe at M = 256 / 1024
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2s38b    # ~7 min: the same probe at M = 256
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2grid38  # ~7 min: the W4A16 grid, the tuner given the twins
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m64s37    # ~5 min: every 64-token W4A16 tile at M = 64, ncu of
 #                                                                  # the M = 64 pick and of the FP8 D 128 default
@@ -255,8 +255,8 @@ case "${1:-}" in
     step probe 380 "$PY" benchmarks/w4a16_gemm_probe.py --shapes 8192x28672,8192x8192,4096x14336 --ms 64 \
       --candidates all --extra f128,h2 --out "$OUT"
     cp "$OUT/w4a16-gemm-probe-h200.json" "$OUT/w4a16-gemm-probe-h2-m64-h200.json" 2>/dev/null ;;
-  h2s38b)  # after h2s38: the same at M = 256 and 1024 (two shapes)
-    step probe 540 "$PY" benchmarks/w4a16_gemm_probe.py --shapes 8192x28672,8192x8192 --ms 256,1024 \
+  h2s38b)  # after h2s38: the same at M = 256 (two shapes; M >= 1024's h2 twins are h2grid38's)
+    step probe 540 "$PY" benchmarks/w4a16_gemm_probe.py --shapes 8192x28672,8192x8192 --ms 256 \
       --candidates all --extra f128,h2 --out "$OUT"
     cp "$OUT/w4a16-gemm-probe-h200.json" "$OUT/w4a16-gemm-probe-h2-m256-h200.json" 2>/dev/null ;;
   h2grid38)  # after h2s38 passed: the W4A16 grid from M = 32 with the tuner timing every wgmma config beside its h2 twin
