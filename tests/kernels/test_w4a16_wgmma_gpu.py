@@ -153,6 +153,20 @@ def test_stream_k_plan():
                     assert (tiles - dp) * maxc <= 4 * progs  # the fix-up workspace bound the docstring gives
 
 
+def test_plan_split_counts_resident_blocks():
+    """The automatic split fills the resident blocks: 8192^2 at M = 64 on 132 SMs, bm64-bn64 (128 tiles, 64 K
+    steps of 128) is one wave unsplit, in two blocks an SM it splits in 2; f128 (64 tiles, 128 steps of 64) in 2 /
+    4; bm >= 128 never splits by itself; a forced split is kept up to the K steps."""
+    C = wg.WgmmaConfig
+    assert wg.plan_split(C(bm=64, consumers=1, stages=8), 128, 64, 132) == 1
+    assert wg.plan_split(C(bm=64, consumers=1, bk=64, stages=6, ctas=2), 128, 128, 132) == 2
+    assert wg.plan_split(C(bm=64, consumers=1, features=128, bk=64, stages=8), 64, 128, 132) == 2
+    assert wg.plan_split(C(bm=64, consumers=1, features=128, bk=64, stages=8, ctas=2), 64, 128, 132) == 4
+    assert wg.plan_split(C(bm=128, consumers=1, stages=4), 16, 64, 132) == 1
+    assert wg.plan_split(C(bm=128, consumers=1, stages=4, split_k=3), 16, 64, 132) == 3
+    assert wg.plan_split(C(bm=64, consumers=2, stages=6, split_k=9), 16, 4, 132) == 4
+
+
 def test_persistent_config_errors():
     assert "persistent" in wg.config_error(wg.WgmmaConfig(bm=256, consumers=1, persistent=True))
     assert "persistent" in wg.config_error(wg.WgmmaConfig(bm=256, consumers=2, bk=64, stages=6, split_k=2,

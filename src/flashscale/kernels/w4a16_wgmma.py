@@ -787,6 +787,13 @@ def auto_split(tiles: int, k_steps: int, num_sms: int) -> int:
     return max(1, min(num_sms // tiles, k_steps // 4, 8))
 
 
+def plan_split(cfg: WgmmaConfig, tiles: int, k_steps: int, num_sms: int) -> int:
+    """K splits of a launch: cfg.split_k, else auto_split over the resident blocks (SMs x cfg.ctas) for token tiles
+    <= 64 (the split epilogue of bm >= 128 spills, docs/w4a16_gemm.md) and 1 above; never more than the K steps."""
+    split = cfg.split_k or (auto_split(tiles, k_steps, num_sms * cfg.ctas) if cfg.bm <= 64 else 1)
+    return max(1, min(split, k_steps))
+
+
 _WS: dict[torch.device, list] = {}
 
 
@@ -853,9 +860,7 @@ def w4a16_wgmma(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None,
     tiles = triton.cdiv(n, cfg.bn) * triton.cdiv(m, cfg.bm)
     k_steps = triton.cdiv(triton.cdiv(k, FRAG_K) * FRAG_K, cfg.bk)
     sms = _num_sms(x.device.index or 0)
-    # auto split only for token tiles <= 64: the split epilogue of bm >= 128 spills (docs/w4a16_gemm.md)
-    split = cfg.split_k or (auto_split(tiles, k_steps, sms * cfg.ctas) if cfg.bm <= 64 else 1)
-    split = max(1, min(split, k_steps))
+    split = plan_split(cfg, tiles, k_steps, sms)
     persistent, stream_k = _grid_flags(cfg, split)
     dp, skq, maxc = stream_k_plan(tiles, k_steps, sms, triton.cdiv(m, cfg.bm)) if stream_k else (tiles, 0, 0)
     floats = split * m * n if split > 1 else (tiles - dp) * maxc * cfg.bm * cfg.bn if skq else 1
