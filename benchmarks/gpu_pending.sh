@@ -25,6 +25,8 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2s38     # ~9.5 min: the packed 16-bit W4A16 unpack and the
 #                                                                  # 128-feature consumer: GPU tests, M = 64 probe
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2s38b    # ~7 min: the same probe at M = 256
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh d128c38   # ~7 min: 3 consumers at D 128, 64-key blocks:
+#                                                                  # GPU tests, the sweep beside the D 128 defaults
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2grid38  # ~7 min: the W4A16 grid, the tuner given the twins
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m64s37    # ~5 min: every 64-token W4A16 tile at M = 64, ncu of
 #                                                                  # the M = 64 pick and of the FP8 D 128 default
@@ -259,6 +261,14 @@ case "${1:-}" in
     step probe 540 "$PY" benchmarks/w4a16_gemm_probe.py --shapes 8192x28672,8192x8192 --ms 256 \
       --candidates all --extra f128,h2 --out "$OUT"
     cp "$OUT/w4a16-gemm-probe-h200.json" "$OUT/w4a16-gemm-probe-h2-m256-h200.json" 2>/dev/null ;;
+  d128c38)  # session 38 (compile-checked, not run): three consumers at D 128 with 64-key blocks (TUNING_CONFIGS[128]
+    # pp3_m192_n64 / _fold), never timed (the "next step" of session 20's notes): their GPU tests, then the sweep beside
+    # pp and the defaults of the dense rule (pp_persist_fold full, pp_persist_dyn_fold causal) at 2k / 8k / 16k
+    step fa3_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 --show-capture=no --tb=short \
+      tests/kernels/test_attention_fa3_gpu.py -k "pp3_m192_n64"
+    step fa3_sweep 240 "$PY" benchmarks/attention_fa3_sweep.py --hdims 128 --seqlens 2048,8192,16384 --budget 220 \
+      --variants pp,pp_persist_fold,pp_persist_dyn_fold,pp3_m192_n64,pp3_m192_n64_fold \
+      --out "$OUT/attention-fa3-sweep-pp3d128-h200.json" ;;
   h2grid38)  # after h2s38 passed: the W4A16 grid from M = 32 with the tuner timing every wgmma config beside its h2 twin
     # (FLASHSCALE_W4A16_WGMMA=h2); the rows' configs say where a twin won (label suffix -h2)
     FLASHSCALE_W4A16_WGMMA=h2 step w4a16 400 "$PY" benchmarks/w4a16.py --ms 32,64,128,256,1024,4096 --out "$OUT" ;;

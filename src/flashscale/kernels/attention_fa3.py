@@ -193,6 +193,12 @@ TUNING_CONFIGS = {
         "pp_persist_dyn": replace(_PP[128], persistent=True, dynamic=True),
         "pp_persist_fold": replace(_PP[128], persistent=True, fold_scale=True),
         "pp_persist_dyn_fold": replace(_PP[128], persistent=True, dynamic=True, fold_scale=True),
+        # three consumers at D 128 with 64-key blocks (the 160-register budget fits S of 64 keys, not 128: 192 x 128
+        # spills 832 B and serializes its wgmma), session 38, compile-checked spill-free full and causal: 411 / 381
+        # (fold) instructions a 64-key block against pp_persist_fold's 603 a 128-key one, +26 / +16 % issue a key
+        # for a third warpgroup to hide the other two's softmax (D 64's pp3_m192: +16 %)
+        "pp3_m192_n64": FA3Config(block_m=192, block_n=64, stages=4, consumers=3),
+        "pp3_m192_n64_fold": FA3Config(block_m=192, block_n=64, stages=4, consumers=3, fold_scale=True),
     },
     256: {
         "pp": _PP[256],
