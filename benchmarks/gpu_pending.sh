@@ -27,6 +27,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2s38b    # ~7 min: the same probe at M = 256
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh d128c38   # ~7 min: 3 consumers at D 128, 64-key blocks:
 #                                                                  # GPU tests, the sweep beside the D 128 defaults
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fp8c38    # ~6 min: FP8 D 128 with 3 consumers: tests, sweep
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2grid38  # ~7 min: the W4A16 grid, the tuner given the twins
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m64s37    # ~5 min: every 64-token W4A16 tile at M = 64, ncu of
 #                                                                  # the M = 64 pick and of the FP8 D 128 default
@@ -269,6 +270,13 @@ case "${1:-}" in
     step fa3_sweep 240 "$PY" benchmarks/attention_fa3_sweep.py --hdims 128 --seqlens 2048,8192,16384 --budget 220 \
       --variants pp,pp_persist_fold,pp_persist_dyn_fold,pp3_m192_n64,pp3_m192_n64_fold \
       --out "$OUT/attention-fa3-sweep-pp3d128-h200.json" ;;
+  fp8c38)  # session 38 (compile-checked, not run): FP8 D 128 with three consumers (TUNING_CONFIGS[128] pp3c_m192_serial
+    # and _vperm, 192 x 128 without overlap): their GPU tests, then the sweep beside the default at 8k / 16k
+    step fp8_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 --show-capture=no --tb=short \
+      tests/kernels/test_attention_fa3_fp8_gpu.py -k "pp3c_m192_serial"
+    step fp8_sweep 200 "$PY" benchmarks/attention_fa3_fp8_sweep.py --hdims 128 --seqlens 8192,16384 --budget 180 \
+      --variants pp_n256_serial_vperm,pp3c_m192_serial_vperm,pp3c_m192_serial \
+      --out "$OUT/attention-fa3-fp8-sweep-pp3c-h200.json" ;;
   h2grid38)  # after h2s38 passed: the W4A16 grid from M = 32 with the tuner timing every wgmma config beside its h2 twin
     # (FLASHSCALE_W4A16_WGMMA=h2); the rows' configs say where a twin won (label suffix -h2)
     FLASHSCALE_W4A16_WGMMA=h2 step w4a16 400 "$PY" benchmarks/w4a16.py --ms 32,64,128,256,1024,4096 --out "$OUT" ;;

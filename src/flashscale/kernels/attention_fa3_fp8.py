@@ -217,6 +217,12 @@ TUNING_CONFIGS = {
         # Gluon's reach); 256 keys without overlap, V^T's keys permuted: +4-6 % over pp full in session 28's sweep,
         # the D 128 default since (K/V in 256-row blocks). (With overlap, 360 B spilled.)
         "pp_n256_serial_vperm": _C(block_m=128, block_n=256, stages=2, overlap=False, v_perm=True),
+        # session 38 (compile-checked, not run): three consumers (160 registers: 128-key blocks without overlap fit,
+        # with overlap 384 B spill and the wgmma serializes; 256 keys do not compile): a third warpgroup's softmax
+        # under the other two's MMAs where the default alternates MUFU and tensor phases (ncu, session 37). Key loop
+        # 676 instructions a 128-key block (vperm) against the default's 1146 a 256-key one: +18 % issue a key.
+        "pp3c_m192_serial_vperm": _C(block_m=192, block_n=128, stages=3, consumers=3, overlap=False, v_perm=True),
+        "pp3c_m192_serial": _C(block_m=192, block_n=128, stages=3, consumers=3, overlap=False),
     },
     256: {
         "pp": _C(block_m=128, block_n=128, stages=2),  # causal: 44 B spilled (the diagonal block's mask)
