@@ -120,7 +120,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "attention-fp8-accuracy.json"
-    path.write_text(json.dumps(result, indent=1))
+    from flashscale.data.cache import atomic_write_text
+
+    atomic_write_text(path, json.dumps(result, indent=1))
     print(f"wrote {path}")
     print(table(result))
     best = next(r for r in result["rows"] if r["method"] == "fp8_block_hadamard")

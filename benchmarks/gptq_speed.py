@@ -134,7 +134,9 @@ def main(argv=None) -> int:
               "triton": triton.__version__, "date": datetime.date.today().isoformat(), "rows": [row]}
     args.out.mkdir(parents=True, exist_ok=True)
     name = "gptq-speed-smoke" if args.smoke else "gptq-speed"
-    (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    from flashscale.data.cache import atomic_write_text
+
+    atomic_write_text(args.out / f"{name}.json", json.dumps(result, indent=1) + "\n")
     print(f"\n{'model':<34} {'blocks':>6} {'s/block':>8} {'total s':>8} {'full-depth s':>12} {'peak GPU GB':>11} "
           f"{'host GiB':>8}  passed")
     gpu = "-" if row["peak_gpu_gb"] is None else f"{row['peak_gpu_gb']:.1f}"

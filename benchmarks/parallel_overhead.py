@@ -193,7 +193,9 @@ def main(argv=None) -> int:
                            and r["zero"] == args.zero[0]}}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"parallel-overhead-{tag}.json"
-    path.write_text(json.dumps(result, indent=1))
+    from flashscale.data.cache import atomic_write_text
+
+    atomic_write_text(path, json.dumps(result, indent=1))
     try:
         import matplotlib
 

@@ -192,7 +192,9 @@ def main(argv=None) -> int:
            "date": dt.date.today().isoformat(), "python": sys.version.split()[0], "rows": [row]}
     args.out.mkdir(parents=True, exist_ok=True)
     name = "train-reference-smoke.json" if args.smoke else f"train-reference-{_gpu_tag(gpu)}.json"
-    (args.out / name).write_text(json.dumps(doc, indent=1) + "\n")
+    from flashscale.data.cache import atomic_write_text
+
+    atomic_write_text(args.out / name, json.dumps(doc, indent=1) + "\n")
 
     print(f"\n{'model':<8} {'params':>8} {'steps':>6} {'tokens':>12} {'s':>7} {'tok/s':>10} {'MFU':>7} "
           f"{'ppl moby':>9} {'unigram':>8} {'wall s':>7}")

@@ -33,6 +33,7 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from flashscale.data.cache import atomic_write_text  # noqa: E402
 from flashscale.kernels.w4a16 import precompile, tuned_configs  # noqa: E402
 from flashscale.kernels.w4a16_pack import PackedW4, pack_w4  # noqa: E402
 from flashscale.ops.w4a16 import w4a16_linear  # noqa: E402
@@ -223,8 +224,7 @@ def write(args, gpu: str, g: int, rows: list[dict], checks: list[dict]) -> Path:
                   group_size=g, quick=args.quick, rows=rows, checks=checks, tuned=tuned_configs())
     extra = "" if args.impls == "flashscale,bf16" else "-" + args.impls.replace(",", "-")  # never overwrite the sweep
     path = out / f"w4a16-{tag}{extra}.json"
-    path.write_text(json.dumps(result, indent=1))
-    return path
+    return atomic_write_text(path, json.dumps(result, indent=1))  # a run cut short leaves the previous file whole
 
 
 def plot(rows: list[dict], path: Path, gpu: str) -> None:

@@ -66,6 +66,7 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from flashscale.data.cache import atomic_write_text  # noqa: E402
 from flashscale.kernels import w4a16 as W  # noqa: E402
 from flashscale.kernels import w4a16_gring as WQ  # noqa: E402
 from flashscale.kernels import w4a16_ring as WR  # noqa: E402
@@ -714,7 +715,7 @@ def main(argv=None) -> int:
         t = time.time()
         run_shape(ctx, k, n, gen, l2, deadline, fp16_check=i == 0)
         print(f"[{k}x{n} took {time.time() - t:.1f} s, {ctx.left():.0f} s left]", flush=True)
-        path.write_text(json.dumps(dict(gpu=gpu, sms=props.multi_processor_count, l2_bytes=l2, torch=torch.__version__,
+        atomic_write_text(path, json.dumps(dict(gpu=gpu, sms=props.multi_processor_count, l2_bytes=l2, torch=torch.__version__,
                                         triton=triton.__version__, group_size=G, copy_tbps_floor=COPY_TBPS,
                                         kinds=kinds or "all",
                                         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

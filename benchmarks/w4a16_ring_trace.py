@@ -38,6 +38,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the probe's weights and graph timing
 from w4a16_probe import G, graph_us, random_packed  # noqa: E402  (it puts src/ on the path)
 
+from flashscale.data.cache import atomic_write_text  # noqa: E402
 from flashscale.kernels import w4a16_ring as WR  # noqa: E402
 from flashscale.kernels.w4a16_pack import PackedW4  # noqa: E402
 from flashscale.reference.w4a16 import w4a16_linear_ref  # noqa: E402
@@ -122,7 +123,7 @@ def main(argv=None) -> int:
                rows=rows)
     tag = "h200" if "H200" in gpu else gpu.lower().replace(" ", "-")
     path = Path(args.out) / f"w4a16_ring_trace-{tag}.json"
-    path.write_text(json.dumps(doc, indent=1))
+    atomic_write_text(path, json.dumps(doc, indent=1))
     print(f"wrote {path}")
     return 0
 

@@ -381,3 +381,21 @@ def test_sampler_bad_args():
         s.load_state_dict(other)
     with pytest.raises(ValueError, match="missing"):
         s.load_state_dict({"epoch": 0})
+
+
+def test_atomic_write_text_replaces_whole_files_and_keeps_modes(tmp_path):
+    """A new file gets 0o644 (not mkstemp's 0o600), a replaced one keeps its mode, and a write that fails leaves
+    the old file as it was and no temporary file behind."""
+    import os
+    import stat
+
+    from flashscale.data.cache import atomic_write_text
+
+    p = atomic_write_text(tmp_path / "sub" / "r.json", '{"a": 1}')
+    assert p.read_text() == '{"a": 1}' and stat.S_IMODE(p.stat().st_mode) == 0o644
+    os.chmod(p, 0o640)
+    atomic_write_text(p, '{"a": 2}')
+    assert p.read_text() == '{"a": 2}' and stat.S_IMODE(p.stat().st_mode) == 0o640
+    with pytest.raises(TypeError):
+        atomic_write_text(p, None)  # the write itself fails
+    assert p.read_text() == '{"a": 2}' and sorted(x.name for x in p.parent.iterdir()) == ["r.json"]

@@ -29,15 +29,18 @@ def resolve_cache_dir(cache_dir: str | os.PathLike | None) -> Path:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write text to path through a temporary file in the same folder and os.replace (atomic on POSIX)."""
+    """Write text to path through a temporary file in the same folder and os.replace (atomic on POSIX). The file
+    keeps the mode of the one it replaces, else gets 0o644 (mkstemp's own 0o600 would hide results from others)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
