@@ -25,6 +25,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2s38     # ~9.5 min: the packed 16-bit W4A16 unpack and the
 #                                                                  # 128-feature consumer: GPU tests, M = 64 probe
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2s38b    # ~7 min: the same probe at M = 256
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh dec38     # ~9 min: 16-token tiles, 2-3 blocks an SM, M 1 / 16
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh d128c38   # ~7 min: 3 consumers at D 128, 64-key blocks:
 #                                                                  # GPU tests, the sweep beside the D 128 defaults
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fp8c38    # ~6 min: FP8 D 128 with 3 consumers: tests, sweep
@@ -262,6 +263,14 @@ case "${1:-}" in
     step probe 540 "$PY" benchmarks/w4a16_gemm_probe.py --shapes 8192x28672,8192x8192 --ms 256 \
       --candidates all --extra f128,h2 --out "$OUT"
     cp "$OUT/w4a16-gemm-probe-h200.json" "$OUT/w4a16-gemm-probe-h2-m256-h200.json" 2>/dev/null ;;
+  dec38)  # session 38 (compile-checked): the 16-token wgmma tile in two / three blocks an SM (and h2) against the
+    # candidates at M = 1 and 16: issue 7's point 1 asks <= 10.4 us at 8192^2 for every M <= 16 (the ring: 15.9 at
+    # M = 1; M = 16: 23.3 wgmma, 24.7 decode kernels). GPU tests of those configs first
+    step dec_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
+      tests/kernels/test_w4a16_wgmma_gpu.py -k "128_features"
+    step probe 400 "$PY" benchmarks/w4a16_gemm_probe.py --shapes 8192x8192,8192x28672,4096x4096 --ms 1,16 \
+      --candidates all --extra dec,h2 --out "$OUT"
+    cp "$OUT/w4a16-gemm-probe-h200.json" "$OUT/w4a16-gemm-probe-dec-h200.json" 2>/dev/null ;;
   d128c38)  # session 38 (compile-checked, not run): three consumers at D 128 with 64-key blocks (TUNING_CONFIGS[128]
     # pp3_m192_n64 / _fold), never timed (the "next step" of session 20's notes): their GPU tests, then the sweep beside
     # pp and the defaults of the dense rule (pp_persist_fold full, pp_persist_dyn_fold causal) at 2k / 8k / 16k

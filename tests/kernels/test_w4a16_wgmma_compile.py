@@ -92,7 +92,8 @@ C = wg.WgmmaConfig
 rows += [wg.census(C(bm=64, consumers=1, features=128, bk=64, stages=8)),
          wg.census(C(bm=32, consumers=1, features=128, bk=128, stages=8, h2=True)),
          wg.census(C(bm=64, consumers=1, bk=64, stages=6, ctas=2)),
-         wg.census(C(bm=64, consumers=1, features=128, bk=64, stages=8, ctas=2, h2=True))]
+         wg.census(C(bm=64, consumers=1, features=128, bk=64, stages=8, ctas=2, h2=True)),
+         wg.census(C(bm=16, consumers=1, bk=128, stages=8, ctas=3, h2=True))]
 json.dump(rows, open(sys.argv[1], "w"))
 """
 
@@ -124,7 +125,7 @@ def test_h2_unpack_machine_code(census_h2):
             share = 0.95 if r["consumers"] == 1 else 0.8 if r["config"].count("persist") else 0.35
             assert lp["dequant_between_issue_and_wait"] >= share * lp["dequant_total"], (r["config"], lp)
             if r["consumers"] == 1:
-                assert lp["moves"] == 0, (r["config"], lp["moves"])
+                assert lp["moves"] <= (r["bm"] == 16), (r["config"], lp["moves"])  # bm16 h2: one MOV
 
 
 def test_one_consumer_of_128_features(census_h2):
@@ -146,22 +147,28 @@ def test_one_consumer_of_128_features(census_h2):
     assert wg.WgmmaConfig(bm=64, consumers=1, features=128, bk=64).label() == "bm64-bn128-bk64-s4-f128"
 
 
-def test_two_blocks_an_sm(census_h2):
-    """ctas=2 (one consumer): 128 registers a thread at launch (2 blocks x 8 warps fill the SM's 64 K), the consumer
-    raised to 232 and the producer lowered to 24 by setmaxnreg, spill-free and unserialized at that budget, at most
-    half an SM's shared memory a block; the loop as the one-block kernel's (no STS, no moves, the unpack under
-    the wgmma)."""
-    rows = [r for r in census_h2 if "-x2" in r["config"]]
-    assert len(rows) == 2
+def test_two_and_three_blocks_an_sm(census_h2):
+    """ctas=2 / 3 (one consumer): 128 / 80 registers a thread at launch (ctas blocks x 8 warps fill the SM's 64 K),
+    the consumer raised to 232 / 136 and the producer lowered to 24 by setmaxnreg, spill-free and unserialized at
+    that budget, at most 1 / ctas of an SM's shared memory a block; the loop as the one-block kernel's (no STS, no
+    moves, the unpack under the wgmma)."""
+    rows = [r for r in census_h2 if "-x2" in r["config"] or "-x3" in r["config"]]
+    assert len(rows) == 3
     for r in rows:
-        assert r["registers"] == 128 and {24, 232} <= set(r["setmaxnreg"]), r
+        ctas = 3 if "-x3" in r["config"] else 2
+        assert r["registers"] == wg.CTA_MAXNREG[ctas], r
+        assert {24, 2 * wg.CTA_MAXNREG[ctas] - 24} <= set(r["setmaxnreg"]), r
         assert not (r["spill_stores"] or r["spill_loads"] or r["stack"] or r["local"] or r["serialized"]), r
-        assert r["shared"] <= wg.SMEM_PER_SM // 2 - 1024, r
+        assert r["shared"] <= wg.SMEM_PER_SM // ctas - 1024, r
         (lp,) = r["loops"]
-        assert lp["sts"] == 0 and lp["moves"] == 0, (r["config"], lp)
+        assert lp["sts"] == 0 and lp["moves"] <= (r["bm"] == 16), (r["config"], lp)
         assert lp["dequant_between_issue_and_wait"] >= 0.95 * lp["dequant_total"], (r["config"], lp)
-    assert "ctas=2 takes consumers=1" in wg.config_error(wg.WgmmaConfig(bm=64, consumers=2, ctas=2))
-    assert "half an SM" in wg.config_error(wg.WgmmaConfig(bm=64, consumers=1, stages=8, ctas=2))
-    assert "ctas=3" in wg.config_error(wg.WgmmaConfig(bm=64, consumers=1, ctas=3))
-    assert wg.launch_options(wg.WgmmaConfig(bm=64, consumers=1, ctas=2)) == {"maxnreg": 128}
-    assert wg.launch_options(wg.WgmmaConfig(bm=64, consumers=1)) == {}
+    C = wg.WgmmaConfig
+    assert "ctas=2 takes consumers=1" in wg.config_error(C(bm=64, consumers=2, ctas=2))
+    assert "1 / 2 of an SM" in wg.config_error(C(bm=64, consumers=1, stages=8, ctas=2))
+    assert "ctas=3 takes bm=16" in wg.config_error(C(bm=64, consumers=1, stages=2, ctas=3))
+    assert "1, 2 or 3" in wg.config_error(C(bm=16, consumers=1, ctas=4))
+    assert "bm + bk <= 128 at ctas=2" in wg.config_error(C(bm=16, consumers=1, features=128, stages=4, ctas=2))
+    assert wg.launch_options(C(bm=64, consumers=1, ctas=2)) == {"maxnreg": 128}
+    assert wg.launch_options(C(bm=16, consumers=1, ctas=3)) == {"maxnreg": 80}
+    assert wg.launch_options(C(bm=64, consumers=1)) == {}

@@ -221,7 +221,9 @@ def test_h2_unpack_is_bitwise_the_fp32_unpack(cfg, dtype):
 _F128 = [wg.WgmmaConfig(bm=64, consumers=1, features=128, bk=64, stages=8),
          wg.WgmmaConfig(bm=32, consumers=1, features=128, bk=128, stages=8, h2=True),
          wg.WgmmaConfig(bm=64, consumers=1, bk=64, stages=6, ctas=2),
-         wg.WgmmaConfig(bm=64, consumers=1, features=128, bk=64, stages=8, ctas=2, h2=True)]
+         wg.WgmmaConfig(bm=64, consumers=1, features=128, bk=64, stages=8, ctas=2, h2=True),
+         wg.WgmmaConfig(bm=16, consumers=1, stages=8, ctas=3),
+         wg.WgmmaConfig(bm=16, consumers=1, stages=8, ctas=2, h2=True)]
 
 
 @pytest.mark.gpu
@@ -229,13 +231,13 @@ _F128 = [wg.WgmmaConfig(bm=64, consumers=1, features=128, bk=64, stages=8),
 @pytest.mark.parametrize("cfg", _F128, ids=lambda c: c.label())
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_one_consumer_of_128_features_and_two_blocks_an_sm(cfg, dtype):
-    """features=128 / ctas=2: the same bits as one 64-feature consumer in one block an SM of the same bm / bk (the
+    """features=128 / ctas=2, 3: the same bits as one 64-feature consumer in one block an SM of the same bm / bk (the
     same K order per output; split-K forced to 1 on both, since tile counts and automatic splits differ), and
     within the 16-bit noise of the float64 reference with the automatic split; ragged N past a 128-feature tile."""
     f64 = dataclasses.replace(cfg, features=64, ctas=1, split_k=1)
     for k, n, g, act in ((1024, 384, 128, False), (1088, 200, 64, False), (960, 272, -1, True)):
         p = _weight(k, n, g, act_order=act, seed=k + n)
-        for m in (17, 64, 100):
+        for m in (1, 17, 64, 100):
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             bias = torch.randn(n, device="cuda", dtype=dtype) if m == 17 else None
             if wg.config_error(cfg, p.group_size, k) is not None:

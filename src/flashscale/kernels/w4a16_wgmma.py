@@ -21,9 +21,10 @@ x^T (BK, BM) with RS-wgmma (m64nBMk16: A, the dequantized weights, from register
   * scale and zero are applied to A before the MMA, exactly (w4a16_common's fp32 magic-number unpack: one
     shift per two nibbles, one LOP3 and one FFMA a weight, one cvt per pair; w = (q - z) * s rounded once to
     16 bits, as the reference does); with h2=True (opt-in until timed) the packed 16-bit unpack of w4a16_h2.py: the
-    same values, two weights an instruction, 9 instead of 15 ALU-pipe instructions a packed word. The alternative (decode kernel: MMA on OFF + q, s and z*sum(x) per group
-    after) needs one accumulator drain per group: BM/2 fp32 per thread times two FMAs every 128 K plus group
-    sums of x and a wait per group that breaks the wgmma overlap: more work than the dequant at BM >= 64.
+    same values, two weights an instruction, 9 instead of 15 ALU-pipe instructions a packed word. The alternative
+    (decode kernel: MMA on OFF + q, s and z*sum(x) per group after) needs one accumulator drain per group: BM/2
+    fp32 per thread times two FMAs every 128 K plus group sums of x and a wait per group that breaks the wgmma
+    overlap: more work than the dequant at BM >= 64.
   * split-K (grid axis 1) for grids that cannot fill the SMs (M = 64 on N <= 8192): each split writes its fp32
     partial to its own workspace slice, one acq_rel ticket a (tile, consumer), the last split sums the slices
     in split order (deterministic) and writes y, as w4a16_common's slice scheme.
@@ -84,8 +85,9 @@ class WgmmaConfig:
     persistent: bool = False  # one CTA an SM looping over tiles: the ring runs on into the next tile's K steps
     stream_k: bool = False  # persistent: the last, partly filled wave's tiles split along K over all programs
     features: int = 64  # output features a consumer: 64, or 128 (one consumer, two wgmma row blocks sharing x)
-    ctas: int = 1  # resident blocks an SM: 2 (one consumer): 128 registers a thread at launch, the consumer raised
-    # to 232 by setmaxnreg (the producer gives its own back), and at most half an SM's shared memory a block
+    ctas: int = 1  # resident blocks an SM (one consumer): 2 / 3 launch at 128 / 80 registers a thread, the consumer
+    # raised to 232 / 136 by setmaxnreg (the producer gives its own back), each block at most 1 / ctas of the SM's
+    # shared memory
     h2: bool = False  # the packed 16-bit unpack (w4a16_h2.py: half the ALU-pipe work a weight, the same values)
 
     @property
@@ -163,10 +165,11 @@ def config_error(cfg: WgmmaConfig, group_size: int = 128, k: int | None = None) 
         return f"bk={cfg.bk}: 64 or 128"
     if cfg.features not in (64, 128):
         return f"features={cfg.features}: 64 or 128 a consumer"
-    if cfg.features == 128 and (cfg.consumers != 1 or cfg.bm + cfg.bk > 160):
-        return (f"features=128 takes consumers=1 and bm + bk <= 160 (got consumers={cfg.consumers}, bm={cfg.bm}, "
-                f"bk={cfg.bk}): its accumulator (bm) and two A tiles (bk) registers a thread; bm64 x bk128 makes ptxas "
-                f"serialize the wgmma")
+    room = {1: 160, 2: 128}.get(cfg.ctas, 0)  # bm + bk that f128 fits in the consumer's 255 / 232 registers
+    if cfg.features == 128 and (cfg.consumers != 1 or cfg.bm + cfg.bk > room):
+        return (f"features=128 takes consumers=1 and bm + bk <= {room} at ctas={cfg.ctas} (got consumers="
+                f"{cfg.consumers}, bm={cfg.bm}, bk={cfg.bk}): its accumulator (bm) and two A tiles (bk) registers a "
+                f"thread; past that ptxas serializes the wgmma (bm64 x bk128 at one block an SM, bm16 x bk128 at two)")
     if cfg.stages < 2:
         return "stages >= 2"
     if cfg.persistent and (cfg.split_k > 1 or cfg.consumers != 2):
@@ -181,19 +184,26 @@ def config_error(cfg: WgmmaConfig, group_size: int = 128, k: int | None = None) 
         return f"group_size={g}: a multiple of bk={cfg.bk}, 64, or one group a row (K)"
     if smem_bytes(cfg, g) > SMEM_LIMIT:
         return f"{smem_bytes(cfg, g)} B of shared memory > {SMEM_LIMIT}"
-    if cfg.ctas not in (1, 2):
-        return f"ctas={cfg.ctas}: 1 or 2 blocks an SM"
-    if cfg.ctas == 2 and cfg.consumers != 1:
-        return "ctas=2 takes consumers=1 (two blocks of 12 warps would get 85 registers a thread)"
-    if cfg.ctas == 2 and smem_bytes(cfg, g) > SMEM_PER_SM // 2 - 1024:
-        return f"ctas=2: {smem_bytes(cfg, g)} B of shared memory a block > {SMEM_PER_SM // 2 - 1024} (half an SM)"
+    if cfg.ctas not in (1, 2, 3):
+        return f"ctas={cfg.ctas}: 1, 2 or 3 blocks an SM"
+    if cfg.ctas > 1 and cfg.consumers != 1:
+        return f"ctas={cfg.ctas} takes consumers=1 (two blocks of 12 warps would get 85 registers a thread)"
+    if cfg.ctas == 3 and cfg.bm != 16:
+        return (f"ctas=3 takes bm=16 (got {cfg.bm}): at 136 registers a consumer only the 16-token tile keeps its "
+                f"wgmma pipelined")
+    if cfg.ctas > 1 and smem_bytes(cfg, g) > SMEM_PER_SM // cfg.ctas - 1024:
+        return (f"ctas={cfg.ctas}: {smem_bytes(cfg, g)} B of shared memory a block > {SMEM_PER_SM // cfg.ctas - 1024} "
+                f"(1 / {cfg.ctas} of an SM)")
     return None
 
 
+CTA_MAXNREG = {2: 128, 3: 80}  # launch registers a thread for ctas blocks of 8 warps an SM (64 K registers)
+
+
 def launch_options(cfg: WgmmaConfig) -> dict:
-    """Compile options beyond num_warps: two blocks an SM cap the launch registers at 128 a thread (8 warps x 128
-    x 2 = the SM's 64 K); setmaxnreg then gives the consumer 232 and the producer 24 (spill-free: sm_90 census)."""
-    return {"maxnreg": 128} if cfg.ctas == 2 else {}
+    """Compile options beyond num_warps: ctas blocks an SM cap the launch registers (CTA_MAXNREG: 8 warps x 128 x 2
+    = the SM's 64 K); setmaxnreg then gives the consumer 232 / 136 and the producer 24 (sm_90 census)."""
+    return {"maxnreg": CTA_MAXNREG[cfg.ctas]} if cfg.ctas in CTA_MAXNREG else {}
 
 
 if HAS_GLUON:
@@ -472,11 +482,11 @@ if HAS_GLUON:
     @gluon.jit
     def _epi_store(v, col0, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C: gl.constexpr,
                    HAS_BIAS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, MODE: gl.constexpr):
-        """One column chunk (F = BN / CONSUMERS features, W tokens) of the accumulator, its offsets computed for it alone (the 64-bit
-        pointers of the whole tile would not fit beside acc at BM >= 128). MODE 0: to y; 1: to this split's
-        workspace slice; 2: the last split sums the slices in split order (v unused) and writes y; stream-K, ws_ptr
-        at a (BN features, BM tokens) fp32 block of the tile: 3: to that block; 4: sums SPLIT_K consecutive blocks
-        in order (v unused) and writes y."""
+        """One column chunk (F = BN / CONSUMERS features, W tokens) of the accumulator, its offsets computed for it
+        alone (the 64-bit pointers of the whole tile would not fit beside acc at BM >= 128). MODE 0: to y; 1: to this
+        split's workspace slice; 2: the last split sums the slices in split order (v unused) and writes y; stream-K,
+        ws_ptr at a (BN features, BM tokens) fp32 block of the tile: 3: to that block; 4: sums SPLIT_K consecutive
+        blocks in order (v unused) and writes y."""
         W: gl.constexpr = v.shape[1]
         F: gl.constexpr = v.shape[0]
         l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, W, 16])
