@@ -93,7 +93,8 @@ rows += [wg.census(C(bm=64, consumers=1, features=128, bk=64, stages=8)),
          wg.census(C(bm=32, consumers=1, features=128, bk=128, stages=8, h2=True)),
          wg.census(C(bm=64, consumers=1, bk=64, stages=6, ctas=2)),
          wg.census(C(bm=64, consumers=1, features=128, bk=64, stages=8, ctas=2, h2=True)),
-         wg.census(C(bm=16, consumers=1, bk=128, stages=8, ctas=3, h2=True))]
+         wg.census(C(bm=16, consumers=1, bk=128, stages=8, ctas=3, h2=True)),
+         wg.census(C(bm=16, consumers=1, bk=64, stages=8, ctas=4))]
 json.dump(rows, open(sys.argv[1], "w"))
 """
 
@@ -147,15 +148,15 @@ def test_one_consumer_of_128_features(census_h2):
     assert wg.WgmmaConfig(bm=64, consumers=1, features=128, bk=64).label() == "bm64-bn128-bk64-s4-f128"
 
 
-def test_two_and_three_blocks_an_sm(census_h2):
-    """ctas=2 / 3 (one consumer): 128 / 80 registers a thread at launch (ctas blocks x 8 warps fill the SM's 64 K),
-    the consumer raised to 232 / 136 and the producer lowered to 24 by setmaxnreg, spill-free and unserialized at
-    that budget, at most 1 / ctas of an SM's shared memory a block; the loop as the one-block kernel's (no STS, no
-    moves, the unpack under the wgmma)."""
-    rows = [r for r in census_h2 if "-x2" in r["config"] or "-x3" in r["config"]]
-    assert len(rows) == 3
+def test_two_to_four_blocks_an_sm(census_h2):
+    """ctas=2 / 3 / 4 (one consumer): 128 / 80 / 64 registers a thread at launch (ctas blocks x 8 warps fill the SM's
+    64 K), the consumer raised to 232 / 136 / 104 and the producer lowered to 24 by setmaxnreg, spill-free and
+    unserialized at that budget, at most 1 / ctas of an SM's shared memory a block; the loop as the one-block
+    kernel's (no STS, no moves, the unpack under the wgmma)."""
+    rows = [r for r in census_h2 if any(f"-x{c}" in r["config"] for c in (2, 3, 4))]
+    assert len(rows) == 4
     for r in rows:
-        ctas = 3 if "-x3" in r["config"] else 2
+        ctas = next(c for c in (2, 3, 4) if f"-x{c}" in r["config"])
         assert r["registers"] == wg.CTA_MAXNREG[ctas], r
         assert {24, 2 * wg.CTA_MAXNREG[ctas] - 24} <= set(r["setmaxnreg"]), r
         assert not (r["spill_stores"] or r["spill_loads"] or r["stack"] or r["local"] or r["serialized"]), r
@@ -167,7 +168,8 @@ def test_two_and_three_blocks_an_sm(census_h2):
     assert "ctas=2 takes consumers=1" in wg.config_error(C(bm=64, consumers=2, ctas=2))
     assert "1 / 2 of an SM" in wg.config_error(C(bm=64, consumers=1, stages=8, ctas=2))
     assert "ctas=3 takes bm=16" in wg.config_error(C(bm=64, consumers=1, stages=2, ctas=3))
-    assert "1, 2 or 3" in wg.config_error(C(bm=16, consumers=1, ctas=4))
+    assert "ctas=4 takes bm=16 and bk=64" in wg.config_error(C(bm=16, consumers=1, stages=2, ctas=4))
+    assert "1, 2, 3 or 4" in wg.config_error(C(bm=16, consumers=1, ctas=5))
     assert "bm + bk <= 128 at ctas=2" in wg.config_error(C(bm=16, consumers=1, features=128, stages=4, ctas=2))
     assert wg.launch_options(C(bm=64, consumers=1, ctas=2)) == {"maxnreg": 128}
     assert wg.launch_options(C(bm=16, consumers=1, ctas=3)) == {"maxnreg": 80}

@@ -223,7 +223,8 @@ _F128 = [wg.WgmmaConfig(bm=64, consumers=1, features=128, bk=64, stages=8),
          wg.WgmmaConfig(bm=64, consumers=1, bk=64, stages=6, ctas=2),
          wg.WgmmaConfig(bm=64, consumers=1, features=128, bk=64, stages=8, ctas=2, h2=True),
          wg.WgmmaConfig(bm=16, consumers=1, stages=8, ctas=3),
-         wg.WgmmaConfig(bm=16, consumers=1, stages=8, ctas=2, h2=True)]
+         wg.WgmmaConfig(bm=16, consumers=1, stages=8, ctas=2, h2=True),
+         wg.WgmmaConfig(bm=16, consumers=1, bk=64, stages=8, ctas=4, h2=True)]
 
 
 @pytest.mark.gpu
@@ -231,7 +232,7 @@ _F128 = [wg.WgmmaConfig(bm=64, consumers=1, features=128, bk=64, stages=8),
 @pytest.mark.parametrize("cfg", _F128, ids=lambda c: c.label())
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_one_consumer_of_128_features_and_two_blocks_an_sm(cfg, dtype):
-    """features=128 / ctas=2, 3: the same bits as one 64-feature consumer in one block an SM of the same bm / bk (the
+    """features=128 / ctas=2-4: the same bits as one 64-feature consumer in one block an SM of the same bm / bk (the
     same K order per output; split-K forced to 1 on both, since tile counts and automatic splits differ), and
     within the 16-bit noise of the float64 reference with the automatic split; ragged N past a 128-feature tile."""
     f64 = dataclasses.replace(cfg, features=64, ctas=1, split_k=1)

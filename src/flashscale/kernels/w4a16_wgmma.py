@@ -69,6 +69,7 @@ except ImportError:  # pragma: no cover - depends on the installed triton
 
 SMEM_LIMIT = 232_448  # H100/H200: the most shared memory one block may take
 SMEM_PER_SM = 233_472  # H100/H200: an SM's shared memory (228 KB), 1 KB of it reserved a resident block
+CTA_MAXNREG = {2: 128, 3: 80, 4: 64}  # launch registers a thread for ctas blocks of 8 warps an SM (64 K registers)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,9 +86,9 @@ class WgmmaConfig:
     persistent: bool = False  # one CTA an SM looping over tiles: the ring runs on into the next tile's K steps
     stream_k: bool = False  # persistent: the last, partly filled wave's tiles split along K over all programs
     features: int = 64  # output features a consumer: 64, or 128 (one consumer, two wgmma row blocks sharing x)
-    ctas: int = 1  # resident blocks an SM (one consumer): 2 / 3 launch at 128 / 80 registers a thread, the consumer
-    # raised to 232 / 136 by setmaxnreg (the producer gives its own back), each block at most 1 / ctas of the SM's
-    # shared memory
+    ctas: int = 1  # resident blocks an SM (one consumer): 2 / 3 / 4 launch at 128 / 80 / 64 registers a thread, the
+    # consumer raised to 232 / 136 / 104 by setmaxnreg (the producer gives its own back), each block at most 1 / ctas
+    # of the SM's shared memory
     h2: bool = False  # the packed 16-bit unpack (w4a16_h2.py: half the ALU-pipe work a weight, the same values)
 
     @property
@@ -184,25 +185,24 @@ def config_error(cfg: WgmmaConfig, group_size: int = 128, k: int | None = None) 
         return f"group_size={g}: a multiple of bk={cfg.bk}, 64, or one group a row (K)"
     if smem_bytes(cfg, g) > SMEM_LIMIT:
         return f"{smem_bytes(cfg, g)} B of shared memory > {SMEM_LIMIT}"
-    if cfg.ctas not in (1, 2, 3):
-        return f"ctas={cfg.ctas}: 1, 2 or 3 blocks an SM"
+    if cfg.ctas not in (1, 2, 3, 4):
+        return f"ctas={cfg.ctas}: 1, 2, 3 or 4 blocks an SM"
     if cfg.ctas > 1 and cfg.consumers != 1:
         return f"ctas={cfg.ctas} takes consumers=1 (two blocks of 12 warps would get 85 registers a thread)"
-    if cfg.ctas == 3 and cfg.bm != 16:
-        return (f"ctas=3 takes bm=16 (got {cfg.bm}): at 136 registers a consumer only the 16-token tile keeps its "
-                f"wgmma pipelined")
+    if cfg.ctas >= 3 and (cfg.bm != 16 or (cfg.ctas == 4 and cfg.bk != 64)):
+        return (f"ctas={cfg.ctas} takes bm=16{' and bk=64' if cfg.ctas == 4 else ''} (got bm={cfg.bm}, bk={cfg.bk}): "
+                f"at {2 * CTA_MAXNREG[cfg.ctas] - 24} registers a consumer only that tile keeps its wgmma pipelined")
     if cfg.ctas > 1 and smem_bytes(cfg, g) > SMEM_PER_SM // cfg.ctas - 1024:
         return (f"ctas={cfg.ctas}: {smem_bytes(cfg, g)} B of shared memory a block > {SMEM_PER_SM // cfg.ctas - 1024} "
                 f"(1 / {cfg.ctas} of an SM)")
     return None
 
 
-CTA_MAXNREG = {2: 128, 3: 80}  # launch registers a thread for ctas blocks of 8 warps an SM (64 K registers)
 
 
 def launch_options(cfg: WgmmaConfig) -> dict:
     """Compile options beyond num_warps: ctas blocks an SM cap the launch registers (CTA_MAXNREG: 8 warps x 128 x 2
-    = the SM's 64 K); setmaxnreg then gives the consumer 232 / 136 and the producer 24 (sm_90 census)."""
+    = the SM's 64 K); setmaxnreg then gives the consumer 232 / 136 / 104 and the producer 24 (sm_90 census)."""
     return {"maxnreg": CTA_MAXNREG[cfg.ctas]} if cfg.ctas in CTA_MAXNREG else {}
 
 
