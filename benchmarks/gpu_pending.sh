@@ -26,8 +26,9 @@
 #                                                                  # 128-feature consumer: GPU tests, M = 64 probe
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2s38b    # ~7 min: the same probe at M = 256
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh dec38     # ~9 min: 16-token tiles, 2-3 blocks an SM, M 1 / 16
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh d128c38   # ~7 min: 3 consumers at D 128, 64-key blocks:
-#                                                                  # GPU tests, the sweep beside the D 128 defaults
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh d128c38   # ~8 min: 3 consumers at D 128, 64-key blocks:
+#                                                                  # GPU tests, the sweep beside the D 128 defaults;
+#                                                                  # the L2 -> SM read rate (l2_bandwidth.py)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fp8c38    # ~6 min: FP8 D 128 with 3 consumers: tests, sweep
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2grid38  # ~7 min: the W4A16 grid, the tuner given the twins
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m64s37    # ~5 min: every 64-token W4A16 tile at M = 64, ncu of
@@ -278,7 +279,9 @@ case "${1:-}" in
       tests/kernels/test_attention_fa3_gpu.py -k "pp3_m192_n64"
     step fa3_sweep 240 "$PY" benchmarks/attention_fa3_sweep.py --hdims 128 --seqlens 2048,8192,16384 --budget 220 \
       --variants pp,pp_persist_fold,pp_persist_dyn_fold,pp3_m192_n64,pp3_m192_n64_fold \
-      --out "$OUT/attention-fa3-sweep-pp3d128-h200.json" ;;
+      --out "$OUT/attention-fa3-sweep-pp3d128-h200.json"
+    # and the L2 -> SM read rate (benchmarks/l2_bandwidth.py): is the 64-token W4A16 tile's 6.5 TB/s of x the limit?
+    step l2 90 "$PY" benchmarks/l2_bandwidth.py --out "$OUT" ;;
   fp8c38)  # session 38 (compile-checked, not run): FP8 D 128 with three consumers (TUNING_CONFIGS[128] pp3c_m192_serial
     # and _vperm, 192 x 128 without overlap): their GPU tests, then the sweep beside the default at 8k / 16k
     step fp8_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 --show-capture=no --tb=short \
