@@ -2,14 +2,10 @@
 incomplete until the last, so a run cut by a time limit keeps the groups it measured."""
 
 import argparse
-import importlib.util
 import json
-from pathlib import Path
+from bench_testutil import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("bench_attention", ROOT / "benchmarks" / "attention.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+bench = load_benchmark("attention")
 
 
 def test_results_written_per_group_atomically(tmp_path):

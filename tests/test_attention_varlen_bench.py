@@ -1,16 +1,12 @@
 """benchmarks/attention_varlen.py's CPU-checkable parts: the lengths, the FLOP count, and that the padded SDPA
 anchors compute the same attention as the packed varlen reference (so their times are for the same work)."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
+from bench_testutil import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("bench_attention_varlen", ROOT / "benchmarks" / "attention_varlen.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+bench = load_benchmark("attention_varlen")
 
 
 @pytest.mark.parametrize("max_seqlen", [1024, 4096, 16384])

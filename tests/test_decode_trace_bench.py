@@ -1,23 +1,14 @@
 """benchmarks/decode_step_trace.py's analysis (CPU, synthetic stamps): each launch measured against the previous
 launch's last end, medians over layers, the late starters and the last tenth's figures."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
+from bench_testutil import load_benchmark
 
 
 def _load():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    path = ROOT / "benchmarks" / "decode_step_trace.py"
-    spec = importlib.util.spec_from_file_location("bench_decode_step_trace", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("decode_step_trace")
 
 
 def test_analyse_synthetic_step():

@@ -1,20 +1,14 @@
 """The quantization benchmarks' --smoke modes (CPU): they run, check themselves, and write their JSON."""
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from bench_testutil import load_benchmark
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark(name)
 
 
 def test_quant_quality_smoke(tmp_path):
