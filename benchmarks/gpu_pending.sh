@@ -278,7 +278,7 @@ case "${1:-}" in
     step fa3_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 --show-capture=no --tb=short \
       tests/kernels/test_attention_fa3_gpu.py -k "pp3_m192_n64"
     step fa3_sweep 240 "$PY" benchmarks/attention_fa3_sweep.py --hdims 128 --seqlens 2048,8192,16384 --budget 220 \
-      --variants pp,pp_persist_fold,pp_persist_dyn_fold,pp3_m192_n64,pp3_m192_n64_fold \
+      --variants pp,pp_persist_fold,pp_persist_dyn_fold,pp3_m192_n64,pp3_m192_n64_fold,pp3_m192_n64_persist_dyn_fold \
       --out "$OUT/attention-fa3-sweep-pp3d128-h200.json"
     # and the L2 -> SM read rate (benchmarks/l2_bandwidth.py): is the 64-token W4A16 tile's 6.5 TB/s of x the limit?
     step l2 90 "$PY" benchmarks/l2_bandwidth.py --out "$OUT" ;;
@@ -289,8 +289,8 @@ case "${1:-}" in
     step fp8_sweep 200 "$PY" benchmarks/attention_fa3_fp8_sweep.py --hdims 128 --seqlens 8192,16384 --budget 180 \
       --variants pp_n256_serial_vperm,pp3c_m192_serial_vperm,pp3c_m192_serial \
       --out "$OUT/attention-fa3-fp8-sweep-pp3c-h200.json" ;;
-  h2grid38)  # after h2s38 passed: the W4A16 grid from M = 32 with the tuner timing every wgmma config beside its h2 twin
-    # (FLASHSCALE_W4A16_WGMMA=h2); the rows' configs say where a twin won (label suffix -h2)
+  h2grid38)  # after h2s38 passed: the W4A16 grid from M = 32 with the tuner timing every wgmma config beside its
+    # h2 twin (FLASHSCALE_W4A16_WGMMA=h2); the file's tuned table says where a twin won (h2: true)
     FLASHSCALE_W4A16_WGMMA=h2 step w4a16 400 "$PY" benchmarks/w4a16.py --ms 32,64,128,256,1024,4096 --out "$OUT" ;;
   m64s37)  # ran in session 37 (results/w4a16-gemm-probe-m64-h200.json, docs/w4a16_gemm.md session 37): issue 7's
     # point 2 cells sit at 24-51 % of their roofline bound: every

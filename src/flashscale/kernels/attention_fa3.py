@@ -199,6 +199,9 @@ TUNING_CONFIGS = {
         # for a third warpgroup to hide the other two's softmax (D 64's pp3_m192: +16 %)
         "pp3_m192_n64": FA3Config(block_m=192, block_n=64, stages=4, consumers=3),
         "pp3_m192_n64_fold": FA3Config(block_m=192, block_n=64, stages=4, consumers=3, fold_scale=True),
+        # the same with the dynamic persistent scheduler (causal: 4 B spilled, outside the key loop)
+        "pp3_m192_n64_persist_dyn_fold": FA3Config(block_m=192, block_n=64, stages=4, consumers=3, fold_scale=True,
+                                                   persistent=True, dynamic=True),
     },
     256: {
         "pp": _PP[256],
