@@ -266,11 +266,12 @@ case "${1:-}" in
     cp "$OUT/w4a16-gemm-probe-h200.json" "$OUT/w4a16-gemm-probe-h2-m256-h200.json" 2>/dev/null ;;
   dec38)  # session 38 (compile-checked): the 16-token wgmma tile in two / three blocks an SM (and h2) against the
     # candidates at M = 1 and 16: issue 7's point 1 asks <= 10.4 us at 8192^2 for every M <= 16 (the ring: 15.9 at
-    # M = 1; M = 16: 23.3 wgmma, 24.7 decode kernels). GPU tests of those configs first
+    # M = 1; M = 16: 23.3 wgmma, 24.7 decode kernels; --auto times w4a16_linear's own pick in the same run). GPU
+    # tests of those configs first
     step dec_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
       tests/kernels/test_w4a16_wgmma_gpu.py -k "128_features"
     step probe 400 "$PY" benchmarks/w4a16_gemm_probe.py --shapes 8192x8192,8192x28672,4096x4096 --ms 1,16 \
-      --candidates all --extra dec,h2 --out "$OUT"
+      --candidates all --extra dec,h2 --auto --out "$OUT"
     cp "$OUT/w4a16-gemm-probe-h200.json" "$OUT/w4a16-gemm-probe-dec-h200.json" 2>/dev/null ;;
   d128c38)  # session 38 (compile-checked, not run): three consumers at D 128 with 64-key blocks (TUNING_CONFIGS[128]
     # pp3_m192_n64 / _fold), never timed (the "next step" of session 20's notes): their GPU tests, then the sweep beside

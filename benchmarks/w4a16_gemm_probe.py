@@ -33,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from w4a16 import random_packed, weight_copies, wgmma_trials  # noqa: E402
 
 from flashscale.kernels import w4a16_wgmma as wg  # noqa: E402
+from flashscale.kernels.w4a16 import precompile  # noqa: E402
+from flashscale.ops.w4a16 import w4a16_linear  # noqa: E402
 from flashscale.reference.w4a16 import dequantize_w4  # noqa: E402
 
 C = wg.WgmmaConfig
@@ -103,6 +105,8 @@ def main(argv=None) -> int:
                     "(EXTRA_SMALL, 64-token tiles), f128 (EXTRA_F128, one consumer of 128 features, two blocks an "
                     "SM), dec (EXTRA_DEC, 16-token tiles in two / three blocks an SM), h2 (each config timed, "
                     "candidates included, again with the packed 16-bit unpack, kernels/w4a16_h2.py), none")
+    ap.add_argument("--auto", action="store_true", help="also time w4a16_linear's own tuned choice (impl "
+                    "flashscale-auto: the decode / ring / GEMV kernels too at M <= 16), its configs precompiled first")
     args = ap.parse_args(argv)
     lists = {"large": EXTRA, "small": EXTRA_SMALL, "f128": EXTRA_F128, "dec": EXTRA_DEC, "h2": [], "none": []}
     names = args.extra.split(",")
@@ -110,6 +114,9 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"--extra {bad[0]!r}: a comma list of {', '.join(lists)}")
     extra = [c for v in names for c in lists[v]]
+    if args.auto:  # the tuner's candidates compiled in parallel processes, not one after another in the first call
+        precompile([dict(m=m, k=256, n=256, group_size=128, dtype="bfloat16", act_order=False, bias=False)
+                    for m in sorted({min(max(int(v), 1), 4096) for v in args.ms.split(",")})])
     gen = torch.Generator(device="cuda").manual_seed(0)
     gpu = torch.cuda.get_device_name()
     rows = []
@@ -131,6 +138,15 @@ def main(argv=None) -> int:
             rows.append(dict(impl="bf16", config="cublas", M=m, K=k, N=n, us=t_bf, tflops=flops / t_bf * 1e-6,
                              x_bf16=1.0, l2_TBps=l2_bytes(m, k, n, 128, 256) / t_bf * 1e-6))
             print(f"M={m} {k}x{n}: bf16 {t_bf:.1f} us {flops / t_bf * 1e-6:.0f} TFLOP/s", flush=True)
+            if args.auto:
+                def auto():
+                    it["i"] += 1
+                    return w4a16_linear(x, packs[it["i"] % len(packs)])
+
+                t = timed(auto, args.rep)  # the first call tunes the shape's bucket, outside the timed region
+                rows.append(dict(impl="flashscale-auto", config="tuned", M=m, K=k, N=n, us=t,
+                                 tflops=flops / t * 1e-6, x_bf16=t_bf / t, l2_TBps=None))
+                print(f"  {'flashscale-auto (tuned)':34s} {t:9.1f} us x{t_bf / t:.2f} bf16", flush=True)
             cand = {"all": wg.candidates(m), "none": []}.get(args.candidates, [c for c in wg.candidates(m) if c.bm >= 128])
             todo = list(dict.fromkeys(cand + extra))
             if "h2" in names:
