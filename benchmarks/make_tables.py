@@ -190,6 +190,8 @@ def multigpu_table(res: dict, name: str) -> list[str]:
 
 
 SECTIONS = [
+    ("l2-bandwidth-h200.json", "Read rates on the H200: a buffer read whole by every program (L2 -> SM) or once (HBM)",
+     ["impl", "size_mb", "programs", "whole", "us", "TBps"]),
     ("train-reference-h200.json", "Training the ~125M reference model on one H200",
      ["impl", "model", "params", "steps", "tokens", "seconds", "tokens_per_s", "mfu", "val_ppl_moby_dick", "unigram_ppl"]),
     ("quant-quality.json", "Perplexity on moby_dick (held out) after 4/3-bit quantization",
