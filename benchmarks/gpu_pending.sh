@@ -1,4 +1,8 @@
 #!/usr/bin/env bash
+# NEXT (written in session 38, which had no GPU; every step below it is compile-checked only): dec38, h2s38,
+# d128c38, fp8c38, then h2s38b / h2grid38 if the probes show a gain (docs/w4a16_gemm.md, docs/attention_fa3.md and
+# docs/attention_fp8.md, "Session 38"). A results file that comes back gets a "note" before it is committed.
+#
 # GPU steps of sessions 18-29 (2026-12-02/03), kept runnable. Session 28 ran `s28` (docs27's, fa3f28's and fp8n28's
 # tests, then their sweeps), `s28b`, `s28c`, `gputests` and `s28d`; its device time ran out before the FP8 grid
 # could be re-run with the final pre-pass rule (auto_chunk: V^T in pieces past 128 x 128 values, Q/K whole up to
