@@ -57,11 +57,12 @@ def test_main_loop_machine_code(census):
         for lp in r["loops"]:
             # one consumer: the loop is unrolled by two (two K steps a body); two: one step a body
             assert lp["steps"] == (2 if r["consumers"] == 1 else 1), (r["config"], lp["steps"])
-            assert lp["hgmma"] == lp["steps"] * r["bk"] // 16, r["config"]  # BK / 16 wgmma a step
-            assert lp["lds128"] == lp["steps"] * r["bk"] // 64, r["config"]  # 16 bytes of packed words a load
+            f = r["features"] // 64  # 64-feature row blocks a consumer
+            assert lp["hgmma"] == f * lp["steps"] * r["bk"] // 16, r["config"]  # BK / 16 wgmma a step and block
+            assert lp["lds128"] == f * lp["steps"] * r["bk"] // 64, r["config"]  # 16 bytes of packed words a load
             assert lp["sts"] == 0, r["config"]  # no layout conversion through shared memory
-            assert lp["dequant"]["LOP3"] >= 32 * lp["steps"] * r["bk"] // 64, r["config"]
-            assert lp["dequant"]["FFMA"] >= 32 * lp["steps"] * r["bk"] // 64, r["config"]
+            assert lp["dequant"]["LOP3"] >= 32 * f * lp["steps"] * r["bk"] // 64, r["config"]
+            assert lp["dequant"]["FFMA"] >= 32 * f * lp["steps"] * r["bk"] // 64, r["config"]
             # the overlap: >= 80 % of the unpack is issued while a wgmma group is in flight. Not asked of two
             # consumers at bm256 without turns: ptxas puts each consumer's wgmma wait before its unpack there
             # (0-15 of 96 overlap), so the unpack of one warpgroup overlaps the other's MMA instead (measured the
@@ -134,7 +135,7 @@ def test_one_consumer_of_128_features(census_h2):
     config_error lets it compile (bm + bk <= 160), twice the HGMMA and LDS.128 of a 64-feature step, the A tiles
     converted in registers (no STS, no moves), the whole unpack under the wgmma."""
     rows = [r for r in census_h2 if "-f128" in r["config"]]
-    assert len(rows) == 3
+    assert len(rows) >= 3
     for r in rows:
         assert not (r["spill_stores"] or r["spill_loads"] or r["stack"] or r["local"] or r["serialized"]), r
         (lp,) = r["loops"]
@@ -154,7 +155,7 @@ def test_two_to_four_blocks_an_sm(census_h2):
     unserialized at that budget, at most 1 / ctas of an SM's shared memory a block; the loop as the one-block
     kernel's (no STS, no moves, the unpack under the wgmma)."""
     rows = [r for r in census_h2 if any(f"-x{c}" in r["config"] for c in (2, 3, 4))]
-    assert len(rows) == 4
+    assert len(rows) >= 4
     for r in rows:
         ctas = next(c for c in (2, 3, 4) if f"-x{c}" in r["config"])
         assert r["registers"] == wg.CTA_MAXNREG[ctas], r

@@ -130,10 +130,16 @@ CANDIDATES: dict[int, list[WgmmaConfig]] = {
     # the tuned decode kernels' 24.7 / 10.9, and the persistent stream-K bn128 within 1 % of it; the tuner times both
     # beside the decode kernels (at M = 1 they lost: 23.2 against 18.8 us)
     16: [WgmmaConfig(bm=16, consumers=1, stages=8), WgmmaConfig(bm=16, consumers=2, stages=6, persistent=True,
-                                                                 stream_k=True)],
+                                                                 stream_k=True),
+         # two blocks an SM (session 38, w4a16-gemm-probe-dec-h200.json): M = 16 8192^2 19.7 us against 23.3
+         WgmmaConfig(bm=16, consumers=1, stages=8, ctas=2)],
     64: [WgmmaConfig(bm=64, consumers=2, stages=6), WgmmaConfig(bm=64, consumers=1, stages=8),
          WgmmaConfig(bm=32, consumers=2, stages=8), WgmmaConfig(bm=64, consumers=2, stages=6, persistent=True,
-                                                                stream_k=True)],
+                                                                stream_k=True),
+         # session 38 (w4a16-gemm-probe-h2-m64-h200.json): two one-consumer blocks an SM, 4096 x 14336 23.8 us against
+         # 27.3; and one consumer of 128 features in two blocks, 8192 x 28672 82.7 us against 89.7
+         WgmmaConfig(bm=64, consumers=1, stages=3, ctas=2),
+         WgmmaConfig(bm=64, consumers=1, features=128, bk=64, stages=8, ctas=2)],
     256: [WgmmaConfig(bm=64, consumers=2, stages=6), WgmmaConfig(bm=64, consumers=1, stages=8)] + _BIG
          + [WgmmaConfig(bm=128, consumers=2, stages=4, persistent=True, stream_k=True), _LARGE[0]],
     2048: _LARGE,
