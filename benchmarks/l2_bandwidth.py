@@ -68,6 +68,31 @@ def xor_rows(t: torch.Tensor) -> torch.Tensor:
     return t[0]
 
 
+def plot(rows: list[dict], path: Path, gpu: str) -> None:
+    """TB/s against programs, one line a buffer size (dashed: the split reads of the buffers past half the L2)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for mb in sorted({r["size_mb"] for r in rows}):
+        rs = sorted((r for r in rows if r["size_mb"] == mb), key=lambda r: r["programs"])
+        ax.plot([r["programs"] for r in rs], [r["TBps"] for r in rs], "o" + ("-" if rs[0]["whole"] else "--"),
+                label=f"{mb} MiB ({'every program reads it all' if rs[0]['whole'] else 'read once, split'})")
+    ax.set_xlabel("programs")
+    ax.set_ylabel("TB/s")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"read rate, L2-resident buffers vs HBM, {gpu}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes-mb", default="1,4,16,24,1024", help="buffer sizes, MiB (whole reads up to half the L2)")
@@ -75,7 +100,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--rep", type=int, default=50, help="ms of replays a cell")
     ap.add_argument("--smoke", action="store_true", help="check the kernel against torch on tiny buffers and stop")
+    ap.add_argument("--replot", metavar="JSON", help="only draw the .png of an existing results file")
     args = ap.parse_args(argv)
+    if args.replot:
+        res = json.loads(Path(args.replot).read_text())
+        plot(res["rows"], Path(args.replot).with_suffix(".png"), res["gpu"])
+        return 0
     dev = "cuda" if torch.cuda.is_available() and not os.environ.get("TRITON_INTERPRET") else "cpu"
     gen = torch.Generator().manual_seed(0)
     if args.smoke:
@@ -113,6 +143,7 @@ def main(argv=None) -> int:
     atomic_write_text(out, json.dumps(dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
                                            date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                                            note="", rows=rows), indent=1))
+    plot(rows, out.with_suffix(".png"), gpu)
     print(f"wrote {out}")
     return 0
 
