@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# NEXT (written in session 38, which had no GPU; every step below it is compile-checked only): dec38, h2s38,
-# d128c38, fp8c38, then h2s38b / h2grid38 if the probes show a gain (docs/w4a16_gemm.md, docs/attention_fa3.md and
-# docs/attention_fp8.md, "Session 38"). A results file that comes back gets a "note" before it is committed.
+# NEXT (session 38 ran h2s38 and dec38's probe late; see docs/w4a16_gemm.md "Measured later in session 38"): cand38,
+# d128c38, fp8c38, then h2s38b. A results file that comes back gets a "note" before it is committed.
 #
 # GPU steps of sessions 18-29 (2026-12-02/03), kept runnable. Session 28 ran `s28` (docs27's, fa3f28's and fp8n28's
 # tests, then their sweeps), `s28b`, `s28c`, `gputests` and `s28d`; its device time ran out before the FP8 grid
@@ -294,6 +293,12 @@ case "${1:-}" in
     step fp8_sweep 200 "$PY" benchmarks/attention_fa3_fp8_sweep.py --hdims 128 --seqlens 8192,16384 --budget 180 \
       --variants pp_n256_serial_vperm,pp3c_m192_serial_vperm,pp3c_m192_serial \
       --out "$OUT/attention-fa3-fp8-sweep-pp3c-h200.json" ;;
+  cand38)  # session 38, after the probes: the GPU tests of the three two-block configs that joined CANDIDATES (and the
+    # dispatch), then the grid at M 16 / 32 / 64 merged into results/w4a16-h200.json (its note to extend)
+    step cand_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
+      tests/kernels/test_w4a16_wgmma_gpu.py -k "(test_candidates and (x2 or f128)) or auto_and_forced or dispatch"
+    cp benchmarks/results/w4a16-h200.json "$OUT/w4a16-h200-merged.json"
+    step w4a16 330 "$PY" benchmarks/w4a16.py --ms 16,32,64 --out "$OUT" --merge-into "$OUT/w4a16-h200-merged.json" ;;
   h2grid38)  # after h2s38 passed: the W4A16 grid from M = 32 with the tuner timing every wgmma config beside its
     # h2 twin (FLASHSCALE_W4A16_WGMMA=h2); the file's tuned table says where a twin won (h2: true)
     FLASHSCALE_W4A16_WGMMA=h2 step w4a16 400 "$PY" benchmarks/w4a16.py --ms 32,64,128,256,1024,4096 --out "$OUT" ;;

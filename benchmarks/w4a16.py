@@ -105,6 +105,9 @@ def main(argv=None) -> int:
                     help="comma list of flashscale, bf16, flashscale-wgmma (the opt-in Gluon GEMM, M >= 16: each "
                          "candidate config checked against float64, then timed; the best kept a cell)")
     ap.add_argument("--ms", default=None, help="comma list of token counts (default: the built-in sweep)")
+    ap.add_argument("--merge-into", type=Path, default=None, metavar="JSON",
+                    help="after the run, put its rows into this results file in place of the rows of the same M "
+                    "(merge_results); the file's note is for the committer to extend")
     args = ap.parse_args(argv)
     impls = args.impls.split(",")
     if not torch.cuda.is_available():
@@ -169,6 +172,12 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
         path = write(args, gpu, g, rows, checks)  # after every shape: a cut-short run keeps what it measured
 
+    if args.merge_into is not None:
+        merged = merge_results(json.loads(args.merge_into.read_text()), json.loads(path.read_text()))
+        atomic_write_text(args.merge_into, json.dumps(merged, indent=1))
+        rows = merged["rows"]
+        path = args.merge_into
+        print(f"merged into {path}")
     plot(rows, path.with_suffix(".png"), gpu)
 
     print(f"\nW4A16 vs bf16 F.linear on {gpu} (group {g}); TB/s on packed bytes; floor = packed bytes / 4.3 TB/s")
@@ -212,6 +221,19 @@ def wgmma_trials(base: PackedW4, packs: list, w_bf16: torch.Tensor, x: torch.Ten
             return wg.w4a16_wgmma(x, packs[it["q"]], config=cfg)
 
         out.append(("flashscale-wgmma", fn, packed_bytes(base), cfg))
+    return out
+
+
+def merge_results(base: dict, new: dict) -> dict:
+    """base with new's rows and checks in place of base's of the same M (every impl), sorted by (K, N, M, impl);
+    new's tuned entries over base's; new's date, gpu, torch and triton (the file says when its newest rows ran)."""
+    ms = {r["M"] for r in new["rows"]}
+    key = lambda r: (r["K"], r["N"], r["M"], r.get("impl", ""))  # noqa: E731
+    out = dict(base)
+    out["rows"] = sorted([r for r in base["rows"] if r["M"] not in ms] + new["rows"], key=key)
+    out["checks"] = sorted([c for c in base.get("checks", []) if c["M"] not in ms] + new.get("checks", []), key=key)
+    out["tuned"] = {**base.get("tuned", {}), **new.get("tuned", {})}
+    out.update({k: new[k] for k in ("gpu", "torch", "triton", "date") if k in new})
     return out
 
 
