@@ -172,12 +172,11 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
         path = write(args, gpu, g, rows, checks)  # after every shape: a cut-short run keeps what it measured
 
-    if args.merge_into is not None:
+    if args.merge_into is not None:  # the table below stays this run's (its rows alternate flashscale, bf16)
         merged = merge_results(json.loads(args.merge_into.read_text()), json.loads(path.read_text()))
         atomic_write_text(args.merge_into, json.dumps(merged, indent=1))
-        rows = merged["rows"]
-        path = args.merge_into
-        print(f"merged into {path}")
+        plot(merged["rows"], args.merge_into.with_suffix(".png"), gpu)
+        print(f"merged into {args.merge_into}")
     plot(rows, path.with_suffix(".png"), gpu)
 
     print(f"\nW4A16 vs bf16 F.linear on {gpu} (group {g}); TB/s on packed bytes; floor = packed bytes / 4.3 TB/s")
