@@ -3,6 +3,7 @@ x (docs/w4a16_gemm.md, session 38: is the 64-token tile bound by x's L2 stream a
 
     python benchmarks/l2_bandwidth.py [--sizes-mb 1,4,16,24,1024] [--programs-per-sm 1,2,4] [--out DIR]
     TRITON_INTERPRET=1 python benchmarks/l2_bandwidth.py --smoke        # CPU: the kernel against torch, tiny
+    python benchmarks/l2_bandwidth.py --plot results/l2-bandwidth-h200.json    # the png again, from the JSON
 
 A buffer of S bytes (int32 words) up to half the L2 is read whole by each of P programs, each starting at its own
 16 KB chunk and wrapping around (bytes moved S x P, from L2 after the first pass: the L2 -> SM rate); a larger one
@@ -25,6 +26,9 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from plotting import plot_only, pyplot  # noqa: E402
 
 from flashscale.data.cache import atomic_write_text  # noqa: E402
 
@@ -68,15 +72,17 @@ def xor_rows(t: torch.Tensor) -> torch.Tensor:
     return t[0]
 
 
-def plot(rows: list[dict], path: Path, gpu: str) -> None:
-    """TB/s against programs, one line a buffer size (dashed: the split reads of the buffers past half the L2)."""
-    try:
-        import matplotlib
+def agrees(got: torch.Tensor, want: torch.Tensor, whole: bool) -> bool:
+    """read()'s rows against the buffer's XOR: every row equal to it (whole), or their XOR (split)."""
+    return torch.equal(got, want.expand_as(got)) if whole else torch.equal(xor_rows(got), want)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+
+def plot(doc: dict, path: Path) -> None:
+    """TB/s against programs, one line a buffer size (dashed: the split reads of the buffers past half the L2)."""
+    plt = pyplot()
+    if plt is None:
         return
+    rows = doc["rows"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for mb in sorted({r["size_mb"] for r in rows}):
         rs = sorted((r for r in rows if r["size_mb"] == mb), key=lambda r: r["programs"])
@@ -87,7 +93,7 @@ def plot(rows: list[dict], path: Path, gpu: str) -> None:
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(f"read rate, L2-resident buffers vs HBM, {gpu}", fontsize=10)
+    ax.set_title(f"read rate, L2-resident buffers vs HBM, {doc['gpu']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -100,20 +106,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--rep", type=int, default=50, help="ms of replays a cell")
     ap.add_argument("--smoke", action="store_true", help="check the kernel against torch on tiny buffers and stop")
-    ap.add_argument("--replot", metavar="JSON", help="only draw the .png of an existing results file")
     args = ap.parse_args(argv)
-    if args.replot:
-        res = json.loads(Path(args.replot).read_text())
-        plot(res["rows"], Path(args.replot).with_suffix(".png"), res["gpu"])
-        return 0
     dev = "cuda" if torch.cuda.is_available() and not os.environ.get("TRITON_INTERPRET") else "cpu"
     gen = torch.Generator().manual_seed(0)
     if args.smoke:
         for chunks, programs, whole in ((1, 1, True), (3, 5, True), (4, 2, False), (6, 3, False)):
             x = torch.randint(-2**31, 2**31 - 1, (chunks * CHUNK, ), generator=gen, dtype=torch.int32).to(dev)
-            got, want = read(x, programs, whole).cpu(), xor_rows(x.view(-1, CHUNK).cpu())
-            ok = torch.equal(got, want.expand_as(got)) if whole else torch.equal(xor_rows(got), want)
-            assert ok, (chunks, programs, whole)
+            assert agrees(read(x, programs, whole).cpu(), xor_rows(x.view(-1, CHUNK).cpu()), whole), (chunks, programs)
         print("l2_bandwidth smoke: the kernel matches torch")
         return 0
     if dev != "cuda":
@@ -129,8 +128,7 @@ def main(argv=None) -> int:
             programs = sms * pps
             if not whole:
                 programs = max(p for p in range(1, programs + 1) if (x.numel() // CHUNK) % p == 0)
-            got = read(x, programs, whole)
-            assert torch.equal(got, want.expand_as(got)) if whole else torch.equal(xor_rows(got), want), (mb, pps)
+            assert agrees(read(x, programs, whole), want, whole), (mb, pps)
             ms = triton.testing.do_bench_cudagraph(lambda: read(x, programs, whole), rep=args.rep, return_mode="median")
             moved = mb * 2**20 * (programs if whole else 1)
             tbps = moved / (ms * 1e-3) / 1e12
@@ -140,13 +138,13 @@ def main(argv=None) -> int:
         x = None  # free the buffer before the next size
     gpu = torch.cuda.get_device_name()
     out = Path(args.out) / f"l2-bandwidth-{gpu.split()[-1].lower()}.json"
-    atomic_write_text(out, json.dumps(dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
-                                           date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                                           note="", rows=rows), indent=1))
-    plot(rows, out.with_suffix(".png"), gpu)
+    doc = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
+               date=datetime.datetime.now(datetime.timezone.utc).isoformat(), note="", rows=rows)
+    atomic_write_text(out, json.dumps(doc, indent=1))
+    plot(doc, out.with_suffix(".png"))
     print(f"wrote {out}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(0 if plot_only(sys.argv[1:], plot) else main())
