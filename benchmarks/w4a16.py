@@ -122,8 +122,7 @@ def main(argv=None) -> int:
     # every candidate config of every M bucket, compiled in parallel processes first (one shape stands
     # for all: the benchmark shapes share evenness and alignment)
     t0 = time.time()
-    jobs = 0 if "flashscale" not in impls else precompile([dict(m=m, k=256, n=256, group_size=g, dtype="bfloat16", act_order=False, bias=False)
-                       for m in sorted({1} | {min(max(m, 2), 4096) for m in ms})])
+    jobs = 0 if "flashscale" not in impls else precompile_ms(sorted({1} | {min(max(m, 2), 4096) for m in ms}), g)
     print(f"precompiled {jobs} configs in {time.time() - t0:.1f} s", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
     gpu = torch.cuda.get_device_name()
@@ -221,6 +220,13 @@ def wgmma_trials(base: PackedW4, packs: list, w_bf16: torch.Tensor, x: torch.Ten
 
         out.append(("flashscale-wgmma", fn, packed_bytes(base), cfg))
     return out
+
+
+def precompile_ms(ms: list[int], group_size: int = 128) -> int:
+    """kernels.w4a16.precompile of every candidate the tuner times at these M (a 256 x 256 bf16 problem stands for
+    the benchmark shapes: they share evenness and alignment); returns the number of configs compiled."""
+    return precompile([dict(m=m, k=256, n=256, group_size=group_size, dtype="bfloat16", act_order=False, bias=False)
+                       for m in ms])
 
 
 def merge_results(base: dict, new: dict) -> dict:

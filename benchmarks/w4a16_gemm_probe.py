@@ -30,10 +30,9 @@ import triton.testing
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from w4a16 import random_packed, weight_copies, wgmma_trials  # noqa: E402
+from w4a16 import precompile_ms, random_packed, weight_copies, wgmma_trials  # noqa: E402
 
 from flashscale.kernels import w4a16_wgmma as wg  # noqa: E402
-from flashscale.kernels.w4a16 import precompile  # noqa: E402
 from flashscale.ops.w4a16 import w4a16_linear  # noqa: E402
 from flashscale.reference.w4a16 import dequantize_w4  # noqa: E402
 
@@ -115,8 +114,7 @@ def main(argv=None) -> int:
         ap.error(f"--extra {bad[0]!r}: a comma list of {', '.join(lists)}")
     extra = [c for v in names for c in lists[v]]
     if args.auto:  # the tuner's candidates compiled in parallel processes, not one after another in the first call
-        precompile([dict(m=m, k=256, n=256, group_size=128, dtype="bfloat16", act_order=False, bias=False)
-                    for m in sorted({min(max(int(v), 1), 4096) for v in args.ms.split(",")})])
+        precompile_ms(sorted({min(max(int(v), 1), 4096) for v in args.ms.split(",")}))
     gen = torch.Generator(device="cuda").manual_seed(0)
     gpu = torch.cuda.get_device_name()
     rows = []

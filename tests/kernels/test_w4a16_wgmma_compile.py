@@ -88,7 +88,6 @@ cs = [dataclasses.replace(c, h2=True) for c in wg.candidates(64) + [wg.candidate
 rows = [wg.census(c) for c in cs]
 rows.append(wg.census(cs[3], dtype=torch.float16))
 rows.append(wg.census(cs[1], group_size=64, bias=True))
-rows[-2]["fp16"] = True
 C = wg.WgmmaConfig
 rows += [wg.census(C(bm=64, consumers=1, features=128, bk=64, stages=8)),
          wg.census(C(bm=32, consumers=1, features=128, bk=128, stages=8, h2=True)),

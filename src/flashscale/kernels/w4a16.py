@@ -306,12 +306,18 @@ WGMMA_ENV = "FLASHSCALE_W4A16_WGMMA"
 WGMMA_MIN_M = 2
 
 
-def wgmma_candidates(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None) -> list:
-    """The wgmma GEMM's configs for this call, or [] where it cannot run (not sm_90, no Gluon, G = 32, ...)."""
+def _wgmma_mode() -> str:
+    """FLASHSCALE_W4A16_WGMMA, checked: "", "0", "1" or "h2"."""
     mode = os.environ.get(WGMMA_ENV, "")
     if mode not in ("", "0", "1", "h2"):
         raise ValueError(f"{WGMMA_ENV}={mode!r}: takes 0 (never the wgmma GEMM), 1 / unset (an autotune candidate "
                          f"from M = {WGMMA_MIN_M} on sm_90) or h2 (its configs and their packed 16-bit unpack twins)")
+    return mode
+
+
+def wgmma_candidates(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None) -> list:
+    """The wgmma GEMM's configs for this call, or [] where it cannot run (not sm_90, no Gluon, G = 32, ...)."""
+    mode = _wgmma_mode()
     if mode == "0" or not x2d.is_cuda or _interpreting():
         return []
     from flashscale.kernels import w4a16_wgmma as wg
@@ -623,7 +629,7 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
         why = unsupported(x2d, p, bias, config)
         if why is not None:
             raise ValueError(f"the wgmma kernel cannot take this call: {why}")
-        cands, bucket = _wgmma_configs(m, p, h2=os.environ.get(WGMMA_ENV, "") == "h2"), m_bucket(m)
+        cands, bucket = _wgmma_configs(m, p, h2=_wgmma_mode() == "h2"), m_bucket(m)
     elif kernel == "decode":
         if m > 16:
             raise ValueError(f"the decode kernel takes up to 16 tokens, got M={m}")

@@ -437,7 +437,7 @@ if HAS_GLUON:
         for j in range(n_it - 1):
             s = (base + j) % STAGES
             s1 = (base + j + 1) % STAGES
-            p, szw = _load_slot(w_smem.index(s1), sz_smem.index(s1), C, BK, SZR, 4, 4)  # slot j+1 (waited for)
+            p, szw = _load_slot(w_smem.index(s1), sz_smem.index(s1), C, BK, SZR, 4, w_smem.shape[1] // 2)  # slot j+1
             if PINGPONG:
                 mbarrier.wait(turn.index(C), ((base + j) & 1) ^ FIRST)
             tok = warpgroup_mma(a, x_smem.index(s).permute((1, 0)), acc, is_async=True)
@@ -946,7 +946,7 @@ def census(cfg: WgmmaConfig, **kw) -> dict:
     text = sass(kern.asm["cubin"])
     loops = sass_key_loops(text, "HGMMA")
     res = dict(config=cfg.label(), bm=cfg.bm, bk=cfg.bk, consumers=cfg.consumers, features=cfg.features,
-               pingpong=cfg.pingpong,
+               fp16=kw.get("dtype") == torch.float16, pingpong=cfg.pingpong,
                stream_k=_grid_flags(cfg, kw.get("split_k", 1))[1],
                registers=stats["registers"],
                spill_stores=stats["spill_stores"], spill_loads=stats["spill_loads"], stack=stats["stack"],
