@@ -47,7 +47,8 @@ def loop_stats(body):
             regs = re.findall(r"\\bR\\d+\\b", t)
             depth[regs[0]] = d = 1 + max([depth.get(r, 0) for r in regs[1:]] + [0])
             fmnmx_depth = max(fmnmx_depth, d)
-    return dict(n=len(ops), mufu_ex2=ops.count("MUFU.EX2"), ffma=ops.count("FFMA"), fmnmx=ops.count("FMNMX"),
+    return dict(n=len(ops), local=sum(o.startswith(("STL", "LDL")) for o in ops), mufu_ex2=ops.count("MUFU.EX2"),
+                ffma=ops.count("FFMA"), fmnmx=ops.count("FMNMX"),
                 fmnmx_depth=fmnmx_depth, mufu_ex2_under_pv=None if w0 is None else ops[w1:w0].count("MUFU.EX2"))
 out, extra, res = sys.argv[1], json.loads(sys.argv[2]), {}
 jobs = [(f"d{d}_{'causal' if c else 'full'}", d, c, None) for d in fp8.HEAD_DIMS for c in (False, True)]
@@ -58,6 +59,7 @@ for name, d, causal, cfg in jobs:
     sa = sass(k.asm["cubin"])
     res[name] = dict(shared=k.metadata.shared, cubin_bytes=len(k.asm["cubin"]), stats=ptxas_stats(k.asm["ptx"]),
                      qgmma=re.findall(r"QGMMA\\.\\S+", sa), hgmma=len(re.findall(r"\\bHGMMA\\.", sa)),
+                     stg=len(re.findall(r"\\bSTG\\.E", sa)),
                      key_loops=[loop_stats(b) for b in sass_key_loops(sa)])
 # the linear layouts of P: wgmma accumulator (as S comes out) and FP8 A operand (as PV takes it), 64 rows
 ctx = ir.context()
@@ -95,7 +97,13 @@ EXTRA = {
     # the 128-key default before session 28 (still the one for 128-row K/V blocks): the knobs' baseline below
     "pp_d128_full": (128, False, dict(block_m=128, block_n=128, stages=3)),
     "pp_d128_causal": (128, True, dict(block_m=128, block_n=128, stages=3)),
+    # the output from registers (o_direct): no output tile, a third K/V stage in its place
+    "s3_od_d256_full": (256, False, dict(block_m=128, block_n=128, stages=3, v_perm=True, o_direct=True)),
+    "n256_s3_od_d128_causal": (128, True, dict(block_m=128, block_n=256, stages=3, overlap=False, v_perm=True,
+                                                o_direct=True)),
 }
+# o_direct's D 256 consumers spill a few address registers in the epilogue (72 / 84 B), none in the key loop
+EXTRA_SPILLS = {"s3_od_d256_full": (72, 84)}
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +144,11 @@ def _check_machine_code(ptx, meta, head_dim, cfg, spills=(0, 0)):
     loads = re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global", ptx)
     stores = re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)
     assert loads, "no TMA loads (cp.async.bulk.tensor global -> shared)"
-    assert stores, "no TMA store of the output tile"
+    if cfg.o_direct:  # the output leaves from registers: global stores of the whole slice, no TMA store
+        assert not stores and meta["stg"] >= cfg.block_m * head_dim // 2 // 128, (len(stores), meta["stg"])
+        assert all(loop["local"] == 0 for loop in meta["key_loops"]), "a spill in the key loop"
+    else:
+        assert stores, "no TMA store of the output tile"
     assert "cp.async.bulk.tensor.2d" in ptx, "no 2-D TMA load of the V^T tiles"
     assert "mbarrier.try_wait.parity" in ptx, "no mbarrier waits: the K/V ring is not mbarrier-synchronised"
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx), "producer keeps its registers"
@@ -166,7 +178,7 @@ def test_defaults_compile_to_fp8_wgmma_and_tma_within_their_spills(compiled, hea
 def test_alternative_configs_compile_without_spills(compiled, name):
     head_dim, _, kw = EXTRA[name]
     ptx, meta = compiled(name)
-    _check_machine_code(ptx, meta, head_dim, fp8.FA3Fp8Config(**kw))
+    _check_machine_code(ptx, meta, head_dim, fp8.FA3Fp8Config(**kw), EXTRA_SPILLS.get(name, (0, 0)))
 
 
 # exp2_fma: per consumer thread and key block, (exp2_fma / 8) of P's BLOCK_M / 2 * BLOCK_N / 128 exp2 leave the MUFU

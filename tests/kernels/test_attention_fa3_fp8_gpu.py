@@ -262,6 +262,30 @@ def test_mufu_relief_variants_against_the_default(causal):
         assert (lse - ref_lse).abs().max().item() <= 1e-3, name
 
 
+OD_CONFIGS = [(d, name) for d, table in fp8.TUNING_CONFIGS.items() for name in table if table[name].o_direct]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("variant", OD_CONFIGS, ids=lambda v: f"d{v[0]}_{v[1]}")
+def test_o_direct_same_bits(variant, causal):
+    # o_direct stores the output from the accumulator's registers instead of a shared-memory tile and a TMA store;
+    # the math is the same, so the output is bitwise that of its TMA-store twin (2 stages: the ring's depth changes
+    # no order either). Two batches, ragged Sq (masked last rows, the next batch's rows right after them), GQA, and
+    # a slice wholly past Sq (1303 % 128 < 64)
+    _hopper()
+    d, name = variant
+    cfg = fp8.TUNING_CONFIGS[d][name]
+    twin = replace(cfg, o_direct=False, stages=2)
+    assert fp8.config_error(d, twin) is None
+    qbn = max(128, cfg.block_n)
+    x = _inputs(2, 1303, 1300, 8, 2, d, block_n=qbn, v_key_perm=cfg.v_perm)[3]
+    kw = dict(causal=causal, block_n=qbn, v_key_perm=cfg.v_perm)
+    out, lse = fp8.attention_fa3_fp8_fwd(*_args(x), config=cfg, **kw)
+    ref, ref_lse = fp8.attention_fa3_fp8_fwd(*_args(x), config=twin, **kw)
+    assert torch.isfinite(out).all() and out.abs().sum() > 0
+    assert torch.equal(out, ref) and torch.equal(lse, ref_lse), name
+
+
 @pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_v_perm_against_the_default(D, causal):

@@ -161,6 +161,10 @@ class FA3Fp8Config:
     # with key v_key_of_slot(k), which is what v8 holds there (quantize_fp8(..., v_key_perm=True) writes it). Session
     # 27 on the H200: D 256 +2-9 % (the default there since), D 128 -0.3-2.5 % (not taken).
     v_perm: bool = False
+    # The output stored from the accumulator's registers (masked global stores, 4 bytes a thread and row chunk) instead
+    # of through a shared-memory tile and a TMA store: the tile (block_m x D in the output dtype, 64 KB at D 256) is
+    # what keeps D 256 at 2 stages and D 128's 256-key tiles at 2; without it both take a third K/V stage (session 39)
+    o_direct: bool = False
 
     @property
     def sub_m(self) -> int:
@@ -223,6 +227,10 @@ TUNING_CONFIGS = {
         # 676 instructions a 128-key block (vperm) against the default's 1146 a 256-key one: +18 % issue a key.
         "pp3c_m192_serial_vperm": _C(block_m=192, block_n=128, stages=3, consumers=3, overlap=False, v_perm=True),
         "pp3c_m192_serial": _C(block_m=192, block_n=128, stages=3, consumers=3, overlap=False),
+        # session 39 (compile-checked): the default with a third K/V stage, which fits once the output is stored
+        # from registers (o_direct: 213,512 B against 245,760 with its tile), spill-free, key loop 1140 instructions
+        "pp_n256_serial_vperm_s3_od": _C(block_m=128, block_n=256, stages=3, overlap=False, v_perm=True,
+                                         o_direct=True),
     },
     256: {
         "pp": _C(block_m=128, block_n=128, stages=2),  # causal: 44 B spilled (the diagonal block's mask)
@@ -234,6 +242,12 @@ TUNING_CONFIGS = {
         "pp_n64_s4_late": _C(block_m=128, block_n=64, stages=4, late_pv_wait=True),
         "pp_flat": _C(block_m=128, block_n=128, stages=2, l2_groups=False),
         "pp_vperm": _C(block_m=128, block_n=128, stages=2, v_perm=True),  # as at D 128
+        # session 39 (compile-checked): the output stored from registers (o_direct), which frees the 64 KB output
+        # tile for a third K/V stage (229,896 B); no spill in the key loop (the default has one STL / LDL there),
+        # 72 / 84 B (full) and 140 / 236 B (causal) in the epilogue's addresses; key loop 846 instructions (801).
+        # _od alone separates the store's cost from the stage's gain.
+        "pp_vperm_od": _C(block_m=128, block_n=128, stages=2, v_perm=True, o_direct=True),
+        "pp_vperm_s3_od": _C(block_m=128, block_n=128, stages=3, v_perm=True, o_direct=True),
     },
 }
 # Defaults, (head dim, causal) -> config, from the sweeps. D 256 takes V^T's keys permuted, 128-key tiles causal
@@ -282,8 +296,8 @@ def smem_bytes(head_dim: int, cfg: FA3Fp8Config, out_dtype: torch.dtype = torch.
     """Shared memory of one program, about (Triton aligns and adds a few hundred bytes): the fp8 Q slices,
     the fp8 K/V ring, one output tile a consumer (out dtype) and the barriers."""
     n_bars = 4 * cfg.stages + 3 * cfg.consumers
-    return (head_dim * (cfg.block_m + 2 * cfg.stages * cfg.block_n) + cfg.block_m * head_dim * _out_elem(out_dtype)
-            + 8 * n_bars)
+    o_tile = 0 if cfg.o_direct else cfg.block_m * head_dim * _out_elem(out_dtype)
+    return head_dim * (cfg.block_m + 2 * cfg.stages * cfg.block_n) + o_tile + 8 * n_bars
 
 
 def config_error(head_dim: int, cfg: FA3Fp8Config, *, quant_block_n: int | None = None,
@@ -571,14 +585,14 @@ if HAS_GLUON:
 
     @gluon.jit
     def _consumer_tile(q_tile, o_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                       my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b,
+                       my_turn, next_turn, o_desc, O, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b,
                        skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile, it, t_i, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                        qk_scale, C: gl.constexpr, FIRST: gl.constexpr, HEAD_DIM: gl.constexpr,
                        BLOCK_M: gl.constexpr, SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                        QBLOCK_M: gl.constexpr, QBLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                        OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
                        EXP2_FMA: gl.constexpr, LATE_PV_WAIT: gl.constexpr, TREE_MAX: gl.constexpr,
-                       V_PERM: gl.constexpr):
+                       V_PERM: gl.constexpr, O_DIRECT: gl.constexpr):
         """One tile of consumer C (attention_fa3._consumer_pp_tile with FP8 operands and descales). `it` / `t_i`:
         K/V blocks and tiles before this one. Returns the updated it."""
         # FP8 wgmma: instruction K = 32 (256 bits of e4m3); the accumulators are the bf16 kernel's
@@ -713,7 +727,15 @@ if HAS_GLUON:
         lse_ptr = LSE + b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
         gl.store(lse_ptr + rows, lse, mask=rows < seqlen_q)
         out = acc * gl.expand_dims(gl.convert_layout(vd_last / l_safe, row_o), 1)
-        if r0 < seqlen_q:  # a slice wholly past Sq (its Q loaded from row Sq - 1) stores nothing
+        if O_DIRECT:  # from the accumulator's registers (masked rows), no shared-memory tile
+            ocols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+            orows = r0 + gl.arange(0, SUB_M, layout=row_o)
+            # out is (B, Sq, H, D) contiguous (attention_fa3_fp8_fwd allocates it): row r of (b, h) at
+            # ((b Sq + r) H + h) D, from values the consumer holds anyway (no strides kept live across the loop)
+            o_row = (b.to(gl.int64) * seqlen_q + orows) * H + h
+            o_ptrs = O + gl.expand_dims(o_row * HEAD_DIM, 1) + gl.expand_dims(ocols, 0)
+            gl.store(o_ptrs, out.to(O.dtype.element_ty), mask=gl.expand_dims(orows < seqlen_q, 1))
+        elif r0 < seqlen_q:  # a slice wholly past Sq (its Q loaded from row Sq - 1) stores nothing
             if PERSISTENT:
                 tma.store_wait(pendings=0)  # the previous tile's store has read o_tile
             o_tile.reshape([SUB_M, HEAD_DIM]).store(out.to(o_tile.dtype))
@@ -725,13 +747,13 @@ if HAS_GLUON:
 
     @gluon.jit
     def _consumer(q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
-                  o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n, VD, svd_b,
+                  o_desc, O, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n, VD, svd_b,
                   svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, qk_scale,
                   C: gl.constexpr, CONSUMERS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, QBLOCK_M: gl.constexpr, QBLOCK_N: gl.constexpr,
                   CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
                   EXP2_FMA: gl.constexpr, LATE_PV_WAIT: gl.constexpr, TREE_MAX: gl.constexpr,
-                  V_PERM: gl.constexpr):
+                  V_PERM: gl.constexpr, O_DIRECT: gl.constexpr):
         """Consumer C: rows [m0 + C * SUB_M, m0 + (C + 1) * SUB_M) of each tile; turn protocol of
         attention_fa3 (turn t of consumer c waits turn[c] on parity (t & 1) ^ (c == 0))."""
         SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
@@ -746,32 +768,32 @@ if HAS_GLUON:
             for kt in range(0, _program_tiles(tile0, n_tiles, tile_step)):
                 tile = _snake_tile(kt, tile0, tile_step)
                 it = _consumer_tile(q_tile, o_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
-                                    v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h,
+                                    v_empty, my_turn, next_turn, o_desc, O, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h,
                                     sqd_n, KD, skd_b, skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile, it, t_i, n_m, BH, HG,
                                     H, GROUP, seqlen_q, seqlen_k, qk_scale, C, FIRST, HEAD_DIM, BLOCK_M, SUB_M,
                                     BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
-                                    EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM)
+                                    EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM, O_DIRECT)
                 t_i += 1
-            tma.store_wait(pendings=0)
+            if not O_DIRECT:
+                tma.store_wait(pendings=0)
         else:  # one tile a program: constant counters (fewer live registers)
             _consumer_tile(q_tile, o_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                           my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b,
-                           skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile0, 0, 0, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
-                           qk_scale, C, FIRST, HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                           OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM)
+                           my_turn, next_turn, o_desc, O, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b,
+                           skd_h, skd_n, VD, svd_b, svd_h, svd_n, tile0, 0, 0, n_m, BH, HG, H, GROUP, seqlen_q,
+                           seqlen_k, qk_scale, C, FIRST, HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N,
+                           CAUSAL, OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM, O_DIRECT)
 
     # One binary per (config, head dim, causal, quantization blocks, out dtype): no integer specialisation.
     @gluon.jit(do_not_specialize=["stride_lb", "stride_lh", "sqd_b", "sqd_h", "sqd_n", "skd_b", "skd_h", "skd_n",
                                   "svd_b", "svd_h", "svd_n", "H", "GROUP", "BH", "HG", "seqlen_q", "seqlen_k"])
-    def _fa3_fp8_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD,
-                            skd_b, skd_h, skd_n, VD, svd_b, svd_h, svd_n, H, GROUP, BH, HG, seqlen_q, seqlen_k, qk_scale,
-                            HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                            STAGES: gl.constexpr, QBLOCK_M: gl.constexpr, QBLOCK_N: gl.constexpr,
-                            CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-                            CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, EXP2_FMA: gl.constexpr,
-                            LATE_PV_WAIT: gl.constexpr, TREE_MAX: gl.constexpr, V_PERM: gl.constexpr,
-                            PRODUCER_REGS: gl.constexpr,
-                            CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    def _fa3_fp8_fwd_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD,
+                            skd_b, skd_h, skd_n, VD, svd_b, svd_h, svd_n, H, GROUP, BH, HG, seqlen_q, seqlen_k,
+                            qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                            STAGES: gl.constexpr, QBLOCK_M: gl.constexpr, QBLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                            OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr,
+                            PERSISTENT: gl.constexpr, EXP2_FMA: gl.constexpr, LATE_PV_WAIT: gl.constexpr,
+                            TREE_MAX: gl.constexpr, V_PERM: gl.constexpr, O_DIRECT: gl.constexpr,
+                            PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         f8: gl.constexpr = q_desc.dtype
         n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
         n_tiles = n_m * BH
@@ -781,7 +803,11 @@ if HAS_GLUON:
         else:
             tile_step = n_tiles  # one tile a program
         q_smem = gl.allocate_shared_memory(f8, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
-        o_smem = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS] + o_desc.block_type.shape, o_desc.layout)
+        if O_DIRECT:  # no output tiles in shared memory (the consumers store from registers); o_smem unused
+            o_smem = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS, 1, 8, 8],
+                                               gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+        else:
+            o_smem = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS] + o_desc.block_type.shape, o_desc.layout)
         k_smem = gl.allocate_shared_memory(f8, [STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_smem = gl.allocate_shared_memory(f8, [STAGES] + v_desc.block_type.shape, v_desc.layout)
         q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
@@ -803,15 +829,17 @@ if HAS_GLUON:
         if CONSUMERS == 2:
             gl.warp_specialize([
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                             turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
-                             VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
-                             qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM)),
+                             turn, o_desc, O, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h,
+                             skd_n, VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q,
+                             seqlen_k, qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N,
+                             CAUSAL, OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM,
+                             O_DIRECT)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                             turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
-                             VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
-                             qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM)),
+                             turn, o_desc, O, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h,
+                             skd_n, VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q,
+                             seqlen_k, qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N,
+                             CAUSAL, OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM,
+                             O_DIRECT)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, PERSISTENT)),
@@ -820,20 +848,23 @@ if HAS_GLUON:
             gl.static_assert(CONSUMERS == 3, "2 or 3 consumer warpgroups")
             gl.warp_specialize([
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                             turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
-                             VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
-                             qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM)),
+                             turn, o_desc, O, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h,
+                             skd_n, VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q,
+                             seqlen_k, qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N,
+                             CAUSAL, OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM,
+                             O_DIRECT)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                             turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
-                             VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
-                             qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM)),
+                             turn, o_desc, O, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h,
+                             skd_n, VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q,
+                             seqlen_k, qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N,
+                             CAUSAL, OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM,
+                             O_DIRECT)),
                 (_consumer, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                             turn, o_desc, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h, skd_n,
-                             VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
-                             qk_scale, 2, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N, CAUSAL,
-                             OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM)),
+                             turn, o_desc, O, LSE, stride_lb, stride_lh, QD, sqd_b, sqd_h, sqd_n, KD, skd_b, skd_h,
+                             skd_n, VD, svd_b, svd_h, svd_n, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q,
+                             seqlen_k, qk_scale, 2, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, QBLOCK_M, QBLOCK_N,
+                             CAUSAL, OVERLAP, PINGPONG, PERSISTENT, EXP2_FMA, LATE_PV_WAIT, TREE_MAX, V_PERM,
+                             O_DIRECT)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                              HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, PERSISTENT)),
@@ -970,7 +1001,7 @@ def _launch(q8, k8, v8, qd, kd, vd, out, lse, causal, softmax_scale, block_m, bl
     n_m = triton.cdiv(Sq, cfg.block_m)
     n_sms = _num_sms(q8.device)
     grid = (min(n_m * B * H, n_sms), ) if cfg.persistent else (n_m * B * H, )
-    args = (q_desc, k_desc, v_desc, o_desc, lse, lse.stride(0), lse.stride(1), qd, *qd.stride(), kd, *kd.stride(),
+    args = (q_desc, k_desc, v_desc, o_desc, out, lse, lse.stride(0), lse.stride(1), qd, *qd.stride(), kd, *kd.stride(),
             vd, *vd.stride(), H, H // Hkv, B * H, head_group(B * H, n_m, n_sms, cfg.l2_groups), Sq, Sk,
             float(scale) * LOG2E)
     return grid, args, _constexprs(D, bool(causal), cfg, block_m, block_n)
@@ -981,7 +1012,7 @@ def _constexprs(head_dim: int, causal: bool, cfg: FA3Fp8Config, block_m: int, bl
             "QBLOCK_M": block_m, "QBLOCK_N": block_n, "CAUSAL": causal, "OVERLAP": cfg.overlap,
             "PINGPONG": cfg.pingpong, "CONSUMERS": cfg.consumers, "PERSISTENT": cfg.persistent,
             "EXP2_FMA": cfg.exp2_fma, "LATE_PV_WAIT": cfg.late_pv_wait, "TREE_MAX": cfg.tree_max,
-            "V_PERM": cfg.v_perm,
+            "V_PERM": cfg.v_perm, "O_DIRECT": cfg.o_direct,
             "PRODUCER_REGS": cfg.producer_regs, "CONSUMER_REGS": cfg.worker_consumer_regs, "num_warps": cfg.num_warps}
 
 
@@ -1006,7 +1037,7 @@ def compile_sm90(head_dim: int, causal: bool, *, config: FA3Fp8Config | None = N
     sub, D = cfg.sub_m, head_dim
     signature = {"q_desc": desc("fp8e4nv", [1, sub, D], E4M3), "k_desc": desc("fp8e4nv", [1, cfg.block_n, D], E4M3),
                  "v_desc": desc("fp8e4nv", [D, cfg.block_n], E4M3), "o_desc": desc(oty, [1, sub, D], out_dtype),
-                 "LSE": "*fp32", "stride_lb": "i32", "stride_lh": "i32",
+                 "O": f"*{oty}", "LSE": "*fp32", "stride_lb": "i32", "stride_lh": "i32",
                  "QD": "*fp32", "sqd_b": "i32", "sqd_h": "i32", "sqd_n": "i32",
                  "KD": "*fp32", "skd_b": "i32", "skd_h": "i32", "skd_n": "i32",
                  "VD": "*fp32", "svd_b": "i32", "svd_h": "i32", "svd_n": "i32",
