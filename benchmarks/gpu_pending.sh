@@ -29,8 +29,8 @@
 #                                                                  # 128-feature consumer: GPU tests, M = 64 probe
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2s38b    # ~7 min: the same probe at M = 256
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh dec38     # ~9 min: 16-token tiles, 2-3 blocks an SM, M 1 / 16
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh att39     # ~9 min: d128c38 + fp8c38 + FP8 o_direct D 128
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh att39b    # ~9 min: FP8 o_direct D 256, W4A16 M = 256 probe
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh att39     # ~9.5 min: FP8 o_direct, d128c38, fp8c38
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh att39b    # ~6 min: the W4A16 M = 256 probe
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh d128c38   # ~8 min: 3 consumers at D 128, 64-key blocks:
 #                                                                  # GPU tests, the sweep beside the D 128 defaults;
 #                                                                  # the L2 -> SM read rate (l2_bandwidth.py)
@@ -279,21 +279,22 @@ case "${1:-}" in
       --candidates all --extra dec,h2 --auto --out "$OUT"
     cp "$OUT/w4a16-gemm-probe-h200.json" "$OUT/w4a16-gemm-probe-dec-h200.json" 2>/dev/null ;;
   att39)  # session 39: d128c38 and fp8c38 in one start (machines came rarely), with the FP8 o_direct configs (a third
-    # K/V stage once the output leaves from registers): the GPU tests of all of them in one pytest, then the D 128
-    # sweeps (bf16 three consumers; FP8 three consumers and the s3 twin of the default). att39b: FP8 D 256
-    step tests 170 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
+    # K/V stage once the output leaves from registers), most likely gain first: the GPU tests of all of them in one
+    # pytest, FP8 D 256 o_direct (issue 5: 1097 of 1150), FP8 D 128 (three consumers, s3 twin of the default), bf16
+    # D 128 three consumers beside the dense rule's defaults
+    step tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
       tests/kernels/test_attention_fa3_gpu.py tests/kernels/test_attention_fa3_fp8_gpu.py \
       -k "pp3_m192_n64 or pp3c_m192_serial or _od"
-    step fa3_sweep 200 "$PY" benchmarks/attention_fa3_sweep.py --hdims 128 --seqlens 2048,16384 --budget 185 \
-      --variants pp,pp_persist_fold,pp_persist_dyn_fold,pp3_m192_n64,pp3_m192_n64_fold,pp3_m192_n64_persist_dyn_fold \
-      --out "$OUT/attention-fa3-sweep-pp3d128-h200.json"
-    step fp8_sweep 170 "$PY" benchmarks/attention_fa3_fp8_sweep.py --hdims 128 --seqlens 8192,16384 --budget 155 \
-      --variants pp_n256_serial_vperm,pp_n256_serial_vperm_s3_od,pp3c_m192_serial_vperm,pp3c_m192_serial \
-      --out "$OUT/attention-fa3-fp8-sweep-pp3c-h200.json" ;;
-  att39b)  # after att39: FP8 D 256 with the output from registers (pp_vperm_od: the store alone; _s3_od: + a third
-    # stage) beside the default, 2k / 16k, then the W4A16 M = 256 probe (h2s38b's, shortened)
-    step fp8_sweep 200 "$PY" benchmarks/attention_fa3_fp8_sweep.py --hdims 256 --seqlens 2048,16384 --budget 185 \
-      --variants pp_vperm,pp_vperm_od,pp_vperm_s3_od --out "$OUT/attention-fa3-fp8-sweep-od256-h200.json"
+    step fp8_256 135 "$PY" benchmarks/attention_fa3_fp8_sweep.py --hdims 256 --seqlens 2048,16384 --budget 120 \
+      --compile-budget 50 --variants pp_vperm,pp_vperm_od,pp_vperm_s3_od \
+      --out "$OUT/attention-fa3-fp8-sweep-od256-h200.json"
+    step fp8_128 135 "$PY" benchmarks/attention_fa3_fp8_sweep.py --hdims 128 --seqlens 8192,16384 --budget 120 \
+      --compile-budget 50 --variants pp_n256_serial_vperm,pp_n256_serial_vperm_s3_od,pp3c_m192_serial_vperm,pp3c_m192_serial \
+      --out "$OUT/attention-fa3-fp8-sweep-pp3c-h200.json"
+    step fa3_128 150 "$PY" benchmarks/attention_fa3_sweep.py --hdims 128 --seqlens 2048,16384 --budget 135 \
+      --compile-budget 50 --variants pp_persist_fold,pp_persist_dyn_fold,pp3_m192_n64_fold,pp3_m192_n64_persist_dyn_fold \
+      --out "$OUT/attention-fa3-sweep-pp3d128-h200.json" ;;
+  att39b)  # the W4A16 M = 256 probe (h2s38b's, shortened), if device time is left
     step probe 330 "$PY" benchmarks/w4a16_gemm_probe.py --shapes 8192x28672,8192x8192 --ms 256 \
       --candidates all --extra f128,h2 --out "$OUT"
     cp "$OUT/w4a16-gemm-probe-h200.json" "$OUT/w4a16-gemm-probe-h2-m256-h200.json" 2>/dev/null ;;
