@@ -25,7 +25,6 @@ import argparse
 import datetime
 import json
 import math
-import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -33,6 +32,7 @@ from pathlib import Path
 from statistics import median
 
 import torch
+from plotting import gpu_tag  # noqa: E402
 
 SEQLENS = [512, 1024, 2048, 4096, 8192, 16384]
 QUICK_SEQLENS = [1024, 4096, 16384]
@@ -338,7 +338,7 @@ def main(argv=None) -> int:
 def _write(args, gpu: str, triton_version: str, rows, checks, errors, configs, done: bool) -> Path:
     """The results file, written atomically (a reader never sees half a file); `complete` False while groups of
     the grid are still to come."""
-    slug = re.sub(r"^nvidia-", "", re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-"))  # "NVIDIA H200" -> h200
+    slug = gpu_tag(gpu)  # "NVIDIA H200" -> h200
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     result = dict(gpu=gpu, torch=torch.__version__, triton=triton_version,

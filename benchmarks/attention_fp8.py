@@ -24,13 +24,13 @@ import argparse
 import datetime
 import json
 import os
-import re
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+from plotting import gpu_tag  # noqa: E402
 
 SEQLENS = [512, 1024, 2048, 4096, 8192, 16384]
 QUICK_SEQLENS = [1024, 4096, 16384]
@@ -236,7 +236,7 @@ def main(argv=None) -> int:
                                      heads=heads, ms=ms, tflops=flops(batch, s, heads, hdim, causal) / ms * 1e-9,
                                      ms_rounds=times, **({"config": cfg.__dict__} if cfg is not None else {})))
             print(f"d{hdim} causal={causal}: done ({time.time() - t0:.0f}s)", flush=True)
-    slug = re.sub(r"^nvidia-", "", re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-"))
+    slug = gpu_tag(gpu)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,

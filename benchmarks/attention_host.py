@@ -28,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from flashscale.ops import attention  # noqa: E402
+from plotting import gpu_tag  # noqa: E402
 
 TOKENS, HIDDEN = 16384, 2048
 CELLS = [(128, True, 1024), (256, True, 2048), (128, True, 2048), (64, True, 512), (128, False, 16384)]
@@ -136,7 +137,7 @@ def main(argv=None) -> int:
     if args.out:
         import triton
         name = "attention_rule" if args.rule else "attention_host_bwd" if args.bwd else "attention_host"
-        out = Path(args.out) / f"{name}-{torch.cuda.get_device_name().split()[-1].lower()}.json"
+        out = Path(args.out) / f"{name}-{gpu_tag(torch.cuda.get_device_name())}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,

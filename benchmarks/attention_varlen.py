@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 import torch
+from plotting import gpu_tag  # noqa: E402
 
 TOKENS, HIDDEN = 16384, 2048
 HDIMS = [64, 128, 256]
@@ -202,7 +203,7 @@ def main(argv=None) -> int:
                   setting=f"bf16 forward, {TOKENS} tokens a call, heads x head_dim = {HIDDEN}, lengths uniform in "
                           "[max/4, max], useful FLOPs only")
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "attention-varlen-" + ("h200" if "H200" in gpu else gpu.lower().replace(" ", "-"))
+    name = "attention-varlen-" + gpu_tag(gpu)
     tmp = args.out / f"{name}.json.tmp"
     tmp.write_text(json.dumps(result, indent=1) + "\n")
     tmp.replace(args.out / f"{name}.json")

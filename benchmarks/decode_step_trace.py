@@ -42,7 +42,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from generate_w4a16 import pin_late, random_model, time_decode  # noqa: E402  (it puts src/ on the path)
-from plotting import plot_only, pyplot  # noqa: E402
+from plotting import gpu_tag, plot_only, pyplot  # noqa: E402
 
 from flashscale.infer.decode import StaticDecoder  # noqa: E402
 from flashscale.kernels.w4a16 import pin_config  # noqa: E402
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
     dec = StaticDecoder(model, args.tokens + 16, fuse=True, linear_fn=qfn, lm_head=qfn(model.lm_head))
     auto = dec.splits
     gpu = torch.cuda.get_device_name()
-    tag = "h200" if "H200" in gpu else gpu.lower().replace(" ", "-")
+    tag = gpu_tag(gpu)
     rows, steps_ms, raw = [], {}, None
     for variant in args.variants.split(","):
         dec.attn_block = int(variant[2:]) if variant.startswith("bt") else 32

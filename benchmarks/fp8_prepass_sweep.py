@@ -23,7 +23,6 @@ import argparse
 import datetime
 import itertools
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from plotting import plot_only, pyplot  # noqa: E402
+from plotting import gpu_tag, plot_only, pyplot  # noqa: E402
 
 TOKENS, HIDDEN = 16384, 2048
 
@@ -179,7 +178,7 @@ def main(argv=None) -> int:
                 print(f"d{hdim} {name}: default {d['ms_graph'] * 1e3:.1f} us -> best {b['ms_graph'] * 1e3:.1f} us "
                       f"({b['gbps_graph']:.0f} GB/s) {cfg}")
     gpu = torch.cuda.get_device_name()
-    slug = re.sub(r"^nvidia-", "", re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-"))
+    slug = gpu_tag(gpu)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     res = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,

@@ -52,7 +52,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plotting import plot_only, pyplot  # noqa: E402
+from plotting import gpu_tag, plot_only, pyplot  # noqa: E402
 
 import flashscale.models.llama as llama_mod  # noqa: E402
 from flashscale.infer.decode import StaticDecoder  # noqa: E402
@@ -304,7 +304,7 @@ def main(argv=None) -> int:
         print("cpu self-check passed")
         return 0
     gpu = torch.cuda.get_device_name()
-    tag = "h200" if "H200" in gpu else gpu.lower().replace(" ", "-")
+    tag = gpu_tag(gpu)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"generate_w4a16-{tag}{'-only' if args.only else ''}.json"

@@ -28,7 +28,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from plotting import plot_only, pyplot  # noqa: E402
+from plotting import gpu_tag, plot_only, pyplot  # noqa: E402
 
 from flashscale.data.cache import atomic_write_text  # noqa: E402
 
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
                   f"  {tbps:6.2f} TB/s", flush=True)
         x = None  # free the buffer before the next size
     gpu = torch.cuda.get_device_name()
-    out = Path(args.out) / f"l2-bandwidth-{gpu.split()[-1].lower()}.json"
+    out = Path(args.out) / f"l2-bandwidth-{gpu_tag(gpu)}.json"
     doc = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(), note="", rows=rows)
     atomic_write_text(out, json.dumps(doc, indent=1))

@@ -27,6 +27,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from plotting import gpu_tag  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = {  # preset: (seq_len, batch, micro_batches)
@@ -185,7 +186,7 @@ def main(argv=None) -> int:
     for name in presets:
         rows += time_preset(name, args, device, dtype)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    tag = "smoke" if args.smoke else ("h200" if "H200" in gpu else gpu.split()[-1].lower())
+    tag = "smoke" if args.smoke else gpu_tag(gpu)
     result = {"benchmark": "parallel_overhead", "date": dt.datetime.now(dt.timezone.utc).isoformat(),
               "device": gpu, "torch": torch.__version__, "python": sys.version.split()[0], "dtype": dtype,
               "correctness": check, "rows": rows,

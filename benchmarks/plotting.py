@@ -1,12 +1,23 @@
-"""Shared plotting glue of the benchmark scripts: matplotlib when it is installed, and the `--plot RESULTS.json`
-entry that renders a results file's png again without rerunning its measurement."""
+"""Shared glue of the benchmark scripts' results: the GPU's tag in a results file's name, matplotlib when it is
+installed, and the `--plot RESULTS.json` entry that renders a results file's png again without rerunning its
+measurement."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+
+def gpu_tag(name: str) -> str:
+    """The GPU's part of a results file's name (NAME-<gpu>.json): "h200" / "h100" / "a100" for those cards (whatever
+    the driver appends: "NVIDIA H100 80GB HBM3" -> h100), else the device name as a lower-case slug."""
+    for tag in ("H200", "H100", "A100"):
+        if tag in name:
+            return tag.lower()
+    return re.sub(r"^nvidia-", "", re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")) or "gpu"
 
 
 def pyplot():

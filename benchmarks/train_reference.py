@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from plotting import gpu_tag
+
 T_START = time.perf_counter()
 ROOT = Path(__file__).resolve().parent.parent
 RESERVE_S = 25.0  # evaluation of moby_dick (~0.3 M tokens), saving, process exit
@@ -191,7 +193,7 @@ def main(argv=None) -> int:
     doc = {"gpu": gpu, "torch": torch.__version__, "triton": _triton_version(),
            "date": dt.date.today().isoformat(), "python": sys.version.split()[0], "rows": [row]}
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "train-reference-smoke.json" if args.smoke else f"train-reference-{_gpu_tag(gpu)}.json"
+    name = "train-reference-smoke.json" if args.smoke else f"train-reference-{gpu_tag(gpu)}.json"
     from flashscale.data.cache import atomic_write_text
 
     atomic_write_text(args.out / name, json.dumps(doc, indent=1) + "\n")
@@ -213,13 +215,6 @@ def _triton_version() -> str | None:
         return triton.__version__
     except ImportError:
         return None
-
-
-def _gpu_tag(name: str) -> str:
-    for tag in ("H200", "H100", "A100"):
-        if tag in name:
-            return tag.lower()
-    return name.lower().replace(" ", "-")
 
 
 if __name__ == "__main__":

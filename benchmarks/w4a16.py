@@ -38,6 +38,7 @@ from flashscale.kernels.w4a16 import precompile, tuned_configs  # noqa: E402
 from flashscale.kernels.w4a16_pack import PackedW4, pack_w4  # noqa: E402
 from flashscale.ops.w4a16 import w4a16_linear  # noqa: E402
 from flashscale.reference.w4a16 import dequantize_w4  # noqa: E402
+from plotting import gpu_tag  # noqa: E402
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192), (8192, 28672), (28672, 8192)]  # (K, N)
 MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096]
@@ -245,7 +246,7 @@ def merge_results(base: dict, new: dict) -> dict:
 def write(args, gpu: str, g: int, rows: list[dict], checks: list[dict]) -> Path:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tag = "h200" if "H200" in gpu else gpu.lower().replace(" ", "-")
+    tag = gpu_tag(gpu)
     result = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   group_size=g, quick=args.quick, rows=rows, checks=checks, tuned=tuned_configs())

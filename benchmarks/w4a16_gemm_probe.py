@@ -35,6 +35,7 @@ from w4a16 import precompile_ms, random_packed, weight_copies, wgmma_trials  # n
 from flashscale.kernels import w4a16_wgmma as wg  # noqa: E402
 from flashscale.ops.w4a16 import w4a16_linear  # noqa: E402
 from flashscale.reference.w4a16 import dequantize_w4  # noqa: E402
+from plotting import gpu_tag  # noqa: E402
 
 C = wg.WgmmaConfig
 EXTRA = [C(bm=256, consumers=2, bk=64, stages=6), C(bm=256, consumers=2, bk=64, stages=6, group=4),
@@ -76,7 +77,7 @@ def l2_bytes(m: int, k: int, n: int, bm: int, bn: int) -> float:
 
 
 def write(out_dir: str, gpu: str, rows: list[dict]) -> Path:
-    out = Path(out_dir) / f"w4a16-gemm-probe-{gpu.split()[-1].lower()}.json"
+    out = Path(out_dir) / f"w4a16-gemm-probe-{gpu_tag(gpu)}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,

@@ -74,6 +74,7 @@ from flashscale.kernels import w4a16_stream as WS  # noqa: E402
 from flashscale.kernels.w4a16 import DecodeConfig, GemmConfig, GemvConfig  # noqa: E402
 from flashscale.kernels.w4a16_pack import PackedW4, pack_w4  # noqa: E402
 from flashscale.reference.w4a16 import dequantize_w4  # noqa: E402
+from plotting import gpu_tag  # noqa: E402
 
 SHAPES = [(8192, 8192), (4096, 4096), (28672, 8192), (8192, 28672), (4096, 14336), (14336, 4096)]  # (K, N)
 G = 128
@@ -700,7 +701,7 @@ def main(argv=None) -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tag = "h200" if "H200" in gpu else gpu.lower().replace(" ", "-")
+    tag = gpu_tag(gpu)
     if kinds is not None:  # a partial run never overwrites the full results file
         tag += ("-stream" if all(x in STREAM_KINDS or x == "e-copy" for x in kinds)
                 else "-gring" if "q-dec" in kinds else "-wgmma" if "g-dec" in kinds
