@@ -196,7 +196,8 @@ TUNING_CONFIGS = {
         # three consumers at D 128 with 64-key blocks (the 160-register budget fits S of 64 keys, not 128: 192 x 128
         # spills 832 B and serializes its wgmma), session 38, compile-checked spill-free full and causal: 411 / 381
         # (fold) instructions a 64-key block against pp_persist_fold's 603 a 128-key one, +26 / +16 % issue a key
-        # for a third warpgroup to hide the other two's softmax (D 64's pp3_m192: +16 %)
+        # for a third warpgroup to hide the other two's softmax (D 64's pp3_m192: +16 %). Measured in session 39 (an
+        # H100, attention-fa3-sweep-pp3d128-h100.json): 5-17 % slower than the dense rule's defaults; not taken
         "pp3_m192_n64": FA3Config(block_m=192, block_n=64, stages=4, consumers=3),
         "pp3_m192_n64_fold": FA3Config(block_m=192, block_n=64, stages=4, consumers=3, fold_scale=True),
         # the same with the dynamic persistent scheduler (causal: 4 B spilled, outside the key loop)

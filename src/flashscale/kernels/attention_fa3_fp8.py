@@ -163,7 +163,8 @@ class FA3Fp8Config:
     v_perm: bool = False
     # The output stored from the accumulator's registers (masked global stores, 4 bytes a thread and row chunk) instead
     # of through a shared-memory tile and a TMA store: the tile (block_m x D in the output dtype, 64 KB at D 256) is
-    # what keeps D 256 at 2 stages and D 128's 256-key tiles at 2; without it both take a third K/V stage (session 39)
+    # what keeps D 256 at 2 stages and D 128's 256-key tiles at 2; without it both take a third K/V stage (session 39;
+    # measured on an H100: slower, the store costs more than the stage gives; docs/attention_fp8.md)
     o_direct: bool = False
 
     @property
@@ -225,10 +226,12 @@ TUNING_CONFIGS = {
         # with overlap 384 B spill and the wgmma serializes; 256 keys do not compile): a third warpgroup's softmax
         # under the other two's MMAs where the default alternates MUFU and tensor phases (ncu, session 37). Key loop
         # 676 instructions a 128-key block (vperm) against the default's 1146 a 256-key one: +18 % issue a key.
+        # Measured in session 39 (an H100, attention-fa3-fp8-sweep-pp3c-h100.json): 4-15 % slower; not taken.
         "pp3c_m192_serial_vperm": _C(block_m=192, block_n=128, stages=3, consumers=3, overlap=False, v_perm=True),
         "pp3c_m192_serial": _C(block_m=192, block_n=128, stages=3, consumers=3, overlap=False),
         # session 39 (compile-checked): the default with a third K/V stage, which fits once the output is stored
-        # from registers (o_direct: 213,512 B against 245,760 with its tile), spill-free, key loop 1140 instructions
+        # from registers (o_direct: 213,512 B against 245,760 with its tile), spill-free, key loop 1140 instructions.
+        # Session 39 on an H100: 6-11 % slower than the default (the same sweep file); not taken
         "pp_n256_serial_vperm_s3_od": _C(block_m=128, block_n=256, stages=3, overlap=False, v_perm=True,
                                          o_direct=True),
     },
@@ -245,7 +248,8 @@ TUNING_CONFIGS = {
         # session 39 (compile-checked): the output stored from registers (o_direct), which frees the 64 KB output
         # tile for a third K/V stage (229,896 B); no spill in the key loop (the default has one STL / LDL there),
         # 72 / 84 B (full) and 140 / 236 B (causal) in the epilogue's addresses; key loop 846 instructions (801).
-        # _od alone separates the store's cost from the stage's gain.
+        # _od alone separates the store's cost from the stage's gain. Session 39 on an H100
+        # (attention-fa3-fp8-sweep-od256-h100.json): the store costs 8-17 %, the stage gains nothing; not taken.
         "pp_vperm_od": _C(block_m=128, block_n=128, stages=2, v_perm=True, o_direct=True),
         "pp_vperm_s3_od": _C(block_m=128, block_n=128, stages=3, v_perm=True, o_direct=True),
     },
