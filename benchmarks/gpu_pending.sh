@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# NEXT (session 38 ran h2s38 and dec38's probe late; see docs/w4a16_gemm.md "Measured later in session 38"): cand38,
-# d128c38, fp8c38, then h2s38b. A results file that comes back gets a "note" before it is committed.
+# NEXT: h2grid39 (the tuner with the h2 twins, M 128-4096). Session 39 ran att39 and att39b on an H100 (cand38 ran in
+# session 38; d128c38 / fp8c38 / h2s38b are inside att39 / att39b). A results file that comes back gets a "note" before
+# it is committed.
 #
 # GPU steps of sessions 18-29 (2026-12-02/03), kept runnable. Session 28 ran `s28` (docs27's, fa3f28's and fp8n28's
 # tests, then their sweeps), `s28b`, `s28c`, `gputests` and `s28d`; its device time ran out before the FP8 grid
@@ -294,6 +295,9 @@ case "${1:-}" in
     step fa3_128 150 "$PY" benchmarks/attention_fa3_sweep.py --hdims 128 --seqlens 2048,16384 --budget 135 \
       --compile-budget 50 --variants pp_persist_fold,pp_persist_dyn_fold,pp3_m192_n64_fold,pp3_m192_n64_persist_dyn_fold \
       --out "$OUT/attention-fa3-sweep-pp3d128-h200.json" ;;
+  h2grid39)  # the W4A16 grid from M = 128 with the tuner timing each wgmma config beside its h2 twin (session 39's
+    # M = 256 probe: h2 +4-6 % on the bm128 tiles); the tuned table says where a twin won (h2: true)
+    FLASHSCALE_W4A16_WGMMA=h2 step w4a16 320 "$PY" benchmarks/w4a16.py --ms 128,256,1024,4096 --out "$OUT" ;;
   att39b)  # the W4A16 M = 256 probe (h2s38b's, shortened), if device time is left
     step probe 330 "$PY" benchmarks/w4a16_gemm_probe.py --shapes 8192x28672,8192x8192 --ms 256 \
       --candidates all --extra f128,h2 --out "$OUT"
