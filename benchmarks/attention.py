@@ -32,7 +32,8 @@ from pathlib import Path
 from statistics import median
 
 import torch
-from plotting import gpu_tag  # noqa: E402
+
+from plotting import gpu_tag
 
 SEQLENS = [512, 1024, 2048, 4096, 8192, 16384]
 QUICK_SEQLENS = [1024, 4096, 16384]

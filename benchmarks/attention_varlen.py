@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 
 import torch
-from plotting import gpu_tag  # noqa: E402
+
+from plotting import gpu_tag
 
 TOKENS, HIDDEN = 16384, 2048
 HDIMS = [64, 128, 256]

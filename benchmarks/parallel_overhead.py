@@ -27,7 +27,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from plotting import gpu_tag  # noqa: E402
+
+from plotting import gpu_tag
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = {  # preset: (seq_len, batch, micro_batches)
