@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# NEXT: h2grid39 (the tuner with the h2 twins, M 128-4096). Session 39 ran att39 and att39b on an H100 (cand38 ran in
-# session 38; d128c38 / fp8c38 / h2s38b are inside att39 / att39b). A results file that comes back gets a "note" before
-# it is committed.
+# NEXT: fix41 (session 40: forced split-K / stream-K fix-ups mismatched between calls on an H100; find why before
+# anything else), then vygrid40 (the tuner with the vec_y twins) and h2grid39. Session 40 ran vy40 on the H200.
+# A results file that comes back gets a "note" before it is committed.
 #
 # GPU steps of sessions 18-29 (2026-12-02/03), kept runnable. Session 28 ran `s28` (docs27's, fa3f28's and fp8n28's
 # tests, then their sweeps), `s28b`, `s28c`, `gputests` and `s28d`; its device time ran out before the FP8 grid
@@ -30,6 +30,9 @@
 #                                                                  # 128-feature consumer: GPU tests, M = 64 probe
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2s38b    # ~7 min: the same probe at M = 256
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh dec38     # ~9 min: 16-token tiles, 2-3 blocks an SM, M 1 / 16
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fix41     # ~9 min: fix-up GPU tests, the repeat script x1 / x8
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vy40      # ~5 min (ran, s40): vec_y GPU tests, the probe's A/B
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vygrid40  # ~6 min: the W4A16 grid with the vec_y twins
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh att39     # ~9.5 min: FP8 o_direct, d128c38, fp8c38
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh att39b    # ~6 min: the W4A16 M = 256 probe
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh d128c38   # ~8 min: 3 consumers at D 128, 64-key blocks:
@@ -295,6 +298,21 @@ case "${1:-}" in
     step fa3_128 150 "$PY" benchmarks/attention_fa3_sweep.py --hdims 128 --seqlens 2048,16384 --budget 135 \
       --compile-budget 50 --variants pp_persist_fold,pp_persist_dyn_fold,pp3_m192_n64_fold,pp3_m192_n64_persist_dyn_fold \
       --out "$OUT/attention-fa3-sweep-pp3d128-h200.json" ;;
+  vy40)  # session 40: y by 16-byte stores (WgmmaConfig.vec_y; the accumulator's layout stores 2-byte elements, half
+    # of each sector): the bitwise GPU tests, then the probe's A/B at the K = 4096 cells issue 7's point 3 misses
+    step vy_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
+      tests/kernels/test_w4a16_wgmma_gpu.py -k "vec_y or dispatch_candidates or (test_candidates and bm256)"
+    step probe 330 "$PY" benchmarks/w4a16_gemm_probe.py --shapes 4096x14336,4096x4096,8192x8192 --ms 1024,4096,256 \
+      --candidates big --extra vy --out "$OUT"
+    for f in "$OUT"/w4a16-gemm-probe-*.json; do mv "$f" "${f/probe-/probe-vy-}"; done ;;
+  fix41)  # session 40's open item: forced split-K / stream-K fix-ups that mismatched (and, in a diagnosis run, hung
+    # or gave wrong sums) on an H100: the stream-K / split GPU tests, then the repeat script in one process, then in 8
+    step sk_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 --show-capture=no --tb=short \
+      tests/kernels/test_w4a16_wgmma_gpu.py -k "stream_k_tail or step_parity_and_split or persistent_equals"
+    step repeat1 150 "$PY" benchmarks/w4a16_fixup_repeat.py 0
+    step repeat8 200 bash -c "for w in 0 1 2 3 4 5 6 7; do $PY benchmarks/w4a16_fixup_repeat.py \$w & done; wait" ;;
+  vygrid40)  # the W4A16 grid from M = 256 with the tuner timing each config beside its vec_y twin (tuned: vec_y)
+    FLASHSCALE_W4A16_WGMMA=vy step w4a16 330 "$PY" benchmarks/w4a16.py --ms 256,1024,4096 --out "$OUT" ;;
   h2grid39)  # the W4A16 grid from M = 128 with the tuner timing each wgmma config beside its h2 twin (session 39's
     # M = 256 probe: h2 +4-6 % on the bm128 tiles); the tuned table says where a twin won (h2: true)
     FLASHSCALE_W4A16_WGMMA=h2 step w4a16 320 "$PY" benchmarks/w4a16.py --ms 128,256,1024,4096 --out "$OUT" ;;

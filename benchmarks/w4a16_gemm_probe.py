@@ -104,11 +104,13 @@ def main(argv=None) -> int:
                     help="comma list of the configs timed after the candidates: large (EXTRA, large-M tiles), small "
                     "(EXTRA_SMALL, 64-token tiles), f128 (EXTRA_F128, one consumer of 128 features, two blocks an "
                     "SM), dec (EXTRA_DEC, 16-token tiles in two / three blocks an SM), h2 (each config timed, "
-                    "candidates included, again with the packed 16-bit unpack, kernels/w4a16_h2.py), none")
+                    "candidates included, again with the packed 16-bit unpack, kernels/w4a16_h2.py), vy (each config "
+                    "timed again with y written by 16-byte stores, WgmmaConfig.vec_y), none")
     ap.add_argument("--auto", action="store_true", help="also time w4a16_linear's own tuned choice (impl "
                     "flashscale-auto: the decode / ring / GEMV kernels too at M <= 16), its configs precompiled first")
     args = ap.parse_args(argv)
-    lists = {"large": EXTRA, "small": EXTRA_SMALL, "f128": EXTRA_F128, "dec": EXTRA_DEC, "h2": [], "none": []}
+    lists = {"large": EXTRA, "small": EXTRA_SMALL, "f128": EXTRA_F128, "dec": EXTRA_DEC, "h2": [], "vy": [],
+             "none": []}
     names = args.extra.split(",")
     bad = [v for v in names if v not in lists]
     if bad:
@@ -150,6 +152,8 @@ def main(argv=None) -> int:
             todo = list(dict.fromkeys(cand + extra))
             if "h2" in names:
                 todo += [dataclasses.replace(c, h2=True) for c in todo if not c.h2]
+            if "vy" in names:
+                todo += [dataclasses.replace(c, vec_y=True) for c in todo if not c.vec_y]
             checks = []  # float64 checks first (w4a16.wgmma_trials): only the correct configs are timed
             trials = wgmma_trials(base, packs, w_bf16, x, m, gen, checks, todo)
             err = {c["config"]: c["rel_err"] for c in checks}

@@ -7,6 +7,7 @@ dequantization overlaps the MMA), and for one consumer warpgroup (loop unrolled 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -174,3 +175,36 @@ def test_two_to_four_blocks_an_sm(census_h2):
     assert wg.launch_options(C(bm=64, consumers=1, ctas=2)) == {"maxnreg": 128}
     assert wg.launch_options(C(bm=16, consumers=1, ctas=3)) == {"maxnreg": 80}
     assert wg.launch_options(C(bm=64, consumers=1)) == {}
+
+
+# vec_y=True (y by 16-byte stores after an in-warp layout conversion) on the M > 256 leaders, a 64-token and a
+# two-blocks-an-SM candidate, fp16 with bias and G = 64
+_COMPILE_VY = """
+import dataclasses, json, sys, torch
+from flashscale.kernels import w4a16_wgmma as wg
+cs = [dataclasses.replace(c, vec_y=True)
+      for c in wg.candidates(4096)[:2] + wg.candidates(64)[:1] + wg.candidates(16)[2:]]
+json.dump([wg.census(c, n=14336, k=4096) for c in cs] + [wg.census(cs[0], group_size=64, bias=True,
+          dtype=torch.float16), wg.census(dataclasses.replace(cs[1], vec_y=False), n=14336, k=4096)],
+          open(sys.argv[1], "w"))
+"""
+
+
+def test_vec_y_store_machine_code(tmp_path_factory):
+    """vec_y: y leaves by STG.E.128 (a 64 x 64 chunk of a consumer: 4 a thread, against 32 STG.E.U16 in the
+    accumulator's layout), the conversion by STSM in a few KB of shared memory (within smem_bytes' allowance), no
+    spills or local memory, and the main loop (its HGMMA, no STS, within 3 % of its instructions) as without it."""
+    rows = _census(tmp_path_factory, _COMPILE_VY, "w4a16_wgmma_vy")
+    plain = rows.pop()
+    for r in rows:
+        assert r["config"].endswith("-vy"), r["config"]
+        assert r["stg128"] > 0 and r["stsm"] > 0, r
+        assert not (r["spill_stores"] or r["spill_loads"] or r["stack"] or r["local"] or r["serialized"]), r
+        cfg = next(c for c in wg.all_candidates() if c.label() + "-vy" == r["config"])
+        assert r["shared"] <= wg.smem_bytes(dataclasses.replace(cfg, vec_y=True), 64 if r["fp16"] else 128) + 1024, r
+    assert plain["stg128"] == 0 and plain["stg16"] > 0, plain
+    vy = next(r for r in rows if r["config"] == plain["config"] + "-vy")
+    assert vy["stg128"] * 8 == plain["stg16"], (vy["stg128"], plain["stg16"])  # the whole-tile path: 8x fewer
+    for a, b in zip(vy["loops"], plain["loops"], strict=True):  # the same loop, up to ptxas' scheduling (179 -> 182)
+        assert a["hgmma"] == b["hgmma"] and a["sts"] == b["sts"] == 0, (a, b)
+        assert abs(a["instructions"] - b["instructions"]) <= 0.03 * b["instructions"], (a, b)

@@ -30,6 +30,10 @@ def _weight(k, n, g, act_order=False, seed=0):
     return pack_w4(codes, zeros, scales, group_size=g, g_idx=g_idx).to("cuda")
 
 
+def _oracle(x, p, bias):
+    return w4a16_linear_ref(x.double(), p, None if bias is None else bias.double(), compute_dtype=torch.float64)
+
+
 def _check(x, p, bias, cfg):
     y = wg.w4a16_wgmma(x, p, bias, config=cfg)
     assert y.dtype == x.dtype and y.shape == (x.shape[0], p.out_features) and torch.isfinite(y).all()
@@ -124,6 +128,36 @@ def test_stream_k_tail(cfg, m, n, k):
     torch.testing.assert_close(y.float(), plain.float(), rtol=2e-2, atol=2e-2 * plain.float().abs().max().item())
     torch.cuda.synchronize()
     assert int(wg._workspace(torch.device("cuda", torch.cuda.current_device()), 1, 1)[1].abs().sum()) == 0
+
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("cfg", wg.all_candidates(), ids=lambda c: c.label())
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_vec_y_is_bitwise_the_element_store(cfg, dtype):
+    """vec_y=True (y by 16-byte stores after a layout conversion) writes the same values as the element stores of
+    the accumulator's layout: every candidate, N a multiple of the tile (the token mask alone), N % 8 == 0 past the
+    last tile (element stores in that tile), N % 8 != 0 (vec_y off at launch), ragged M, bias, automatic split-K
+    (bm <= 64) and the stream-K tail at 300 tokens (the fix-ups' sums), an `out` 8 bytes off 16-byte alignment (vec_y
+    off); y's other bytes kept. Not here: forced split-K at K 1088 x N 2048 and the stream-K tail at K 4160 x N 2100,
+    which mismatched in session 40 (one with vec_y off at launch): benchmarks/w4a16_fixup_repeat.py."""
+    vy = dataclasses.replace(cfg, vec_y=True)
+    for k, n in ((1024, 384), (1088, 200), (1024, 270)):
+        p = _weight(k, n, 64, seed=k + n)
+        for m in (1, 17, 64, 70, 300):
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            bias = torch.randn(n, device="cuda", dtype=dtype) if m in (17, 300) else None
+            ref = wg.w4a16_wgmma(x, p, bias, config=cfg)
+            got = wg.w4a16_wgmma(x, p, bias, config=vy)
+            assert torch.equal(got, ref), (vy.label(), k, n, m, int((got != ref).sum()), _err(
+                got, _oracle(x, p, bias)), _err(ref, _oracle(x, p, bias)), (got != ref).nonzero()[:4].tolist())
+            if m == 17:  # out at an 8-byte offset (not 16-byte aligned): element stores, the neighbours untouched
+                buf = torch.full((m * n + 8, ), 7.0, device="cuda", dtype=dtype)
+                wg.w4a16_wgmma(x, p, bias, config=vy, out=buf[4:4 + m * n].view(m, n))
+                assert torch.equal(buf[4:4 + m * n].view(m, n), ref)
+                assert (buf[:4] == 7).all() and (buf[4 + m * n:] == 7).all()
+    _check(x, p, bias, vy)
 
 
 def test_stream_k_plan():
@@ -301,7 +335,9 @@ def test_dispatch_candidates_and_tuned_table_round_trip(monkeypatch):
         got = w4a16.wgmma_candidates(torch.randn(64, 128, device="cuda").half(), p.to("cuda"), None)
         assert got[::2] == wg.candidates(64) and got[1::2] == [dataclasses.replace(c, h2=True) for c in got[::2]]
         monkeypatch.delenv(w4a16.WGMMA_ENV)
-    assert w4a16._wgmma_configs(64, p, h2=True)[1::2] == [dataclasses.replace(c, h2=True) for c in wg.candidates(64)]
+    assert w4a16._wgmma_configs(64, p, twin="h2")[1::2] == [dataclasses.replace(c, h2=True) for c in wg.candidates(64)]
+    assert w4a16._wgmma_configs(64, p, twin="vy")[1::2] == [dataclasses.replace(c, vec_y=True)
+                                                             for c in wg.candidates(64)]
     cfg = wg.WgmmaConfig(bm=128, consumers=1, stages=4)
     key = ("gemm", 256, 64, 128, 128, "bfloat16", "noperm", "test-device")
     monkeypatch.setitem(w4a16._TUNED, key, dict(dataclasses.asdict(cfg), split_k=3))

@@ -301,17 +301,19 @@ def _is_wgmma(cfg) -> bool:
 # 2026-12-02), and with 16-token tiles it beat the decode kernels at M = 16 on 8192^2 and 4096^2 by 6-8 % (session 29,
 # docs/w4a16_decode.md "Round 8"; at M = 1 it lost); the autotuner times all and keeps the fastest.
 # FLASHSCALE_W4A16_WGMMA=0 leaves it out; =h2 times each config beside its packed 16-bit unpack twin
-# (WgmmaConfig(h2=True), kernels/w4a16_h2.py: the same values, opt-in until the GPU grid says it wins).
+# (WgmmaConfig(h2=True), kernels/w4a16_h2.py: the same values, opt-in until the GPU grid says it wins); =vy beside
+# its twin that writes y by 16-byte stores (WgmmaConfig(vec_y=True): the same bits, opt-in until measured).
 WGMMA_ENV = "FLASHSCALE_W4A16_WGMMA"
 WGMMA_MIN_M = 2
 
 
 def _wgmma_mode() -> str:
-    """FLASHSCALE_W4A16_WGMMA, checked: "", "0", "1" or "h2"."""
+    """FLASHSCALE_W4A16_WGMMA, checked: "", "0", "1", "h2" or "vy"."""
     mode = os.environ.get(WGMMA_ENV, "")
-    if mode not in ("", "0", "1", "h2"):
+    if mode not in ("", "0", "1", "h2", "vy"):
         raise ValueError(f"{WGMMA_ENV}={mode!r}: takes 0 (never the wgmma GEMM), 1 / unset (an autotune candidate "
-                         f"from M = {WGMMA_MIN_M} on sm_90) or h2 (its configs and their packed 16-bit unpack twins)")
+                         f"from M = {WGMMA_MIN_M} on sm_90), h2 (its configs and their packed 16-bit unpack twins) or "
+                         f"vy (its configs and their 16-byte y store twins)")
     return mode
 
 
@@ -322,16 +324,23 @@ def wgmma_candidates(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None) 
         return []
     from flashscale.kernels import w4a16_wgmma as wg
 
-    return _wgmma_configs(x2d.shape[0], p, h2=mode == "h2") if wg.supported(x2d, p, bias) else []
+    return _wgmma_configs(x2d.shape[0], p, twin=mode) if wg.supported(x2d, p, bias) else []
 
 
-def _wgmma_configs(m: int, p: PackedW4, h2: bool = False) -> list:
-    """M's bucket of w4a16_wgmma candidates that fit p's group size (kernels.w4a16_wgmma.config_error); with h2,
-    each followed by its h2=True twin."""
+def _wgmma_configs(m: int, p: PackedW4, twin: str = "") -> list:
+    """M's bucket of w4a16_wgmma candidates that fit p's group size (kernels.w4a16_wgmma.config_error); with twin
+    "h2" / "vy", each followed by its h2=True / vec_y=True twin (where that fits too)."""
     from flashscale.kernels import w4a16_wgmma as wg
 
     ok = [c for c in wg.candidates(m) if wg.config_error(c, p.group_size, p.in_features) is None]
-    return [t for c in ok for t in ((c, replace(c, h2=True)) if h2 else (c, ))]
+    flag = {"h2": "h2", "vy": "vec_y"}.get(twin)
+    out = []
+    for c in ok:
+        out.append(c)
+        t = replace(c, **{flag: True}) if flag else c
+        if t != c and wg.config_error(t, p.group_size, p.in_features) is None:
+            out.append(t)
+    return out
 
 
 def _common_args(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Tensor):
@@ -629,7 +638,7 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
         why = unsupported(x2d, p, bias, config)
         if why is not None:
             raise ValueError(f"the wgmma kernel cannot take this call: {why}")
-        cands, bucket = _wgmma_configs(m, p, h2=_wgmma_mode() == "h2"), m_bucket(m)
+        cands, bucket = _wgmma_configs(m, p, twin=_wgmma_mode()), m_bucket(m)
     elif kernel == "decode":
         if m > 16:
             raise ValueError(f"the decode kernel takes up to 16 tokens, got M={m}")

@@ -90,6 +90,7 @@ class WgmmaConfig:
     # consumer raised to 232 / 136 / 104 by setmaxnreg (the producer gives its own back), each block at most 1 / ctas
     # of the SM's shared memory
     h2: bool = False  # the packed 16-bit unpack (w4a16_h2.py: half the ALU-pipe work a weight, the same values)
+    vec_y: bool = False  # y by 16-byte stores after a layout conversion (_store_y_vec), where N % 8 == 0
 
     @property
     def bn(self) -> int:
@@ -100,13 +101,15 @@ class WgmmaConfig:
                 + ("-pp" if self.pingpong else "") + ("-persist" if self.persistent else "")
                 + ("-sk" if self.stream_k else "") + (f"-f{self.features}" if self.features != 64 else "")
                 + (f"-x{self.ctas}" if self.ctas != 1 else "")
-                + ("-h2" if self.h2 else ""))
+                + ("-h2" if self.h2 else "") + ("-vy" if self.vec_y else ""))
 
 
 def smem_bytes(cfg: WgmmaConfig, group_size: int = 128) -> int:
-    """One block's ring: per slot packed words (BN*BK/2), x (BM*BK*2), scale/zero words (SZR*BN*4); + barriers."""
+    """One block's ring: per slot packed words (BN*BK/2), x (BM*BK*2), scale/zero words (SZR*BN*4); + barriers;
+    + vec_y's layout conversion scratch (a warp's 16 x 16 16-bit tile through stmatrix: 1888 B a consumer, sm_90)."""
     szr = cfg.bk // group_size if group_size < cfg.bk else 1
-    return cfg.stages * (cfg.bn * cfg.bk // 2 + cfg.bm * cfg.bk * 2 + szr * cfg.bn * 4 + 16) + 64
+    return (cfg.stages * (cfg.bn * cfg.bk // 2 + cfg.bm * cfg.bk * 2 + szr * cfg.bn * 4 + 16) + 64
+            + 2048 * cfg.consumers * cfg.vec_y)
 
 
 # Candidates per M bucket (benchmarks/w4a16.py times each and keeps the best a cell; the first is the default).
@@ -142,8 +145,7 @@ CANDIDATES: dict[int, list[WgmmaConfig]] = {
          WgmmaConfig(bm=64, consumers=1, features=128, bk=64, stages=8, ctas=2)],
     256: [WgmmaConfig(bm=64, consumers=2, stages=6), WgmmaConfig(bm=64, consumers=1, stages=8)] + _BIG
          + [WgmmaConfig(bm=128, consumers=2, stages=4, persistent=True, stream_k=True), _LARGE[0]],
-    2048: _LARGE,
-    1 << 30: _LARGE,  # M > 2048 (w4a16._GEMM_CANDIDATES' buckets: tuned apart from 257..2048)
+    2048: _LARGE, 1 << 30: _LARGE,  # M > 2048 (w4a16._GEMM_CANDIDATES' buckets: tuned apart from 257..2048)
 }
 # Only spill-free configs (sm_90 census, docs/w4a16_gemm.md). Two consumers (12 warps: 168 registers at launch, 240
 # by setmaxnreg) keep the wait(0) loop (wait(1) serializes the wgmma there); one consumer (255) runs the unrolled
@@ -487,7 +489,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _epi_store(v, col0, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C: gl.constexpr,
-                   HAS_BIAS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, MODE: gl.constexpr):
+                   HAS_BIAS: gl.constexpr, VEC_Y: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, MODE: gl.constexpr):
         """One column chunk (F = BN / CONSUMERS features, W tokens) of the accumulator, its offsets computed for it
         alone (the 64-bit pointers of the whole tile would not fit beside acc at BM >= 128). MODE 0: to y; 1: to this
         split's workspace slice; 2: the last split sums the slices in split order (v unused) and writes y; stream-K,
@@ -520,42 +522,74 @@ if HAS_GLUON:
         else:
             if HAS_BIAS:
                 acc += gl.expand_dims(gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32), 1)
-            gl.store(y_ptr + off, acc.to(y_ptr.dtype.element_ty), mask=mask)
+            if VEC_Y:
+                _store_y_vec(acc.to(y_ptr.dtype.element_ty), y_ptr, pid_n * BN + C * F, pid_m * BM + col0, M, N)
+            else:
+                gl.store(y_ptr + off, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+    @gluon.jit
+    def _store_y_vec(v, y_ptr, n0, m0, M, N):
+        """v (F features, W tokens; 16-bit) -> y[m0 + j, n0 + i] with 16-byte stores: a layout conversion (through a
+        few KB of shared memory: stmatrix, then 128-bit loads) gives each thread 8 consecutive features of one token,
+        so a warp writes whole 32-byte sectors of y's rows. In the accumulator's layout a thread holds 2 tokens of a
+        feature (rows of y N apart): 2-byte stores, half of each sector. Needs N % 8 == 0 (VEC_Y); the mask is on the
+        tokens alone except in the last feature tile, where it goes back to element stores."""
+        F: gl.constexpr = v.shape[0]
+        W: gl.constexpr = v.shape[1]
+        vl: gl.constexpr = gl.BlockedLayout(size_per_thread=[8, 1], threads_per_warp=[2, 16], warps_per_cta=[4, 1],
+                                            order=[0, 1])
+        yv = gl.convert_layout(v, vl)
+        offs_n = n0 + gl.arange(0, F, layout=gl.SliceLayout(1, vl))
+        offs_m = m0 + gl.arange(0, W, layout=gl.SliceLayout(0, vl))
+        ptr = (y_ptr + gl.expand_dims(gl.multiple_of(offs_m * N, 8), 0)
+               + gl.expand_dims(gl.max_contiguous(gl.multiple_of(offs_n, 8), 8), 1))
+        if n0 + F <= N:  # a whole feature tile: only the token mask (constant along a thread's 8 features)
+            gl.store(ptr, yv, mask=gl.expand_dims(offs_m < M, 0) & gl.expand_dims(offs_n >= 0, 1))
+        else:
+            gl.store(ptr, yv, mask=gl.expand_dims(offs_m < M, 0) & gl.expand_dims(offs_n < N, 1))
 
     @gluon.jit
     def _epilogue(acc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C: gl.constexpr,
-                  HAS_BIAS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, CHUNKS: gl.constexpr,
+                  HAS_BIAS: gl.constexpr, VEC_Y: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, CHUNKS: gl.constexpr,
                   MODE: gl.constexpr):
         """acc (BN / CONSUMERS features, BM tokens) -> y[m, n] (MODE, _epi_store) in CHUNKS (1, 2 or 4) column chunks."""
         if CHUNKS == 1:
-            _epi_store(acc, 0, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, MODE)
+            _epi_store(acc, 0, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, VEC_Y, BM,
+                       BN, MODE)
         else:
             h0, h1 = _halves(acc)
             if CHUNKS == 2:
-                _epi_store(h0, 0, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, MODE)
-                _epi_store(h1, BM // 2, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, MODE)
+                _epi_store(h0, 0, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, VEC_Y,
+                           BM, BN, MODE)
+                _epi_store(h1, BM // 2, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS,
+                           VEC_Y, BM, BN, MODE)
             else:
                 q0, q1 = _halves(h0)
-                _epi_store(q0, 0, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, MODE)
-                _epi_store(q1, BM // 4, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, MODE)
+                _epi_store(q0, 0, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, VEC_Y,
+                           BM, BN, MODE)
+                _epi_store(q1, BM // 4, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS,
+                           VEC_Y, BM, BN, MODE)
                 q2, q3 = _halves(h1)
-                _epi_store(q2, BM // 2, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, MODE)
-                _epi_store(q3, 3 * BM // 4, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, MODE)
+                _epi_store(q2, BM // 2, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS,
+                           VEC_Y, BM, BN, MODE)
+                _epi_store(q3, 3 * BM // 4, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C,
+                           HAS_BIAS, VEC_Y, BM, BN, MODE)
 
     @gluon.jit
     def _fixup(acc, y_ptr, bias_ptr, part_ptr, sum_ptr, cnt_ptr, t, pid_n, pid_m, M, N, COUNT, C: gl.constexpr,
-               HAS_BIAS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, CHUNKS: gl.constexpr,
+               HAS_BIAS: gl.constexpr, VEC_Y: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, CHUNKS: gl.constexpr,
                CONSUMERS: gl.constexpr, PART: gl.constexpr, SUM: gl.constexpr):
         """Tile t split among COUNT programs (split-K: PART 1 / SUM 2; stream-K: 3 / 4, _epi_store's modes): this
         one's fp32 partial to part_ptr, then one acq_rel ticket a (tile, consumer); the last to take it sums the
         COUNT partials from sum_ptr in order (the same bits whatever the arrival order), writes y and puts the
         ticket back to zero."""
-        _epilogue(acc, y_ptr, bias_ptr, part_ptr, cnt_ptr, pid_n, pid_m, M, N, COUNT, C, HAS_BIAS, BM, BN, CHUNKS, PART)
+        _epilogue(acc, y_ptr, bias_ptr, part_ptr, cnt_ptr, pid_n, pid_m, M, N, COUNT, C, HAS_BIAS, VEC_Y, BM, BN,
+                  CHUNKS, PART)
         gl.thread_barrier()
         tkt = t * CONSUMERS + C
         if gl.atomic_add(cnt_ptr + tkt, 1, sem="acq_rel", scope="gpu") == COUNT - 1:
-            _epilogue(acc, y_ptr, bias_ptr, sum_ptr, cnt_ptr, pid_n, pid_m, M, N, COUNT, C, HAS_BIAS, BM, BN, CHUNKS,
-                      SUM)
+            _epilogue(acc, y_ptr, bias_ptr, sum_ptr, cnt_ptr, pid_n, pid_m, M, N, COUNT, C, HAS_BIAS, VEC_Y, BM, BN,
+                      CHUNKS, SUM)
             gl.atomic_xchg(cnt_ptr + tkt, 0, sem="relaxed", scope="gpu")
 
     @gluon.jit
@@ -581,24 +615,27 @@ if HAS_GLUON:
     @gluon.jit
     def _consumer_tile(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, t, base, num_n,
                        num_m, n_it, M, N, MAGIC, H2: gl.constexpr, SPLIT_K, C: gl.constexpr, HAS_BIAS: gl.constexpr,
-                       BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr,
-                       CONSUMERS: gl.constexpr, HAS_SPLIT: gl.constexpr, PINGPONG: gl.constexpr, GROUP: gl.constexpr):
+                       VEC_Y: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr,
+                       STAGES: gl.constexpr, CONSUMERS: gl.constexpr, HAS_SPLIT: gl.constexpr, PINGPONG: gl.constexpr,
+                       GROUP: gl.constexpr):
         """Tile t, its K steps at ring steps base .. base + n_it - 1: main loop, then the epilogue."""
         CHUNKS: gl.constexpr = 4 if BM >= 128 else (2 if BM == 64 else 1)  # 16..64 tokens a chunk
         pid_n, pid_m = _coords(t, num_n, num_m, GROUP)
         acc = _tile_acc(w_smem, x_smem, sz_smem, ready, empty, turn, base, n_it, MAGIC, H2, C, BM, BK, SZR, STAGES,
                         CONSUMERS, PINGPONG)
         if HAS_SPLIT:  # never persistent (config_error); slices, the last split sums them in split order
-            _fixup(acc, y_ptr, bias_ptr, ws_ptr, ws_ptr, cnt_ptr, t, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN,
-                   CHUNKS, CONSUMERS, 1, 2)
+            _fixup(acc, y_ptr, bias_ptr, ws_ptr, ws_ptr, cnt_ptr, t, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, VEC_Y,
+                   BM, BN, CHUNKS, CONSUMERS, 1, 2)
         else:
-            _epilogue(acc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, BM, BN, CHUNKS, 0)
+            _epilogue(acc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C, HAS_BIAS, VEC_Y, BM, BN,
+                      CHUNKS, 0)
 
     @gluon.jit
     def _consumer_sk(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, tiles, num_n,
                      num_m, n_it, M, N, MAGIC, H2: gl.constexpr, base, DP, SKQ, MAXC, C: gl.constexpr,
-                     HAS_BIAS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr,
-                     STAGES: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, GROUP: gl.constexpr):
+                     HAS_BIAS: gl.constexpr, VEC_Y: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                     BK: gl.constexpr, SZR: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
+                     PINGPONG: gl.constexpr, GROUP: gl.constexpr):
         """Stream-K tail: the K steps of tiles DP .. tiles - 1 in one run, program p taking run steps [p SKQ, (p + 1)
         SKQ): one segment a tile it touches. A tile done by one program is stored; a shared one is written by each
         of its contributors to its own fp32 block (tile r's blocks r MAXC + idx, idx = program - the tile's first),
@@ -615,39 +652,39 @@ if HAS_GLUON:
             first = (r * n_it) // SKQ
             count = ((r + 1) * n_it - 1) // SKQ - first + 1
             if count == 1:
-                _epilogue(acc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, 1, C, HAS_BIAS, BM, BN,
+                _epilogue(acc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, 1, C, HAS_BIAS, VEC_Y, BM, BN,
                           CHUNKS, 0)
             else:
                 blk = ws_ptr + (r * MAXC).to(gl.int64) * (BM * BN)
                 _fixup(acc, y_ptr, bias_ptr, blk + (tile0 - first) * (BM * BN), blk, cnt_ptr, t, pid_n, pid_m, M,
-                       N, count, C, HAS_BIAS, BM, BN, CHUNKS, CONSUMERS, 3, 4)
+                       N, count, C, HAS_BIAS, VEC_Y, BM, BN, CHUNKS, CONSUMERS, 3, 4)
 
     @gluon.jit
     def _consumer(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, tiles, tstride,
                   num_n, num_m, it0, n_it, M, N, MAGIC, H2: gl.constexpr, SPLIT_K, DP, SKQ, MAXC, C: gl.constexpr,
-                  HAS_BIAS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SZR: gl.constexpr,
-                  STAGES: gl.constexpr, CONSUMERS: gl.constexpr, HAS_SPLIT: gl.constexpr, PINGPONG: gl.constexpr,
-                  GROUP: gl.constexpr, PERSISTENT: gl.constexpr, STREAM_K: gl.constexpr):
+                  HAS_BIAS: gl.constexpr, VEC_Y: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                  SZR: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, HAS_SPLIT: gl.constexpr,
+                  PINGPONG: gl.constexpr, GROUP: gl.constexpr, PERSISTENT: gl.constexpr, STREAM_K: gl.constexpr):
         if PERSISTENT:  # tiles tile0, tile0 + tstride, ... < DP: the ring's steps (and turns) run on from tile to tile
             base = 0
             for t in range(tile0, DP, tstride):
                 _consumer_tile(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, t, base,
-                               num_n, num_m, n_it, M, N, MAGIC, H2, SPLIT_K, C, HAS_BIAS, BM, BN, BK, SZR, STAGES,
-                               CONSUMERS, HAS_SPLIT, PINGPONG, GROUP)
+                               num_n, num_m, n_it, M, N, MAGIC, H2, SPLIT_K, C, HAS_BIAS, VEC_Y, BM, BN, BK, SZR,
+                               STAGES, CONSUMERS, HAS_SPLIT, PINGPONG, GROUP)
                 base += n_it
             if STREAM_K:
                 _consumer_sk(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0,
-                             tiles, num_n, num_m, n_it, M, N, MAGIC, H2, base, DP, SKQ, MAXC, C, HAS_BIAS, BM, BN, BK,
-                             SZR, STAGES, CONSUMERS, PINGPONG, GROUP)
+                             tiles, num_n, num_m, n_it, M, N, MAGIC, H2, base, DP, SKQ, MAXC, C, HAS_BIAS, VEC_Y, BM,
+                             BN, BK, SZR, STAGES, CONSUMERS, PINGPONG, GROUP)
         else:  # one tile a program (no loop: a tile loop around the body made bm256-bn64-bk128 spill 12 B)
             _consumer_tile(w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, 0,
-                           num_n, num_m, n_it, M, N, MAGIC, H2, SPLIT_K, C, HAS_BIAS, BM, BN, BK, SZR, STAGES,
+                           num_n, num_m, n_it, M, N, MAGIC, H2, SPLIT_K, C, HAS_BIAS, VEC_Y, BM, BN, BK, SZR, STAGES,
                            CONSUMERS, HAS_SPLIT, PINGPONG, GROUP)
 
     @gluon.jit(do_not_specialize=["M", "N", "K", "SPLIT_K", "DP", "SKQ", "MAXC"])
     def w4a16_wgmma_kernel(w_desc, x_desc, sz_desc, y_ptr, bias_ptr, ws_ptr, cnt_ptr, M, N, K, MAGIC, SPLIT_K, DP, SKQ,
-                           MAXC, G: gl.constexpr, HAS_BIAS: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
-                           STAGES: gl.constexpr, CONSUMERS: gl.constexpr, GROUP: gl.constexpr,
+                           MAXC, G: gl.constexpr, HAS_BIAS: gl.constexpr, VEC_Y: gl.constexpr, BM: gl.constexpr,
+                           BK: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, GROUP: gl.constexpr,
                            PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, HAS_SPLIT: gl.constexpr,
                            PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, STREAM_K: gl.constexpr,
                            H2: gl.constexpr):
@@ -679,20 +716,21 @@ if HAS_GLUON:
         if CONSUMERS == 2:
             gl.warp_specialize([ (_consumer, (w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr,
                                cnt_ptr, tile0, tiles, tstride, num_n, num_m, it0, n_it, M, N, MAGIC, H2, SPLIT_K, DP,
-                               SKQ, MAXC, 0, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT, PINGPONG, GROUP,
-                               PERSISTENT, STREAM_K)), (_consumer, (w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr,
-                               bias_ptr, ws_ptr, cnt_ptr, tile0, tiles, tstride, num_n, num_m, it0, n_it, M, N, MAGIC,
-                               H2, SPLIT_K, DP, SKQ, MAXC, 1, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT,
-                               PINGPONG, GROUP, PERSISTENT, STREAM_K)), (_producer, (w_desc, x_desc, sz_desc, w_smem,
-                               x_smem, sz_smem, ready, empty, tile0, tiles, tstride, num_n, num_m, it0, n_it, DP, SKQ,
-                               G, BM, BN, BK, STAGES, GROUP, STREAM_K)), ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+                               SKQ, MAXC, 0, HAS_BIAS, VEC_Y, BM, BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT, PINGPONG,
+                               GROUP, PERSISTENT, STREAM_K)), (_consumer, (w_smem, x_smem, sz_smem, ready, empty, turn,
+                               y_ptr, bias_ptr, ws_ptr, cnt_ptr, tile0, tiles, tstride, num_n, num_m, it0, n_it, M, N,
+                               MAGIC, H2, SPLIT_K, DP, SKQ, MAXC, 1, HAS_BIAS, VEC_Y, BM, BN, BK, SZR, STAGES,
+                               CONSUMERS, HAS_SPLIT, PINGPONG, GROUP, PERSISTENT, STREAM_K)), (_producer, (w_desc,
+                               x_desc, sz_desc, w_smem, x_smem, sz_smem, ready, empty, tile0, tiles, tstride, num_n,
+                               num_m, it0, n_it, DP, SKQ, G, BM, BN, BK, STAGES, GROUP, STREAM_K)), ], [4, 1],
+                               [CONSUMER_REGS, PRODUCER_REGS])
         else:
             gl.warp_specialize([ (_consumer, (w_smem, x_smem, sz_smem, ready, empty, turn, y_ptr, bias_ptr, ws_ptr,
                                cnt_ptr, tile0, tiles, tstride, num_n, num_m, it0, n_it, M, N, MAGIC, H2, SPLIT_K, DP,
-                               SKQ, MAXC, 0, HAS_BIAS, BM, BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT, PINGPONG, GROUP,
-                               PERSISTENT, STREAM_K)), (_producer, (w_desc, x_desc, sz_desc, w_smem, x_smem, sz_smem,
-                               ready, empty, tile0, tiles, tstride, num_n, num_m, it0, n_it, DP, SKQ, G, BM, BN, BK,
-                               STAGES, GROUP, STREAM_K)), ], [1], [PRODUCER_REGS])
+                               SKQ, MAXC, 0, HAS_BIAS, VEC_Y, BM, BN, BK, SZR, STAGES, CONSUMERS, HAS_SPLIT, PINGPONG,
+                               GROUP, PERSISTENT, STREAM_K)), (_producer, (w_desc, x_desc, sz_desc, w_smem, x_smem,
+                               sz_smem, ready, empty, tile0, tiles, tstride, num_n, num_m, it0, n_it, DP, SKQ, G, BM,
+                               BN, BK, STAGES, GROUP, STREAM_K)), ], [1], [PRODUCER_REGS])
 
 
 # ---- host side
@@ -886,8 +924,8 @@ def w4a16_wgmma(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None,
         w_desc, x_desc, sz_desc, y, bias if bias is not None else y, ws, cnt, m, n, k, MAGIC_ONE, split, dp, skq, maxc,
         G=p.group_size, HAS_BIAS=bias is not None, BM=cfg.bm, BK=cfg.bk, STAGES=cfg.stages,
         CONSUMERS=cfg.consumers, GROUP=cfg.group, PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs,
-        HAS_SPLIT=split > 1, PINGPONG=cfg.pingpong, PERSISTENT=persistent, STREAM_K=skq > 0, H2=cfg.h2, num_warps=4,
-        **launch_options(cfg))
+        HAS_SPLIT=split > 1, PINGPONG=cfg.pingpong, PERSISTENT=persistent, STREAM_K=skq > 0, H2=cfg.h2,
+        VEC_Y=cfg.vec_y and n % 8 == 0 and y.data_ptr() % 16 == 0, num_warps=4, **launch_options(cfg))
     return y
 
 
@@ -912,7 +950,8 @@ def compile_sm90(cfg: WgmmaConfig, *, n: int = 8192, k: int = 8192, group_size: 
     persistent, stream_k = _grid_flags(cfg, split_k)
     cx = dict(G=group_size, HAS_BIAS=bias, BM=cfg.bm, BK=cfg.bk, STAGES=cfg.stages, CONSUMERS=cfg.consumers,
               GROUP=cfg.group, PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs, HAS_SPLIT=split_k > 1,
-              PINGPONG=cfg.pingpong, PERSISTENT=persistent, STREAM_K=stream_k, H2=cfg.h2)
+              PINGPONG=cfg.pingpong, PERSISTENT=persistent, STREAM_K=stream_k, H2=cfg.h2,
+              VEC_Y=cfg.vec_y and n % 8 == 0)
     names = list(sig)
     sig.update({key: "constexpr" for key in cx})
     attrs = {(names.index(a), ): [["tt.divisibility", 16]] for a in ("y_ptr", "bias_ptr", "ws_ptr", "cnt_ptr")}
@@ -951,7 +990,8 @@ def census(cfg: WgmmaConfig, **kw) -> dict:
                registers=stats["registers"],
                spill_stores=stats["spill_stores"], spill_loads=stats["spill_loads"], stack=stats["stack"],
                local=len(re.findall(r"\b[LS]TL\b", text)), shared=kern.metadata.shared,
-               serialized="serialized" in stats["log"],
+               serialized="serialized" in stats["log"], stg128=len(re.findall(r"\bSTG\.E\.128\b", text)),
+               stg16=len(re.findall(r"\bSTG\.E\.U16\b", text)), stsm=len(re.findall(r"\bSTSM\b", text)),
                setmaxnreg=sorted({int(v) for v in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
                loops=[])
     for body in loops:
