@@ -390,7 +390,7 @@ def test_tune_times_the_leaders_again(monkeypatch):
     assert len(calls) == 13
 
 
-def test_probe_modes_interpreter():
+def test_probe_modes_interpreter(monkeypatch):
     """benchmarks/w4a16_probe.py's kernel modes and their host-side checks: PROBE=1 reads every packed
     word once (checksum), PROBE=2 leaves partials that sum to the product (GEMV slices, decode slots)."""
     import importlib.util
@@ -398,8 +398,9 @@ def test_probe_modes_interpreter():
 
     from flashscale.kernels.w4a16 import DecodeConfig, GemvConfig
 
-    spec = importlib.util.spec_from_file_location(
-        "w4a16_probe", Path(__file__).resolve().parents[2] / "benchmarks" / "w4a16_probe.py")
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench))  # the script imports its neighbour plotting.py, as when run from there
+    spec = importlib.util.spec_from_file_location("w4a16_probe", bench / "w4a16_probe.py")
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     gen = torch.Generator().manual_seed(12)
