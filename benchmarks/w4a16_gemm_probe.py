@@ -15,7 +15,6 @@ Writes DIR/w4a16-gemm-probe-<gpu>.json (rows: impl, config, M, K, N, us, tflops,
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import math
@@ -150,10 +149,9 @@ def main(argv=None) -> int:
                 print(f"  {'flashscale-auto (tuned)':34s} {t:9.1f} us x{t_bf / t:.2f} bf16", flush=True)
             cand = {"all": wg.candidates(m), "none": []}.get(args.candidates, [c for c in wg.candidates(m) if c.bm >= 128])
             todo = list(dict.fromkeys(cand + extra))
-            if "h2" in names:
-                todo += [dataclasses.replace(c, h2=True) for c in todo if not c.h2]
-            if "vy" in names:
-                todo += [dataclasses.replace(c, vec_y=True) for c in todo if not c.vec_y]
+            for name in wg.TWINS:  # h2, then vy: each config so far timed again with that flag
+                if name in names:
+                    todo += [wg.twin(c, name) for c in todo if wg.twin(c, name) != c]
             checks = []  # float64 checks first (w4a16.wgmma_trials): only the correct configs are timed
             trials = wgmma_trials(base, packs, w_bf16, x, m, gen, checks, todo)
             err = {c["config"]: c["rel_err"] for c in checks}

@@ -37,7 +37,7 @@ def _oracle(x, p, bias):
 def _check(x, p, bias, cfg):
     y = wg.w4a16_wgmma(x, p, bias, config=cfg)
     assert y.dtype == x.dtype and y.shape == (x.shape[0], p.out_features) and torch.isfinite(y).all()
-    oracle = w4a16_linear_ref(x.double(), p, None if bias is None else bias.double(), compute_dtype=torch.float64)
+    oracle = _oracle(x, p, bias)
     same = w4a16_linear_ref(x, p, bias, compute_dtype=x.dtype)
     assert _err(y, oracle) <= 2 * _err(same, oracle) + 1e-6, (cfg, _err(y, oracle), _err(same, oracle))
 
@@ -128,7 +128,6 @@ def test_stream_k_tail(cfg, m, n, k):
     torch.testing.assert_close(y.float(), plain.float(), rtol=2e-2, atol=2e-2 * plain.float().abs().max().item())
     torch.cuda.synchronize()
     assert int(wg._workspace(torch.device("cuda", torch.cuda.current_device()), 1, 1)[1].abs().sum()) == 0
-
 
 
 @pytest.mark.gpu

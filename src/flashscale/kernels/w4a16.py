@@ -333,13 +333,10 @@ def _wgmma_configs(m: int, p: PackedW4, twin: str = "") -> list:
     from flashscale.kernels import w4a16_wgmma as wg
 
     ok = [c for c in wg.candidates(m) if wg.config_error(c, p.group_size, p.in_features) is None]
-    flag = {"h2": "h2", "vy": "vec_y"}.get(twin)
     out = []
     for c in ok:
-        out.append(c)
-        t = replace(c, **{flag: True}) if flag else c
-        if t != c and wg.config_error(t, p.group_size, p.in_features) is None:
-            out.append(t)
+        t = wg.twin(c, twin) if twin in wg.TWINS else c
+        out += [c] + ([t] if t != c and wg.config_error(t, p.group_size, p.in_features) is None else [])
     return out
 
 

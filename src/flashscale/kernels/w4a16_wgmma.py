@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -145,12 +145,23 @@ CANDIDATES: dict[int, list[WgmmaConfig]] = {
          WgmmaConfig(bm=64, consumers=1, features=128, bk=64, stages=8, ctas=2)],
     256: [WgmmaConfig(bm=64, consumers=2, stages=6), WgmmaConfig(bm=64, consumers=1, stages=8)] + _BIG
          + [WgmmaConfig(bm=128, consumers=2, stages=4, persistent=True, stream_k=True), _LARGE[0]],
-    2048: _LARGE, 1 << 30: _LARGE,  # M > 2048 (w4a16._GEMM_CANDIDATES' buckets: tuned apart from 257..2048)
+    2048: _LARGE,
+    1 << 30: _LARGE,  # M > 2048 (w4a16._GEMM_CANDIDATES' buckets: tuned apart from 257..2048)
 }
 # Only spill-free configs (sm_90 census, docs/w4a16_gemm.md). Two consumers (12 warps: 168 registers at launch, 240
 # by setmaxnreg) keep the wait(0) loop (wait(1) serializes the wgmma there); one consumer (255) runs the unrolled
 # wait(1) loop.
 # bm >= 128 spills only in the split-K epilogue (36-260 B), so auto split is off for those tiles.
+
+
+# Opt-in variants timed beside each config (FLASHSCALE_W4A16_WGMMA=h2 / vy, the probe's --extra h2 / vy): name -> the
+# WgmmaConfig flag it sets
+TWINS = {"h2": "h2", "vy": "vec_y"}
+
+
+def twin(cfg: WgmmaConfig, name: str) -> WgmmaConfig:
+    """cfg with TWINS[name] set."""
+    return replace(cfg, **{TWINS[name]: True})
 
 
 def candidates(m: int) -> list[WgmmaConfig]:
