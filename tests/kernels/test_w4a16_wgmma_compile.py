@@ -208,3 +208,45 @@ def test_vec_y_store_machine_code(tmp_path_factory):
     for a, b in zip(vy["loops"], plain["loops"], strict=True):  # the same loop, up to ptxas' scheduling (179 -> 182)
         assert a["hgmma"] == b["hgmma"] and a["sts"] == b["sts"] == 0, (a, b)
         assert abs(a["instructions"] - b["instructions"]) <= 0.03 * b["instructions"], (a, b)
+
+
+# The split-K and stream-K fix-ups (w4a16_wgmma._fixup): a forced split of a two-blocks-an-SM config, of a two-consumer
+# config, and the M > 256 leader's stream-K tail (fp16, G = 64, bias, N % 8 != 0)
+_COMPILE_FIXUP = """
+import json, sys, torch
+from flashscale.kernels import w4a16_wgmma as wg
+from flashscale.kernels.aot import sass
+C = wg.WgmmaConfig
+kw = dict(n=2100, k=4160, group_size=64, dtype=torch.float16, bias=True)
+cs = [(C(bm=16, consumers=1, stages=8, ctas=2, split_k=2), 2), (C(bm=64, consumers=2, stages=6, split_k=2), 2),
+      (wg.candidates(4096)[0], 1)]
+json.dump([[c.label(), sass(wg.compile_sm90(c, split_k=s, **kw).asm["cubin"])] for c, s in cs], open(sys.argv[1], "w"))
+"""
+
+
+def test_fixup_ticket_machine_code(tmp_path_factory):
+    """Each consumer's ticket (one a consumer warpgroup: one atomic add per split or stream-K contributor) is taken
+    the way the PTX memory model asks of a release / acquire hand-off (CUTLASS's semaphore): every fp32 partial
+    stored before the warpgroup's barrier, then one thread's MEMBAR.ALL.GPU and the atomic, the L1 invalidated
+    (CCTL.IVALL) after it, and the value reaching the other threads through shared memory behind a second barrier
+    before any of them loads a partial."""
+    from flashscale.kernels.aot import sass_instructions
+
+    rows = _census(tmp_path_factory, _COMPILE_FIXUP, "w4a16_wgmma_fixup")
+    for label, text in rows:
+        ins = [t for _, t in sass_instructions(text)]
+        adds = [i for i, t in enumerate(ins) if "ATOMG.E.ADD" in t]
+        consumers = 2 if "bn128" in label else 1
+        assert len(adds) == consumers, (label, len(adds))
+        for i in adds:
+            assert ins[i].startswith("@P"), (label, ins[i])  # one thread
+            bar = max(j for j in range(i) if "BAR.SYNC" in ins[j])
+            assert any("STG" in t for t in ins[bar - 200:bar]), label  # the partials, before the barrier
+            between = ins[bar + 1:i]
+            assert any("MEMBAR.ALL.GPU" in t for t in between) and not any("STG" in t or "LDG" in t
+                                                                          for t in between), (label, between)
+            assert any("CCTL.IVALL" in t for t in ins[i + 1:i + 3]), (label, ins[i:i + 3])
+            bar2 = next(j for j in range(i + 1, len(ins)) if "BAR.SYNC" in ins[j])
+            assert any(t.startswith(("@P", "STS")) and "STS" in t for t in ins[i:bar2]), label
+            first_ldg = next(j for j in range(i + 1, len(ins)) if "LDG" in ins[j])
+            assert bar2 < first_ldg and any("LDS" in t for t in ins[bar2:first_ldg]), label
