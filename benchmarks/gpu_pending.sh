@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # NEXT: fix41 (session 40: forced split-K / stream-K fix-ups mismatched between calls on an H100; find why before
-# anything else), then vygrid40 (the tuner with the vec_y twins) and h2grid39. Session 40 ran vy40 on the H200.
+# anything else; session 41 got no device to run it), then fix41b, vygrid40 (the tuner with the vec_y twins) and
+# h2grid39. Session 40 ran vy40 on the H200.
 # A results file that comes back gets a "note" before it is committed.
 #
 # GPU steps of sessions 18-29 (2026-12-02/03), kept runnable. Session 28 ran `s28` (docs27's, fa3f28's and fp8n28's
@@ -30,7 +31,8 @@
 #                                                                  # 128-feature consumer: GPU tests, M = 64 probe
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2s38b    # ~7 min: the same probe at M = 256
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh dec38     # ~9 min: 16-token tiles, 2-3 blocks an SM, M 1 / 16
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fix41     # ~9 min: fix-up GPU tests, the repeat script x1 / x8
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fix41     # ~5 min: the repeat script case by case, memcheck, x8
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fix41b    # ~4 min: the fix-up GPU tests
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vy40      # ~5 min (ran, s40): vec_y GPU tests, the probe's A/B
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vygrid40  # ~6 min: the W4A16 grid with the vec_y twins
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh att39     # ~9.5 min: FP8 o_direct, d128c38, fp8c38
@@ -306,11 +308,19 @@ case "${1:-}" in
       --candidates big --extra vy --out "$OUT"
     for f in "$OUT"/w4a16-gemm-probe-*.json; do mv "$f" "${f/probe-/probe-vy-}"; done ;;
   fix41)  # session 40's open item: forced split-K / stream-K fix-ups that mismatched (and, in a diagnosis run, hung
-    # or gave wrong sums) on an H100: the stream-K / split GPU tests, then the repeat script in one process, then in 8
+    # or gave wrong sums) on an H100. Each case of w4a16_fixup_repeat.py in its own process (a hang costs 40 s and
+    # shows where), those two again with FIXUP_FENCE, compute-sanitizer's memcheck on them, then the two as 8
+    # processes at once (each killed after 55 s: session 40's background processes outlived their step's timeout)
+    step repeat1 200 bash -c "for c in 0 3 6 4; do timeout -k 5 35 $PY benchmarks/w4a16_fixup_repeat.py \$c 0 8 \
+      || echo \"case \$c: exit \$?\"; done; for c in 0 3; do echo fence:; FLASHSCALE_W4A16_FIXUP_FENCE=1 \
+      TRITON_CACHE_DIR=/tmp/tc_fence timeout -k 5 35 $PY benchmarks/w4a16_fixup_repeat.py \$c 0 8; done"
+    step memcheck 60 bash -c "for c in 3; do timeout -k 5 50 compute-sanitizer --tool memcheck --print-limit 10 \
+      $PY benchmarks/w4a16_fixup_repeat.py \$c 0 1; done"
+    step repeat8 55 bash -c "for c in 3; do for w in 0 1 2 3 4 5 6 7; do timeout -k 5 45 $PY \
+      benchmarks/w4a16_fixup_repeat.py \$c \$w 4 & done; wait; done" ;;
+  fix41b)  # the fix-up GPU tests
     step sk_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 --show-capture=no --tb=short \
-      tests/kernels/test_w4a16_wgmma_gpu.py -k "stream_k_tail or step_parity_and_split or persistent_equals"
-    step repeat1 150 "$PY" benchmarks/w4a16_fixup_repeat.py 0
-    step repeat8 200 bash -c "for w in 0 1 2 3 4 5 6 7; do $PY benchmarks/w4a16_fixup_repeat.py \$w & done; wait" ;;
+      tests/kernels/test_w4a16_wgmma_gpu.py -k "stream_k_tail or step_parity_and_split or persistent_equals" ;;
   vygrid40)  # the W4A16 grid from M = 256 with the tuner timing each config beside its vec_y twin (tuned: vec_y)
     FLASHSCALE_W4A16_WGMMA=vy step w4a16 330 "$PY" benchmarks/w4a16.py --ms 256,1024,4096 --out "$OUT" ;;
   h2grid39)  # the W4A16 grid from M = 128 with the tuner timing each wgmma config beside its h2 twin (session 39's

@@ -46,6 +46,7 @@ Shapes: x (M, K), qweight (N_pad/16, K_pad/64, 32, 4) int32, sz (NG, N_pad) int3
 from __future__ import annotations
 
 import functools
+import os
 import re
 from dataclasses import dataclass, replace
 
@@ -69,6 +70,8 @@ except ImportError:  # pragma: no cover - depends on the installed triton
 
 SMEM_LIMIT = 232_448  # H100/H200: the most shared memory one block may take
 SMEM_PER_SM = 233_472  # H100/H200: an SM's shared memory (228 KB), 1 KB of it reserved a resident block
+# diagnosis knob (session 41): every consumer thread fences (fence.acq_rel.gpu) around the fix-up's ticket
+FIXUP_FENCE = os.environ.get("FLASHSCALE_W4A16_FIXUP_FENCE", "0") == "1"
 CTA_MAXNREG = {2: 128, 3: 80, 4: 64}  # launch registers a thread for ctas blocks of 8 warps an SM (64 K registers)
 
 
@@ -586,6 +589,15 @@ if HAS_GLUON:
                 _epi_store(q3, 3 * BM // 4, y_ptr, bias_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, M, N, SPLIT_K, C,
                            HAS_BIAS, VEC_Y, BM, BN, MODE)
 
+    _FENCE = gl.constexpr(FIXUP_FENCE)
+
+    @gluon.jit
+    def _fence_gpu():
+        """fence.acq_rel.gpu in every thread of a warpgroup (one element a thread)."""
+        l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[4], order=[0])
+        gl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r,r", [gl.arange(0, 128, layout=l)],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+
     @gluon.jit
     def _fixup(acc, y_ptr, bias_ptr, part_ptr, sum_ptr, cnt_ptr, t, pid_n, pid_m, M, N, COUNT, C: gl.constexpr,
                HAS_BIAS: gl.constexpr, VEC_Y: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, CHUNKS: gl.constexpr,
@@ -596,9 +608,13 @@ if HAS_GLUON:
         ticket back to zero."""
         _epilogue(acc, y_ptr, bias_ptr, part_ptr, cnt_ptr, pid_n, pid_m, M, N, COUNT, C, HAS_BIAS, VEC_Y, BM, BN,
                   CHUNKS, PART)
+        if _FENCE:
+            _fence_gpu()
         gl.thread_barrier()
         tkt = t * CONSUMERS + C
         if gl.atomic_add(cnt_ptr + tkt, 1, sem="acq_rel", scope="gpu") == COUNT - 1:
+            if _FENCE:
+                _fence_gpu()
             _epilogue(acc, y_ptr, bias_ptr, sum_ptr, cnt_ptr, pid_n, pid_m, M, N, COUNT, C, HAS_BIAS, VEC_Y, BM, BN,
                       CHUNKS, SUM)
             gl.atomic_xchg(cnt_ptr + tkt, 0, sem="relaxed", scope="gpu")
