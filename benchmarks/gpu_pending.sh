@@ -31,7 +31,7 @@
 #                                                                  # 128-feature consumer: GPU tests, M = 64 probe
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh h2s38b    # ~7 min: the same probe at M = 256
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh dec38     # ~9 min: 16-token tiles, 2-3 blocks an SM, M 1 / 16
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fix41     # ~5 min: the repeat script case by case, memcheck, x8
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fix41     # ~5-8 min: the repeat script case by case, memcheck, x8
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fix41b    # ~4 min: the fix-up GPU tests
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vy40      # ~5 min (ran, s40): vec_y GPU tests, the probe's A/B
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vygrid40  # ~6 min: the W4A16 grid with the vec_y twins
@@ -310,13 +310,13 @@ case "${1:-}" in
   fix41)  # session 40's open item: forced split-K / stream-K fix-ups that mismatched (and, in a diagnosis run, hung
     # or gave wrong sums) on an H100. Each case of w4a16_fixup_repeat.py in its own process (a hang costs 40 s and
     # shows where), those two again with FIXUP_FENCE, compute-sanitizer's memcheck on them, then the two as 8
-    # processes at once (each killed after 55 s: session 40's background processes outlived their step's timeout)
-    step repeat1 200 bash -c "for c in 0 3 6 4; do timeout -k 5 35 $PY benchmarks/w4a16_fixup_repeat.py \$c 0 8 \
+    # processes at once (each killed after 45 s: session 40's background processes outlived their step's timeout)
+    step repeat1 280 bash -c "for c in 0 3 6 4 1 2 5; do timeout -k 5 35 $PY benchmarks/w4a16_fixup_repeat.py \$c 0 8 \
       || echo \"case \$c: exit \$?\"; done; for c in 0 3; do echo fence:; FLASHSCALE_W4A16_FIXUP_FENCE=1 \
       TRITON_CACHE_DIR=/tmp/tc_fence timeout -k 5 35 $PY benchmarks/w4a16_fixup_repeat.py \$c 0 8; done"
-    step memcheck 60 bash -c "for c in 3; do timeout -k 5 50 compute-sanitizer --tool memcheck --print-limit 10 \
+    step memcheck 110 bash -c "for c in 3 0; do timeout -k 5 50 compute-sanitizer --tool memcheck --print-limit 10 \
       $PY benchmarks/w4a16_fixup_repeat.py \$c 0 1; done"
-    step repeat8 55 bash -c "for c in 3; do for w in 0 1 2 3 4 5 6 7; do timeout -k 5 45 $PY \
+    step repeat8 100 bash -c "for c in 3 0; do for w in 0 1 2 3 4 5 6 7; do timeout -k 5 45 $PY \
       benchmarks/w4a16_fixup_repeat.py \$c \$w 4 & done; wait; done" ;;
   fix41b)  # the fix-up GPU tests
     step sk_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 --show-capture=no --tb=short \
