@@ -162,7 +162,8 @@ def test_vec_y_is_bitwise_the_element_store(cfg, dtype):
 def test_stream_k_plan():
     """Whole tiles a multiple of the programs, every K step of the rest covered once by the programs' runs, at
     most MAXC contributors a tile, and only where the makespan (in K steps) drops; full last waves stay plain;
-    with several token tiles only whole waves go tile by tile and the pieces are aligned (SKQ = ceil(steps / S))."""
+    with several token tiles only whole waves go tile by tile and the pieces are aligned (SKQ = ceil(steps / S));
+    the kernel's first contributor and contributor count of each tile are the programs whose runs meet it."""
     assert wg.stream_k_plan(264, 32, 132, 4) == (264, 0, 0)  # two full waves
     assert wg.stream_k_plan(128, 32, 132, 1) == (128, 0, 0)  # 97 % of one wave: not worth the fix-up
     assert wg.stream_k_plan(448, 32, 132, 4) == (396, 16, 3)  # K 4096 x N 14336 at M 1024: 52 tiles in halves
@@ -181,8 +182,13 @@ def test_stream_k_plan():
                     assert dp // progs * steps + q < waves * steps
                     if m_tiles > 1:
                         assert dp == tiles // progs * progs and q >= min(steps, wg.SK_MIN_STEPS)
-                    for r in range(tiles - dp):
-                        assert ((r + 1) * steps - 1) // q - (r * steps) // q + 1 <= maxc
+                    total = (tiles - dp) * steps
+                    for r in range(tiles - dp):  # the kernel's contributors (_consumer_sk: first, count) are the
+                        first = (r * steps) // q  # programs whose runs [p q, min((p + 1) q, total)) meet the tile
+                        count = ((r + 1) * steps - 1) // q - first + 1
+                        runs = [p for p in range(progs) if p * q < min((p + 1) * q, total, (r + 1) * steps)
+                                and min((p + 1) * q, total) > r * steps]
+                        assert runs == list(range(first, first + count)) and count <= maxc, (tiles, steps, r)
                     assert (tiles - dp) * maxc <= 4 * progs  # the fix-up workspace bound the docstring gives
 
 
