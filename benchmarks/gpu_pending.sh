@@ -313,7 +313,7 @@ case "${1:-}" in
     # processes at once (each killed after 45 s: session 40's background processes outlived their step's timeout)
     step repeat1 280 bash -c "for c in 0 3 6 4 1 2 5; do timeout -k 5 35 $PY benchmarks/w4a16_fixup_repeat.py \$c 0 8 \
       || echo \"case \$c: exit \$?\"; done; for c in 0 3; do echo fence:; FLASHSCALE_W4A16_FIXUP_FENCE=1 \
-      TRITON_CACHE_DIR=/tmp/tc_fence timeout -k 5 35 $PY benchmarks/w4a16_fixup_repeat.py \$c 0 8; done"
+      timeout -k 5 35 $PY benchmarks/w4a16_fixup_repeat.py \$c 0 8; done"
     step memcheck 110 bash -c "for c in 3 0; do timeout -k 5 50 compute-sanitizer --tool memcheck --print-limit 10 \
       $PY benchmarks/w4a16_fixup_repeat.py \$c 0 1; done"
     step repeat8 100 bash -c "for c in 3 0; do for w in 0 1 2 3 4 5 6 7; do timeout -k 5 45 $PY \

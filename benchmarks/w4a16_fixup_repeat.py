@@ -42,6 +42,12 @@ def _tiles(diff: torch.Tensor, bm: int, bn: int) -> list:
     return [(*k.tolist(), int(c)) for k, c in zip(keys[:8], counts[:8])]
 
 
+def _tickets(dev: torch.device) -> int:
+    """The fix-up tickets left after the last call (the kernel puts every one back to zero)."""
+    torch.cuda.synchronize()
+    return int(wg._workspace(dev, 1, 1)[1].abs().sum())
+
+
 def main(case: int, worker: int = 0, reps: int = 10) -> None:
     cfg, dtype, k, n, m = CASES[case]
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -53,8 +59,7 @@ def main(case: int, worker: int = 0, reps: int = 10) -> None:
     tag = f"case {case} w{worker} {cfg.label()} {str(dtype)[6:]} k{k} n{n} m{m}"
     t0 = time.perf_counter()
     first = wg.w4a16_wgmma(x, p, bias, config=cfg)
-    torch.cuda.synchronize()
-    tickets = int(wg._workspace(dev, 1, 1)[1].abs().sum())
+    tickets = _tickets(dev)
     print(f"{tag}: first call {time.perf_counter() - t0:.1f} s, rel. err {_err(first, orc):.2e}, tickets {tickets}, "
           f"bad tiles vs float64 {_tiles((first.double() - orc).abs() > 0.05 * orc.abs().max(), cfg.bm, cfg.bn)}",
           flush=True)
@@ -63,8 +68,7 @@ def main(case: int, worker: int = 0, reps: int = 10) -> None:
         for c in (cfg, dataclasses.replace(cfg, vec_y=True)):
             t0 = time.perf_counter()
             y = wg.w4a16_wgmma(x, p, bias, config=c)
-            torch.cuda.synchronize()
-            tickets = int(wg._workspace(dev, 1, 1)[1].abs().sum())
+            tickets = _tickets(dev)
             if not torch.equal(y, first) or tickets:
                 bad += 1
                 print(f"  rep {rep} vec_y={c.vec_y}: {int((y != first).sum())} differ, rel. err {_err(y, orc):.2e}, "
