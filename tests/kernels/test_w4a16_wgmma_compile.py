@@ -250,3 +250,23 @@ def test_fixup_ticket_machine_code(tmp_path_factory):
             assert any(t.startswith(("@P", "STS")) and "STS" in t for t in ins[i:bar2]), label
             first_ldg = next(j for j in range(i + 1, len(ins)) if "LDG" in ins[j])
             assert bar2 < first_ldg and any("LDS" in t for t in ins[bar2:first_ldg]), label
+
+
+def test_workspace_grows_outside_capture_only(monkeypatch):
+    """The fix-up workspace (partials, tickets) is reused and grown call by call; growing it inside CUDA-graph capture
+    is refused with a message (the tickets' zeros would exist only at replay), reusing it there is fine."""
+    import torch
+
+    dev = torch.device("cuda", 7)  # only the device's type is read before allocating
+    monkeypatch.setitem(wg._WS, dev, [torch.empty(64), torch.zeros(8, dtype=torch.int32)])
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    ws, cnt = wg._workspace(dev, 64, 8)
+    assert ws.numel() == 64 and cnt.numel() == 8
+    for floats, tickets in ((65, 8), (64, 9)):
+        with pytest.raises(RuntimeError, match="inside CUDA-graph capture"):
+            wg._workspace(dev, floats, tickets)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    cpu = torch.device("cpu")
+    monkeypatch.setitem(wg._WS, cpu, [torch.empty(0), torch.zeros(0, dtype=torch.int32)])
+    ws, cnt = wg._workspace(cpu, 100, 10)
+    assert ws.numel() == 100 and cnt.numel() == 10 and not cnt.any()

@@ -879,7 +879,16 @@ _WS: dict[torch.device, list] = {}
 
 
 def _workspace(device: torch.device, floats: int, tickets: int):
-    buf = _WS.setdefault(device, [torch.empty(0, device=device), torch.zeros(0, dtype=torch.int32, device=device)])
+    """(fp32 partials, int32 tickets) of at least floats / tickets, one pair a device, grown as needed. Calls on one
+    device must not overlap in time (one stream). Growing inside CUDA-graph capture fails (the new tickets' zeros
+    would exist only when the graph replays, not for the eager calls after it): run each shape once before."""
+    buf = _WS.get(device)
+    if buf is None:  # (not setdefault: its default would allocate two empty tensors on every call)
+        buf = _WS[device] = [torch.empty(0, device=device), torch.zeros(0, dtype=torch.int32, device=device)]
+    if (buf[0].numel() < floats or buf[1].numel() < tickets) and device.type == "cuda" \
+            and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"the W4A16 wgmma workspace must grow to {floats} floats / {tickets} tickets inside "
+                           "CUDA-graph capture; run each shape once before capturing")
     if buf[0].numel() < floats:
         buf[0] = torch.empty(floats, device=device)
     if buf[1].numel() < tickets:  # tickets are left at zero by the kernel
