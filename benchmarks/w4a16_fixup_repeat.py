@@ -30,7 +30,11 @@ CASES = [(C(bm=16, consumers=1, stages=8, ctas=2, split_k=2), _F16, 1088, 2048, 
          (_LEAD, _F16, 4160, 2100, 300),  # 3: mismatched (s40), vec_y off at launch (N % 8 = 4)
          (_LEAD, _F16, 4160, 2048, 300),  # 4: N % 8 = 0
          (_LEAD, _B16, 4160, 2100, 300),  # 5: bf16
-         (C(bm=64, consumers=2, stages=6, split_k=2), _B16, 1088, 2048, 300)]  # 6: two consumers, split
+         (C(bm=64, consumers=2, stages=6, split_k=2), _B16, 1088, 2048, 300),  # 6: two consumers, split
+         # session 42 (fix41 on an H100: 0-2 and 6 as above, only ctas = 2 wrong, tickets left over): what in ctas = 2
+         (C(bm=16, consumers=1, stages=8, ctas=2, split_k=1), _F16, 1088, 2048, 300),  # 7: no fix-up
+         (C(bm=16, consumers=1, stages=16, split_k=2), _F16, 1088, 2048, 300, 128),  # 8: ctas=2's registers, one block
+         (C(bm=16, consumers=1, stages=8, split_k=2), _F16, 1088, 2048, 300, 128)]  # 9: the same at two blocks an SM
 
 
 def _tiles(diff: torch.Tensor, bm: int, bn: int) -> list:
@@ -49,14 +53,16 @@ def _tickets(dev: torch.device) -> int:
 
 
 def main(case: int, worker: int = 0, reps: int = 10) -> None:
-    cfg, dtype, k, n, m = CASES[case]
+    cfg, dtype, k, n, m = CASES[case][:5]
+    wg.MAXNREG_OVERRIDE = (CASES[case][5:] or (0,))[0]  # launch registers a thread (a diagnosis knob), 0: the config's
     dev = torch.device("cuda", torch.cuda.current_device())
     p = _weight(k, n, 64, seed=k + n)
     torch.manual_seed(worker)
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     bias = torch.randn(n, device="cuda", dtype=dtype)
     orc = _oracle(x, p, bias)
-    tag = f"case {case} w{worker} {cfg.label()} {str(dtype)[6:]} k{k} n{n} m{m}"
+    tag = (f"case {case} w{worker} {cfg.label()} {str(dtype)[6:]} k{k} n{n} m{m}"
+           + (f" maxnreg {wg.MAXNREG_OVERRIDE}" if wg.MAXNREG_OVERRIDE else ""))
     t0 = time.perf_counter()
     first = wg.w4a16_wgmma(x, p, bias, config=cfg)
     tickets = _tickets(dev)
@@ -80,6 +86,6 @@ def main(case: int, worker: int = 0, reps: int = 10) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["list"]:
         for i, case in enumerate(CASES):
-            print(i, case[0].label(), case[1:])
+            print(i, case[0].label(), case[1:])  # a sixth field: the launch registers (MAXNREG_OVERRIDE)
     else:
         main(*(int(a) for a in sys.argv[1:4]))

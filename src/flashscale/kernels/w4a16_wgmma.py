@@ -73,6 +73,9 @@ SMEM_PER_SM = 233_472  # H100/H200: an SM's shared memory (228 KB), 1 KB of it r
 # diagnosis knob (session 41): every consumer thread fences (fence.acq_rel.gpu) around the fix-up's ticket
 FIXUP_FENCE = os.environ.get("FLASHSCALE_W4A16_FIXUP_FENCE", "0") == "1"
 CTA_MAXNREG = {2: 128, 3: 80, 4: 64}  # launch registers a thread for ctas blocks of 8 warps an SM (64 K registers)
+# diagnosis knob (session 42): launch registers a thread for every config (0: CTA_MAXNREG's), to tell the register
+# cap from two resident blocks in the ctas = 2 fix-up failures (benchmarks/w4a16_fixup_repeat.py)
+MAXNREG_OVERRIDE = int(os.environ.get("FLASHSCALE_W4A16_MAXNREG", "0"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,6 +228,8 @@ def config_error(cfg: WgmmaConfig, group_size: int = 128, k: int | None = None) 
 def launch_options(cfg: WgmmaConfig) -> dict:
     """Compile options beyond num_warps: ctas blocks an SM cap the launch registers (CTA_MAXNREG: 8 warps x 128 x 2
     = the SM's 64 K); setmaxnreg then gives the consumer 232 / 136 / 104 and the producer 24 (sm_90 census)."""
+    if MAXNREG_OVERRIDE:
+        return {"maxnreg": MAXNREG_OVERRIDE}
     return {"maxnreg": CTA_MAXNREG[cfg.ctas]} if cfg.ctas in CTA_MAXNREG else {}
 
 
