@@ -3,7 +3,7 @@
     python benchmarks/w4a16_tune_timing.py [--cells 4096x14336x1024,8192x8192x4096] [--rounds 3]
 
 For each cell (K x N x M, group 128) and config (the persistent stream-K leader, the one-tile bk64 config, bm256 x
-bn64 with one consumer) it prints, per round: `_time` (flashscale.kernels.w4a16._time: the tuner's own timing over
+bn64 with one consumer) it prints, per round: `_time` (flashscale.kernels.w4a16_tune._time: the tuner's own timing over
 its weight ring), `graph` (triton's do_bench_cudagraph over benchmarks/w4a16.py's weight copies, as the grid times
 a cell), `graph1` (do_bench_cudagraph on one weight), and _time's method with one difference from do_bench_cudagraph
 at a time (_time's knobs: a side stream, a synchronize after each replay, 60 ms replays); then cuBLAS, and the tuner
@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from w4a16 import random_packed, weight_copies  # noqa: E402
 
 from flashscale.kernels import w4a16 as K  # noqa: E402
+from flashscale.kernels import w4a16_tune as T  # noqa: E402
 from flashscale.kernels import w4a16_wgmma as wg  # noqa: E402
 from flashscale.reference.w4a16 import dequantize_w4  # noqa: E402
 
@@ -76,18 +77,18 @@ def cell(k: int, n: int, m: int, rounds: int, gen: torch.Generator) -> None:
         print(f"   {name:5s} " + "  ".join(f"{kind} " + " ".join(f"{v:7.1f}" for v in vals) for kind, vals in r.items()),
               flush=True)
     print(f"   cublas {cb:.1f} us", flush=True)
-    log, orig = [], K._time
+    log, orig = [], T._time
 
     def logged(launch_, c, s, ring_=()):
         v = orig(launch_, c, s, ring_)
         log.append((c.label() if hasattr(c, "label") else type(c).__name__, round(v * 1e3, 1)))
         return v
 
-    K._time = logged
+    T._time = logged  # where _tune reads it
     try:
         K.w4a16_matmul(x, p)
     finally:
-        K._time = orig
+        T._time = orig
     print("   tuner:", [t for t in log if t[0] != "GemmConfig"], flush=True)
 
 

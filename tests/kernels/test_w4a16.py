@@ -359,7 +359,7 @@ def test_tune_times_the_leaders_again(monkeypatch):
     round's winner alone; configs that do not fit are skipped; the choice is cached under the key."""
     from triton.runtime.errors import OutOfResources
 
-    from flashscale.kernels import w4a16
+    from flashscale.kernels import w4a16, w4a16_tune
 
     cands = [w4a16.GemmConfig(bm=16, bn=64, bk=128, num_stages=s) for s in (2, 3, 4, 5, 6)]
     times = {2: [11.0, 9.0, 9.2, 9.1], 3: [10.0, 8.5, 10.5, 10.4], 4: [12.0] * 4, 5: [20.0]}  # 6: OutOfResources
@@ -373,12 +373,12 @@ def test_tune_times_the_leaders_again(monkeypatch):
         if c.num_stages == 6:
             raise OutOfResources(1, 0, "shared memory")
 
-    monkeypatch.setattr(w4a16, "_AUTOTUNE", True)
-    monkeypatch.setattr(w4a16, "WARM_MS", 0.0)
-    monkeypatch.setattr(w4a16, "_interpreting", lambda: False)
+    monkeypatch.setattr(w4a16_tune, "_AUTOTUNE", True)  # the tuner's knobs, where _tune reads them
+    monkeypatch.setattr(w4a16_tune, "WARM_MS", 0.0)
+    monkeypatch.setattr(w4a16_tune, "_interpreting", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(w4a16, "_split_options", lambda *a: [1])
-    monkeypatch.setattr(w4a16, "_time", fake_time)
+    monkeypatch.setattr(w4a16_tune, "_split_options", lambda *a: [1])
+    monkeypatch.setattr(w4a16_tune, "_time", fake_time)
     key = ("gemm", 16, 64, 128, 128, "bfloat16", "noperm", "test-gpu")
     monkeypatch.setitem(w4a16._TUNED, key, None)  # so that monkeypatch removes the key afterwards
     del w4a16._TUNED[key]

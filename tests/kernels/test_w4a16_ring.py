@@ -201,7 +201,7 @@ def _probe():
 
 
 def test_probe_ring_rows_interpreter(monkeypatch):
-    from flashscale.kernels import w4a16_ring as WR
+    from flashscale.kernels import w4a16_ring_config as WR  # configs_for reads RING_CONFIGS there
 
     probe = _probe()
     monkeypatch.setattr(WR, "RING_CONFIGS", [RingConfig(bn=16, kt=2, num_warps=1, ring=2, per_sm=2),
