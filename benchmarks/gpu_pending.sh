@@ -33,6 +33,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh dec38     # ~9 min: 16-token tiles, 2-3 blocks an SM, M 1 / 16
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fix41     # ~5-8 min: the repeat script case by case, memcheck, x8
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fix41b    # ~4 min: the fix-up GPU tests
+#   device run:  OUT=$OUT FIX42_DIAG=snap bash benchmarks/gpu_pending.sh fix42  # ~6 min: cases 7-9, fix-up tests
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vy40      # ~5 min (ran, s40): vec_y GPU tests, the probe's A/B
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vygrid40  # ~6 min: the W4A16 grid with the vec_y twins
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh att39     # ~9.5 min: FP8 o_direct, d128c38, fp8c38
@@ -318,6 +319,15 @@ case "${1:-}" in
       $PY benchmarks/w4a16_fixup_repeat.py \$c 0 1; done"
     step repeat8 100 bash -c "for c in 3 0; do for w in 0 1 2 3 4 5 6 7; do timeout -k 5 45 $PY \
       benchmarks/w4a16_fixup_repeat.py \$c \$w 4 & done; wait; done" ;;
+  fix42)  # fix41's answer: only ctas = 2 with a split was wrong. Cases 7-9 of w4a16_fixup_repeat.py (ctas = 2 without
+    # a split; ctas = 2's register cap at one block an SM; the cap at two blocks an SM) and case 0 again, run from
+    # $FIX42_DIAG (a tree where a forced split of ctas = 2 still launches: the fix refuses it), then the fix-up GPU
+    # tests of this tree (ctas > 1 never splits)
+    step diag42 200 bash -c "cd ${FIX42_DIAG:-.} && export PYTHONPATH=\$PWD/src && for c in 7 8 9 0; do \
+      timeout -k 5 35 $PY benchmarks/w4a16_fixup_repeat.py \$c 0 8 || echo \"case \$c: exit \$?\"; done"
+    step fix_tests 280 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 --show-capture=no --tb=short \
+      tests/kernels/test_w4a16_wgmma_gpu.py -k "fixups_repeat or stream_k_tail or step_parity_and_split or \
+      persistent_equals or two_blocks_an_sm or plan_split" ;;
   fix41b)  # the fix-up GPU tests
     step sk_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 --show-capture=no --tb=short \
       tests/kernels/test_w4a16_wgmma_gpu.py -k "stream_k_tail or step_parity_and_split or persistent_equals" ;;

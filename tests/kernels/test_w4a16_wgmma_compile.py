@@ -210,7 +210,7 @@ def test_vec_y_store_machine_code(tmp_path_factory):
         assert abs(a["instructions"] - b["instructions"]) <= 0.03 * b["instructions"], (a, b)
 
 
-# The split-K and stream-K fix-ups (w4a16_wgmma._fixup): a forced split of a two-blocks-an-SM config, of a two-consumer
+# The split-K and stream-K fix-ups (w4a16_wgmma._fixup): a forced split of a one-consumer config, of a two-consumer
 # config, and the M > 256 leader's stream-K tail (fp16, G = 64, bias, N % 8 != 0)
 _COMPILE_FIXUP = """
 import json, sys, torch
@@ -218,7 +218,7 @@ from flashscale.kernels import w4a16_wgmma as wg
 from flashscale.kernels.aot import sass
 C = wg.WgmmaConfig
 kw = dict(n=2100, k=4160, group_size=64, dtype=torch.float16, bias=True)
-cs = [(C(bm=16, consumers=1, stages=8, ctas=2, split_k=2), 2), (C(bm=64, consumers=2, stages=6, split_k=2), 2),
+cs = [(C(bm=16, consumers=1, stages=8, split_k=2), 2), (C(bm=64, consumers=2, stages=6, split_k=2), 2),
       (wg.candidates(4096)[0], 1)]
 json.dump([[c.label(), sass(wg.compile_sm90(c, split_k=s, **kw).asm["cubin"])] for c, s in cs], open(sys.argv[1], "w"))
 """

@@ -212,6 +212,9 @@ def config_error(cfg: WgmmaConfig, group_size: int = 128, k: int | None = None) 
         return f"{smem_bytes(cfg, g)} B of shared memory > {SMEM_LIMIT}"
     if cfg.ctas not in (1, 2, 3, 4):
         return f"ctas={cfg.ctas}: 1, 2, 3 or 4 blocks an SM"
+    if cfg.ctas > 1 and cfg.split_k > 1:
+        return (f"ctas={cfg.ctas} takes split_k 0 or 1: the split-K fix-up (tickets) of two blocks an SM gave wrong "
+                "sums and left tickets behind on an H100 (docs/w4a16_gemm.md, session 42)")
     if cfg.ctas > 1 and cfg.consumers != 1:
         return f"ctas={cfg.ctas} takes consumers=1 (two blocks of 12 warps would get 85 registers a thread)"
     if cfg.ctas >= 3 and (cfg.bm != 16 or (cfg.ctas == 4 and cfg.bk != 64)):
@@ -874,9 +877,10 @@ def auto_split(tiles: int, k_steps: int, num_sms: int) -> int:
 
 
 def plan_split(cfg: WgmmaConfig, tiles: int, k_steps: int, num_sms: int) -> int:
-    """K splits of a launch: cfg.split_k, else auto_split over the resident blocks (SMs x cfg.ctas) for token tiles
-    <= 64 (the split epilogue of bm >= 128 spills, docs/w4a16_gemm.md) and 1 above; never more than the K steps."""
-    split = cfg.split_k or (auto_split(tiles, k_steps, num_sms * cfg.ctas) if cfg.bm <= 64 else 1)
+    """K splits of a launch: cfg.split_k, else auto_split over the SMs for token tiles <= 64 in one block an SM (the
+    split epilogue of bm >= 128 spills; ctas > 1 with a split gave wrong sums: docs/w4a16_gemm.md) and 1 otherwise;
+    never more than the K steps."""
+    split = cfg.split_k or (auto_split(tiles, k_steps, num_sms) if cfg.bm <= 64 and cfg.ctas == 1 else 1)
     return max(1, min(split, k_steps))
 
 
