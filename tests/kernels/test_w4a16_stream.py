@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _probe():
+    if str(ROOT / "benchmarks") not in sys.path:  # the script imports its neighbour plotting.py, as when run there
+        sys.path.insert(0, str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location("w4a16_probe", ROOT / "benchmarks" / "w4a16_probe.py")
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
