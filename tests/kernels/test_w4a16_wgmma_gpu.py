@@ -169,8 +169,8 @@ def test_vec_y_is_bitwise_the_element_store(cfg, dtype):
     the accumulator's layout: every candidate, N a multiple of the tile (the token mask alone), N % 8 == 0 past the
     last tile (element stores in that tile), N % 8 != 0 (vec_y off at launch), ragged M, bias, automatic split-K
     (bm <= 64) and the stream-K tail at 300 tokens (the fix-ups' sums), an `out` 8 bytes off 16-byte alignment (vec_y
-    off); y's other bytes kept. Not here: forced split-K at K 1088 x N 2048 and the stream-K tail at K 4160 x N 2100,
-    which mismatched in session 40 (one with vec_y off at launch): benchmarks/w4a16_fixup_repeat.py."""
+    off); y's other bytes kept. The fix-ups called again and again (session 40's mismatches: a forced split of two
+    blocks an SM, now refused, and the stream-K tail at K 4160 x N 2100): test_fixups_repeat_bitwise."""
     vy = dataclasses.replace(cfg, vec_y=True)
     for k, n in ((1024, 384), (1088, 200), (1024, 270)):
         p = _weight(k, n, 64, seed=k + n)
