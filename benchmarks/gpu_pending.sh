@@ -323,9 +323,9 @@ case "${1:-}" in
     # a split; ctas = 2's register cap at one block an SM; the cap at two blocks an SM) and case 0 again, run from
     # $FIX42_DIAG (a tree where a forced split of ctas = 2 still launches: the fix refuses it), then the fix-up GPU
     # tests of this tree (ctas > 1 never splits)
-    step diag42 200 bash -c "cd ${FIX42_DIAG:-.} && export PYTHONPATH=\$PWD/src && for c in 7 8 9 0; do \
+    step diag42 130 bash -c "cd ${FIX42_DIAG:-.} && export PYTHONPATH=\$PWD/src && for c in 7 8 9 0; do \
       timeout -k 5 35 $PY benchmarks/w4a16_fixup_repeat.py \$c 0 8 || echo \"case \$c: exit \$?\"; done"
-    step fix_tests 280 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 --show-capture=no --tb=short \
+    step fix_tests 220 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 --show-capture=no --tb=short \
       tests/kernels/test_w4a16_wgmma_gpu.py -k "fixups_repeat or stream_k_tail or step_parity_and_split or \
       persistent_equals or two_blocks_an_sm or plan_split" ;;
   fix41b)  # the fix-up GPU tests
