@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# NEXT: fix41 (session 40: forced split-K / stream-K fix-ups mismatched between calls on an H100; find why before
-# anything else; session 41 got no device to run it), then fix41b, vygrid40 (the tuner with the vec_y twins) and
-# h2grid39. Session 40 ran vy40 on the H200.
+# NEXT: grid42 on an H200 (the M = 16 / 64 rows after ctas > 1 lost its split), then vygrid40 (the tuner with the
+# vec_y twins) and h2grid39. Session 42 ran fix41 and fix42 (H100): the fix-up fails only with two resident blocks.
 # A results file that comes back gets a "note" before it is committed.
 #
 # GPU steps of sessions 18-29 (2026-12-02/03), kept runnable. Session 28 ran `s28` (docs27's, fa3f28's and fp8n28's
@@ -33,7 +32,8 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh dec38     # ~9 min: 16-token tiles, 2-3 blocks an SM, M 1 / 16
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fix41     # ~5-8 min: the repeat script case by case, memcheck, x8
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fix41b    # ~4 min: the fix-up GPU tests
-#   device run:  OUT=$OUT FIX42_DIAG=snap bash benchmarks/gpu_pending.sh fix42  # ~6 min: cases 7-9, fix-up tests
+#   device run:  OUT=$OUT FIX42_DIAG=snap bash benchmarks/gpu_pending.sh fix42  # ~3 min (ran, s42): cases 7-9, tests
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid42    # ~5 min, H200: the M = 16 / 64 rows re-measured
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vy40      # ~5 min (ran, s40): vec_y GPU tests, the probe's A/B
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vygrid40  # ~6 min: the W4A16 grid with the vec_y twins
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh att39     # ~9.5 min: FP8 o_direct, d128c38, fp8c38
@@ -328,6 +328,10 @@ case "${1:-}" in
     step fix_tests 220 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 --show-capture=no --tb=short \
       tests/kernels/test_w4a16_wgmma_gpu.py -k "fixups_repeat or stream_k_tail or step_parity_and_split or \
       persistent_equals or two_blocks_an_sm or plan_split" ;;
+  grid42)  # the five M = 16 / 64 rows of results/w4a16-h200.json timed with ctas = 2 under the automatic split (now
+    # refused, session 42) re-measured: the M = 16 and 64 grid, merged into the results (H200 only: the file's GPU)
+    cp benchmarks/results/w4a16-h200.json "$OUT/w4a16-h200-merged.json"
+    step w4a16 330 "$PY" benchmarks/w4a16.py --ms 16,64 --out "$OUT" --merge-into "$OUT/w4a16-h200-merged.json" ;;
   fix41b)  # the fix-up GPU tests
     step sk_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 --show-capture=no --tb=short \
       tests/kernels/test_w4a16_wgmma_gpu.py -k "stream_k_tail or step_parity_and_split or persistent_equals" ;;
