@@ -20,6 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"
 from test_w4a16_wgmma_gpu import _err, _oracle, _weight  # noqa: E402
 
 from flashscale.kernels import w4a16_wgmma as wg  # noqa: E402
+# MAXNREG_OVERRIDE lives in w4a16_wgmma_config, where launch_options reads it at every call
+from flashscale.kernels import w4a16_wgmma_config as wgc  # noqa: E402
 
 C = wg.WgmmaConfig
 _LEAD = C(bm=256, consumers=2, stages=3, pingpong=True, persistent=True, stream_k=True)
@@ -54,7 +56,7 @@ def _tickets(dev: torch.device) -> int:
 
 def main(case: int, worker: int = 0, reps: int = 10) -> None:
     cfg, dtype, k, n, m = CASES[case][:5]
-    wg.MAXNREG_OVERRIDE = (CASES[case][5:] or (0,))[0]  # launch registers a thread (a diagnosis knob), 0: the config's
+    wgc.MAXNREG_OVERRIDE = (CASES[case][5:] or (0,))[0]  # launch registers a thread (a diagnosis knob), 0: the config's
     dev = torch.device("cuda", torch.cuda.current_device())
     p = _weight(k, n, 64, seed=k + n)
     torch.manual_seed(worker)
@@ -62,7 +64,7 @@ def main(case: int, worker: int = 0, reps: int = 10) -> None:
     bias = torch.randn(n, device="cuda", dtype=dtype)
     orc = _oracle(x, p, bias)
     tag = (f"case {case} w{worker} {cfg.label()} {str(dtype)[6:]} k{k} n{n} m{m}"
-           + (f" maxnreg {wg.MAXNREG_OVERRIDE}" if wg.MAXNREG_OVERRIDE else ""))
+           + (f" maxnreg {wgc.MAXNREG_OVERRIDE}" if wgc.MAXNREG_OVERRIDE else ""))
     t0 = time.perf_counter()
     first = wg.w4a16_wgmma(x, p, bias, config=cfg)
     tickets = _tickets(dev)
