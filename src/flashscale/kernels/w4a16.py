@@ -3,7 +3,7 @@
     M == 1      w4a16_gemv.py   CUDA-core matrix-vector, split-K over the 132 SMs
     M >= 2      w4a16_gemm.py   tensor cores (swap AB, weights as the register operand); split-K
                                 while the tiles cannot fill the machine (decode), tiles grow with M
-    M <= 16     w4a16_gemv.py   w4a16_decode_kernel: mma.sync on packed-half dequantization, stream-K
+    M <= 16     w4a16_decode.py w4a16_decode_kernel: mma.sync on packed-half dequantization, stream-K
                                 over one persistent wave; extra autotune candidates of the M = 1 and
                                 M <= 16 buckets (docs/w4a16_decode.md)
     M <= 8      w4a16_ring.py   the same math on a register ring of whole items; extra candidates of the

@@ -144,7 +144,7 @@ def split_k_workspace(device: torch.device, numel: int) -> tuple[torch.Tensor, t
     return ws
 
 
-# ---- tensor-core decode (w4a16_gemv.w4a16_decode_kernel): nibble pairs -> 16-bit pairs -> mma.sync
+# ---- tensor-core decode (w4a16_decode.w4a16_decode_kernel): nibble pairs -> 16-bit pairs -> mma.sync
 #
 # A PackedW4 word is lane L's share of one 16x16 A fragment of mma.m16n8k16 (w4a16_pack): nibble
 # j = 4*k3 + 2*n3 + k0 is W[row g + 8 n3][k 2t + k0 + 8 k3] (g = L // 4, t = L % 4). A LOP3 with a

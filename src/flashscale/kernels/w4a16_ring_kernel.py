@@ -2,7 +2,7 @@
 split-K flush, the item ranges). Apart from its configs and plan (w4a16_ring_config.py) and its launcher
 (w4a16_ring.py, docs/w4a16_decode.md "Round 5"); the design it implements:
 
-The math is the stream-K decode kernel's (w4a16_gemv.w4a16_decode_kernel, w4a16_common "tensor-core decode"):
+The math is the stream-K decode kernel's (w4a16_decode.w4a16_decode_kernel, w4a16_common "tensor-core decode"):
 a packed word is one lane's share of an mma.m16n8k16 A fragment; 3 shifts + 4 LOP3 turn it into four pairs of
 16-bit floats D_UNIT (OFF + q), one HMMA a word multiplies them by x, and the zero point and the group scale are
 applied once per item and row in fp32: acc += s D - (OFF + z) s sum(x) (sum(x) from one more MMA with A = 1).
