@@ -27,7 +27,7 @@ C = wg.WgmmaConfig
 _LEAD = C(bm=256, consumers=2, stages=3, pingpong=True, persistent=True, stream_k=True)
 _F16, _B16 = torch.float16, torch.bfloat16
 CASES = [(C(bm=16, consumers=1, stages=8, ctas=2, split_k=2), _F16, 1088, 2048, 300),  # 0: wrong (s40-42), refused now
-         (C(bm=16, consumers=1, stages=8, ctas=2, split_k=2), _B16, 1088, 2048, 300),  # 1: bf16 (case 9: 0 allowed)
+         (C(bm=16, consumers=1, stages=8, ctas=2, split_k=2), _B16, 1088, 2048, 300),  # 1: bf16 (case 9: 0, allowed)
          (C(bm=16, consumers=1, stages=8, split_k=2), _F16, 1088, 2048, 300),  # 2: one block an SM
          (_LEAD, _F16, 4160, 2100, 300),  # 3: mismatched (s40), vec_y off at launch (N % 8 = 4)
          (_LEAD, _F16, 4160, 2048, 300),  # 4: N % 8 = 0
