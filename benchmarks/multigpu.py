@@ -64,6 +64,9 @@ from flashscale.train.engine import OptimConfig  # noqa: E402
 from flashscale.train.metrics import mfu, peak_flops  # noqa: E402
 
 GB = 1e9
+# the fields of a results row the issue names (flat records, one table over every part)
+ROW_FIELDS = ("impl", "model", "gpus", "layout", "tokens_per_s_per_gpu", "mfu", "peak_mem_gb", "predicted_peak_gb",
+              "max_loss_rel_diff", "bubble_measured", "bubble_formula")
 
 
 def parse_args(argv=None):
@@ -612,6 +615,9 @@ def merge(args) -> int:
     predict_memory(rows)  # again over all files: a 1-GPU row takes the activations measured at ZeRO-0 on N
     if not rows:
         raise SystemExit(f"no part-*.json files in {args.merge}")
+    for r in rows:  # every row carries the issue's fields (None where a part does not measure one): one flat table
+        for key in ROW_FIELDS:
+            r.setdefault(key, None)
     kind = args.kind or meta.get("kind", "unknown")
     result = {"benchmark": "multigpu", "kind": kind, "gpu": meta.get("gpu"), "torch": meta.get("torch"),
               "triton": meta.get("triton"), "date": meta.get("date"),
