@@ -6,6 +6,7 @@ torch's FSDP2 beside them, and a results file with the fields the issue names.""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -79,8 +80,5 @@ def test_scaling_rows_beside_fsdp2_and_merge_format(part):
     assert len(res["rows"]) == len(d["rows"])
     for r in res["rows"]:
         assert ROW_FIELDS <= set(r), sorted(ROW_FIELDS - set(r))
-    try:  # the plot needs matplotlib, which the test install does not bring (merge skips it without)
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return
-    assert (out / "multigpu-cpu-smoke.png").stat().st_size > 0
+    if importlib.util.find_spec("matplotlib") is not None:  # the test install has none; --merge skips the plot then
+        assert (out / "multigpu-cpu-smoke.png").stat().st_size > 0
