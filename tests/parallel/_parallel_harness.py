@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -141,6 +142,30 @@ def launch(world: int, jobs: list[dict], *, timeout: float = 300.0, tmp: str | N
         tails = "\n".join(f"--- rank {r} ---\n" + (root / f"log-{r}.txt").read_text()[-3000:] for r in range(world))
         raise AssertionError(f"parallel launch of {world} processes failed: {failed}\n{tails}")
     return [torch.load(root / f"result-{r}.pt", weights_only=False) for r in range(world)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(args: list[str], cwd: Path, *, env: dict | None = None, timeout: float = 600) -> str:
+    """`torchrun --nproc-per-node 2` (c10d rendezvous on a free local port) with args; its output. On a timeout the
+    whole session (torchrun and the workers it started) is killed; a non-zero exit fails with the output's tail."""
+    cmd = [str(Path(sys.executable).with_name("torchrun")), "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)  # torchrun and the workers it started (their own session)
+        out, _ = proc.communicate()
+        raise AssertionError(f"torchrun timed out:\n{out[-4000:]}") from None
+    assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{out[-4000:]}"
+    return out
 
 
 def assemble_weights(rank_results: list[dict]) -> dict[str, torch.Tensor]:

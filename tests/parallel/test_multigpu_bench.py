@@ -9,45 +9,27 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _parallel_harness as H  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "multigpu.py"
+CPU = {"CUDA_VISIBLE_DEVICES": ""}  # gloo on the CPU on any machine
 ROW_FIELDS = {"impl", "model", "gpus", "layout", "tokens_per_s_per_gpu", "mfu", "peak_mem_gb", "predicted_peak_gb",
               "max_loss_rel_diff", "bubble_measured", "bubble_formula"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run(cmd: list[str], timeout: float = 600) -> str:
-    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")  # gloo on the CPU on any machine
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)  # torchrun and its workers (their own session)
-        out, _ = proc.communicate()
-        raise AssertionError(f"{cmd[:3]} timed out:\n{out[-4000:]}") from None
-    assert proc.returncode == 0, f"{cmd[:3]} failed ({proc.returncode}):\n{out[-4000:]}"
-    return out
 
 
 @pytest.fixture(scope="module")
 def part(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("multigpu")
-    torchrun = Path(sys.executable).with_name("torchrun")
-    _run([str(torchrun), "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-          f"127.0.0.1:{_free_port()}", str(SCRIPT), "--smoke", "--tmp", str(tmp / "parts")])
+    H.torchrun([str(SCRIPT), "--smoke", "--tmp", str(tmp / "parts")], ROOT, env=CPU)
     files = list((tmp / "parts").glob("part-2*.json"))
     assert len(files) == 1, files
     return tmp, json.loads(files[0].read_text())
@@ -74,7 +56,8 @@ def test_scaling_rows_beside_fsdp2_and_merge_format(part):
     assert {r["impl"] for r in scaling} == {"flashscale", "fsdp2"}
     assert all(r["gpus"] == 2 and r["tokens_per_s_per_gpu"] > 0 for r in scaling), scaling
     out = tmp / "results"
-    _run([sys.executable, str(SCRIPT), "--merge", str(tmp / "parts"), "--kind", "cpu-smoke", "--out", str(out)])
+    subprocess.run([sys.executable, str(SCRIPT), "--merge", str(tmp / "parts"), "--kind", "cpu-smoke", "--out",
+                    str(out)], cwd=ROOT, env=dict(os.environ, **CPU), check=True, capture_output=True, timeout=300)
     res = json.loads((out / "multigpu-cpu-smoke.json").read_text())
     assert {"gpu", "torch", "triton", "date", "rows"} <= set(res)
     assert len(res["rows"]) == len(d["rows"])

@@ -4,16 +4,17 @@ with two processes, a checkpoint at one layout resumed at another (slow)."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from flashscale.cli import main
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _parallel_harness as H  # noqa: E402
+
+from flashscale.cli import main  # noqa: E402
 
 STEPS = 4
 COMMON = ["tiny", "--train.steps", str(STEPS), "--train.micro_batches", "2", "--log.every", "1",
@@ -60,26 +61,8 @@ def test_impossible_layout_is_a_one_line_user_error(tmp_path, capsys):
     assert "world size 1 is not divisible by tp * pp = 3 * 1" in err and err.count("\n") == 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun(args: list[str], cwd: Path, timeout: float = 600) -> None:
-    torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-           f"127.0.0.1:{_free_port()}", "-m", "flashscale", "train", *args]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)  # torchrun and the workers it started (their own session)
-        out, _ = proc.communicate()
-        raise AssertionError(f"torchrun timed out:\n{out[-4000:]}") from None
-    assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{out[-4000:]}"
+    H.torchrun(["-m", "flashscale", "train", *args], cwd, timeout=timeout)
 
 
 @pytest.mark.slow
