@@ -290,3 +290,61 @@ def test_fold_scale_makes_the_softmax_one_ffma_an_element(tmp_path):
         plain, fold = res[f"d{d}_False"], res[f"d{d}_True"]
         assert fold["ffma"] >= plain["ffma"] + 64 and fold["fmul"] <= plain["fmul"] - 62, (plain, fold)
         assert fold["n"] <= plain["n"] - 60 and fold["spills"] <= plain["spills"], (plain, fold)
+
+
+_COMPILE_LAZY = """
+import json, re, sys
+from triton._C.libtriton import gluon_ir, ir
+from triton.experimental.gluon import language as gl
+from flashscale.kernels import attention_fa3 as fa3
+from flashscale.kernels.aot import branch_target, ptxas_stats, sass, sass_key_loops, sass_opcode
+res = {}
+for d, causal, name in ((128, False, "pp_persist_fold"), (128, True, "pp_persist_dyn_fold"), (256, False, "pp"),
+                        (256, True, "pp"), (64, False, "pp3_m192_fold")):
+    for lazy in (False, True):
+        k = fa3.compile_sm90(d, causal, config=fa3.TUNING_CONFIGS[d][name + ("_lazy" if lazy else "")])
+        loops = sass_key_loops(sass(k.asm["cubin"]))
+        out = []
+        for loop in loops:
+            # the accumulator's in-place multiplies (FMUL Rx, Rx, Ry), and those a predicated forward branch jumps
+            # over with nothing else between it and its target
+            inplace = {a for a, t in loop if re.match(r"FMUL (R\\d+), \\1, R\\d+", t)}
+            inside = set()
+            for a, t in loop:
+                hi = branch_target(t)
+                if sass_opcode(t) == "BRA" and t.startswith("@") and hi is not None and hi > a:
+                    body = {b for b, _ in loop if a < b < hi}
+                    if body and body <= inplace:
+                        inside |= body
+            out.append(dict(n=len(loop), inplace=len(inplace), skippable=len(inside),
+                            local=sum(sass_opcode(t) in ("LDL", "STL") for _, t in loop)))
+        res[f"d{d}_{causal}_{lazy}"] = dict(loops=out, spills=ptxas_stats(k.asm["ptx"])["spill_stores"])
+ctx = ir.context()
+ir.load_dialects(ctx)
+b = gluon_ir.GluonOpBuilder(ctx)
+for d in fa3.HEAD_DIMS:
+    acc = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, d, 16])
+    res[f"layout_{d}"] = b.to_linear_layout(acc._to_ir(b), [64, d]).reg_bases
+json.dump(res, open(sys.argv[1] + "/lazy.json", "w"))
+"""
+
+
+def test_lazy_rescale_branches_around_the_rescale(tmp_path):
+    # lazy_rescale: every in-place multiply of O by alpha (D / 2 a thread) sits behind a forward branch that
+    # skips it when the two rows of its 16 registers kept their max, the key loop gains few instructions for it,
+    # and no key loop spills that did not before. _RESCALE_16 reads alpha of registers 0 and 2 of each 16 as
+    # the rows of all 16: the accumulator layout's register bits are (column 1, row 8, then columns only).
+    compile_offline(_COMPILE_LAZY, str(tmp_path), what="sm_90 compile of the lazy_rescale variants")
+    res = json.loads((tmp_path / "lazy.json").read_text())
+    for d in fa3.HEAD_DIMS:
+        bases = res[f"layout_{d}"]
+        assert bases[0] == [0, 1] and bases[1] == [8, 0], bases
+        assert all(r == 0 for r, _ in bases[2:]), bases
+    for key in ("d128_False", "d128_True", "d256_False", "d256_True", "d64_False"):
+        d = int(key[1:key.index("_")])
+        plain, lazy = res[key + "_False"], res[key + "_True"]
+        assert len(plain["loops"]) == len(lazy["loops"]) >= 2
+        for lp, lz in zip(plain["loops"], lazy["loops"]):
+            assert lp["skippable"] == 0 and lz["skippable"] >= d // 2, (key, lp, lz)
+            assert lz["n"] - lp["n"] <= 40, (key, lp, lz)
+            assert lz["local"] <= lp["local"] + 2, (key, lp, lz)
