@@ -33,7 +33,6 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fix41     # ~5-8 min: the repeat script case by case, memcheck, x8
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fix41b    # ~4 min: the fix-up GPU tests
 #   device run:  OUT=$OUT FIX42_DIAG=snap bash benchmarks/gpu_pending.sh fix42  # ~3 min (ran, s42): cases 7-9, tests
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh lazy43    # ~8.5 min: the bf16 lazy rescale, tests and sweep
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid42    # ~5 min, H200: the M = 16 / 64 rows re-measured
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vy40      # ~5 min (ran, s40): vec_y GPU tests, the probe's A/B
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vygrid40  # ~6 min: the W4A16 grid with the vec_y twins
@@ -340,13 +339,6 @@ case "${1:-}" in
   fix41b)  # the fix-up GPU tests
     step sk_tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 --show-capture=no --tb=short \
       tests/kernels/test_w4a16_wgmma_gpu.py -k "stream_k_tail or step_parity_and_split or persistent_equals" ;;
-  lazy43)  # session 43: the bf16 forward's lazy rescale (FA3Config.lazy_rescale): its GPU tests, then the sweep of
-    # each lazy config beside its eager twin (the dense rule's configs at D 64 / 128, pp and pp_fold at D 256)
-    step lazy_tests 170 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 --show-capture=no --tb=short \
-      tests/kernels/test_attention_fa3_gpu.py -k lazy
-    step lazy_sweep 330 "$PY" benchmarks/attention_fa3_sweep.py --hdims 64,128,256 --seqlens 2048,8192,16384 \
-      --budget 310 --variants pp3_m192_fold,pp3_m192_fold_lazy,pp3_m192_persist_dyn_fold,pp3_m192_persist_dyn_fold_lazy,pp_persist_fold,pp_persist_fold_lazy,pp_persist_dyn_fold,pp_persist_dyn_fold_lazy,pp,pp_lazy,pp_fold,pp_fold_lazy \
-      --out "$OUT/attention-fa3-sweep-lazy-h200.json" ;;
   vygrid40)  # the W4A16 grid from M = 256 with the tuner timing each config beside its vec_y twin (tuned: vec_y)
     FLASHSCALE_W4A16_WGMMA=vy step w4a16 330 "$PY" benchmarks/w4a16.py --ms 256,1024,4096 --out "$OUT" ;;
   h2grid39)  # the W4A16 grid from M = 128 with the tuner timing each wgmma config beside its h2 twin (session 39's

@@ -375,7 +375,7 @@ def compile_sm90(head_dim: int, causal: bool, *, dtype: torch.dtype = torch.bflo
 
 def _constexprs(head_dim: int, causal: bool, cfg: FA3Config) -> dict:
     return {"HEAD_DIM": head_dim, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages,
-            "CAUSAL": causal, "OVERLAP": cfg.overlap, "SOFTMAX": cfg.softmax_flags, "PINGPONG": cfg.is_pingpong,
+            "CAUSAL": causal, "OVERLAP": cfg.overlap, "FOLD": cfg.fold_scale, "PINGPONG": cfg.is_pingpong,
             "CONSUMERS": cfg.consumers, "PERSISTENT": 2 if cfg.dynamic else int(cfg.persistent),
             "PRODUCER_REGS": cfg.producer_regs, "CONSUMER_REGS": cfg.worker_consumer_regs,
             "num_warps": cfg.num_warps}

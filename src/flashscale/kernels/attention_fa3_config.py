@@ -38,15 +38,6 @@ class FA3Config:
     # 12 B in the D 256 varlen causal kernel. Measured in session 25 (2-9 % faster): the dense D 64 / 128 rows of
     # SEQLEN_CONFIGS take it; DEFAULT_CONFIGS (varlen, the compile tests) do not yet.
     fold_scale: bool = False
-    # FlashAttention-4's conditional rescaling (ping-pong only): the running row max moves only when a row of the
-    # consumer's slice grew by more than 8 (log2 units; P <= 256) in a block, so O's rescale (D / 2 FMULs a thread
-    # and block) runs only then, behind a branch uniform over the warpgroup. Exact (attention_fa3_coop._softmax_lazy).
-    lazy_rescale: bool = False
-
-    @property
-    def softmax_flags(self) -> int:
-        """The kernels' SOFTMAX constexpr: bit 0 fold_scale, bit 1 lazy_rescale."""
-        return int(self.fold_scale) | (2 if self.lazy_rescale else 0)
 
     @property
     def is_pingpong(self) -> bool:
@@ -104,11 +95,6 @@ TUNING_CONFIGS = {
                                            fold_scale=True),
         "pp3_m192_fold": FA3Config(block_m=192, block_n=128, stages=3, consumers=3, fold_scale=True),
         "pp_n256_serial": FA3Config(block_m=128, block_n=256, stages=2, overlap=False),
-        # lazy_rescale (session 43) on the dense rule's configs
-        "pp3_m192_persist_dyn_fold_lazy": FA3Config(block_m=192, block_n=128, stages=3, consumers=3, persistent=True,
-                                                    dynamic=True, fold_scale=True, lazy_rescale=True),
-        "pp3_m192_fold_lazy": FA3Config(block_m=192, block_n=128, stages=3, consumers=3, fold_scale=True,
-                                        lazy_rescale=True),
     },
     128: {
         "pp": _PP[128],
@@ -132,10 +118,6 @@ TUNING_CONFIGS = {
         # the same with the dynamic persistent scheduler (causal: 4 B spilled, outside the key loop)
         "pp3_m192_n64_persist_dyn_fold": FA3Config(block_m=192, block_n=64, stages=4, consumers=3, fold_scale=True,
                                                    persistent=True, dynamic=True),
-        # lazy_rescale (session 43) on the dense rule's configs
-        "pp_persist_fold_lazy": replace(_PP[128], persistent=True, fold_scale=True, lazy_rescale=True),
-        "pp_persist_dyn_fold_lazy": replace(_PP[128], persistent=True, dynamic=True, fold_scale=True,
-                                            lazy_rescale=True),
     },
     256: {
         "pp": _PP[256],
@@ -147,9 +129,6 @@ TUNING_CONFIGS = {
         # session 27 (spill-free full and causal): the folded scale, left out at D 256 as "tensor-bound"; session 28
         # measured it -7 to +2 % against pp (attention-fa3-sweep-fold256-h200.json): not the default
         "pp_fold": replace(_PP[256], fold_scale=True),
-        # lazy_rescale (session 43): O's rescale is 128 FMULs a thread a 64-key block here, the softmax's 32 EX2
-        "pp_lazy": replace(_PP[256], lazy_rescale=True),
-        "pp_fold_lazy": replace(_PP[256], fold_scale=True, lazy_rescale=True),
     },
 }
 # Picked from the H200 sweep (benchmarks/results/attention-fa3-sweep-h200.json, 2026-11-29): D 64 three
@@ -219,8 +198,6 @@ def config_error(head_dim: int, cfg: FA3Config, *, varlen: bool = False) -> str 
         return "persistent needs the ping-pong path (pingpong=True, consumers >= 2)"
     if cfg.dynamic and not (cfg.persistent and not varlen):
         return "dynamic is a scheduler of the dense persistent grid (persistent=True, no varlen)"
-    if cfg.lazy_rescale and not cfg.is_pingpong:
-        return "lazy_rescale is a step of the ping-pong consumers (pingpong=True, consumers >= 2)"
     if varlen and not cfg.is_pingpong:
         return "varlen runs the ping-pong path (pingpong=True, consumers >= 2)"
     if smem_bytes(head_dim, cfg) > SMEM_LIMIT:

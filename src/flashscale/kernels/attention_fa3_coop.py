@@ -63,11 +63,9 @@ if HAS_GLUON:
 
     @gluon.jit
     def _softmax(s, j, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale, CAUSAL: gl.constexpr,
-                 BLOCK_N: gl.constexpr, SOFTMAX: gl.constexpr):
+                 BLOCK_N: gl.constexpr, FOLD: gl.constexpr):
         """Online-softmax step on raw scores s (BM, BN) fp32 -> p (unnormalised), alpha, new m, new l (m in log2
-        units: scores times qk_scale = softmax_scale * log2 e, which the launch requires > 0). SOFTMAX: the kernel's
-        softmax flags; this step reads bit 0 (the folded scale, FA3Config.fold_scale)."""
-        FOLD: gl.constexpr = (SOFTMAX & 1) != 0
+        units: scores times qk_scale = softmax_scale * log2 e, which the launch requires > 0)."""
         if not FOLD:
             s = s * qk_scale  # log2 units
         if j >= n_full:  # ragged last block or the causal diagonal band: mask (uniform branch)
@@ -91,72 +89,11 @@ if HAS_GLUON:
         l_i = l_i * alpha + gl.reduce(p, 1, _sum_combine)
         return p, alpha, m_new, l_i
 
-    # FA3Config.lazy_rescale (FlashAttention-4's conditional rescaling): a row's running max m moves only when the row
-    # grew by more than LAZY_TAU (log2 units) in this block; otherwise it keeps its stale m, so p = exp2(s - m) <=
-    # 2**LAZY_TAU and alpha is exactly 1. Exact: O and l stay relative to the same m (out = O / l, lse = m + log2 l).
-    # O's rescale (D / 2 FMULs a thread and block) then branches around the multiplies of any 16 accumulator
-    # registers whose two rows both have alpha == 1 (_RESCALE_16): no cross-thread work, no barrier.
-    LAZY_TAU = gl.constexpr(8.0)
-
-    # PACK registers of the wgmma accumulator (registers 4i, 4i + 1: row r, 4i + 2, 4i + 3: row r + 8; the compile test
-    # checks this on the linear layout) in one call: outputs tied to the inputs, so the skipped multiplies leave them
-    # as they were; one branch a call (ptxas keeps BSSY / BRA / BSYNC a region: few regions, few branches)
-    def _rescale_asm(pack: int) -> str:
-        muls = "".join(f"mul.f32 ${i}, ${pack + i}, ${2 * pack + i};\n    " for i in range(pack))
-        return ("{\n    .reg .pred p;\n    setp.neu.f32 p, $%d, 0f3F800000;\n    setp.neu.or.f32 p, $%d, 0f3F800000, p;\n"
-                "    @!p bra SKIP;\n    %sSKIP:\n    }\n" % (2 * pack, 2 * pack + 2, muls))
-
-    def _rescale_constraints(pack: int) -> str:
-        return ",".join(["=r"] * pack + [str(i) for i in range(pack)] + ["r"] * pack)
-
-    _RESCALE_32 = gl.constexpr(_rescale_asm(32))
-    _RESCALE_32_CONSTRAINTS = gl.constexpr(_rescale_constraints(32))
-    _RESCALE_64 = gl.constexpr(_rescale_asm(64))
-    _RESCALE_64_CONSTRAINTS = gl.constexpr(_rescale_constraints(64))
-
-    @gluon.jit
-    def _rescale_lazy(acc, alpha_o):
-        """acc * alpha_o[:, None], the multiplies skipped where both rows a thread holds have alpha 1 (D / 2 registers
-        a thread: one call at D 64 / 128, two at D 256)."""
-        a = gl.broadcast(acc, gl.expand_dims(alpha_o, 1))[1]
-        if acc.shape[1] == 64:
-            out = gl.inline_asm_elementwise(_RESCALE_32, _RESCALE_32_CONSTRAINTS, [acc, a], dtype=gl.float32,
-                                            is_pure=True, pack=32)
-        else:
-            out = gl.inline_asm_elementwise(_RESCALE_64, _RESCALE_64_CONSTRAINTS, [acc, a], dtype=gl.float32,
-                                            is_pure=True, pack=64)
-        return out
-
-    @gluon.jit
-    def _softmax_lazy(s, j, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale, CAUSAL: gl.constexpr,
-                      BLOCK_N: gl.constexpr, SOFTMAX: gl.constexpr):
-        """_softmax with the lazy max (LAZY_TAU): alpha is exactly 1 in the rows whose m stayed (_rescale_lazy)."""
-        FOLD: gl.constexpr = (SOFTMAX & 1) != 0
-        if not FOLD:
-            s = s * qk_scale
-        if j >= n_full:
-            cols = j * BLOCK_N + cols0
-            vis = gl.expand_dims(cols, 0) < seqlen_k
-            if CAUSAL:
-                vis = vis & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + off)
-            s = gl.where(vis, s, float("-inf"))
-        row_max = gl.reduce(s, 1, _max_combine)
-        if FOLD:
-            row_max = row_max * qk_scale
-            s = s * qk_scale
-        # -inf -> finite grows by +inf (moves); -inf -> -inf is NaN, not > tau (a row with nothing visible yet stays)
-        m_new = gl.where(row_max - m_i > LAZY_TAU, row_max, m_i)
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(s - gl.expand_dims(m_use, 1))
-        alpha = gl.exp2(m_i - m_use)
-        l_i = l_i * alpha + gl.reduce(p, 1, _sum_combine)
-        return p, alpha, m_new, l_i
-
     @gluon.jit
     def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, o_desc, lse_ptr,
                   b, m0, q_col, n_blocks, n_full, seqlen_q, seqlen_k, qk_scale,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, SOFTMAX: gl.constexpr, num_warps: gl.constexpr):
+                  CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, FOLD: gl.constexpr, num_warps: gl.constexpr):
         dtype: gl.constexpr = q_smem.dtype
         # wgmma accumulators: warps stacked along M (64 rows a warpgroup), instruction N = the full tile
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -184,7 +121,7 @@ if HAS_GLUON:
                 s = warpgroup_mma_wait(0, deps=(tok, ))
                 mbarrier.arrive(k_empty.index(0), count=1)
                 p, alpha, m_i, l_i = _softmax(s, 0, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale,
-                                              CAUSAL, BLOCK_N, SOFTMAX)
+                                              CAUSAL, BLOCK_N, FOLD)
                 for j in range(1, n_blocks):
                     # tensor cores: S_j = Q K_j^T, then O += P_{j-1} V_{j-1}; CUDA cores meanwhile wait
                     # only for S_j and run its softmax while the PV product is still in flight
@@ -193,7 +130,7 @@ if HAS_GLUON:
                     s = warpgroup_mma_wait(1, deps=(tok_s, ))  # wgmma groups retire in order: S_j done
                     mbarrier.arrive(k_empty.index(j % STAGES), count=1)
                     p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale,
-                                                  CAUSAL, BLOCK_N, SOFTMAX)
+                                                  CAUSAL, BLOCK_N, FOLD)
                     acc = warpgroup_mma_wait(0, deps=(tok_o, ))
                     mbarrier.arrive(v_empty.index((j - 1) % STAGES), count=1)
                 tok_o = _pv(acc, p, alpha, v_smem, v_ready, n_blocks - 1, row_o, p_layout, BLOCK_N, HEAD_DIM, STAGES)
@@ -206,7 +143,7 @@ if HAS_GLUON:
                 s = warpgroup_mma_wait(0, deps=(tok, ))
                 mbarrier.arrive(k_empty.index(st), count=1)
                 p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale,
-                                              CAUSAL, BLOCK_N, SOFTMAX)
+                                              CAUSAL, BLOCK_N, FOLD)
                 tok_o = _pv(acc, p, alpha, v_smem, v_ready, j, row_o, p_layout, BLOCK_N, HEAD_DIM, STAGES)
                 acc = warpgroup_mma_wait(0, deps=(tok_o, ))
                 mbarrier.arrive(v_empty.index(st), count=1)

@@ -23,7 +23,7 @@ if HAS_GLUON:
     def _pp_run(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                 GROUP, seqlen_q, seqlen_k, qk_scale, CU_Q, CU_K, n_seq, O, COUNTER, HEAD_DIM: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                OVERLAP: gl.constexpr, SOFTMAX: gl.constexpr, CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr,
+                OVERLAP: gl.constexpr, FOLD: gl.constexpr, CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr,
                 PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, VARLEN: gl.constexpr):
         """The ping-pong program (dense and varlen): shared memory, barriers, the partitions. A program runs tile0
         alone (tile_step = n_tiles), or persistent the snake order of _snake_tile, or (PERSISTENT == 2, dynamic)
@@ -66,12 +66,12 @@ if HAS_GLUON:
                 (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                                 turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                                 GROUP, seqlen_q, seqlen_k, qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                STAGES, CAUSAL, OVERLAP, SOFTMAX, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
+                                STAGES, CAUSAL, OVERLAP, FOLD, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
                                 next_ready, next_free)),
                 (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                                 turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                                 GROUP, seqlen_q, seqlen_k, qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                STAGES, CAUSAL, OVERLAP, SOFTMAX, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
+                                STAGES, CAUSAL, OVERLAP, FOLD, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
                                 next_ready, next_free)),
                 (_producer_pp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                 k_empty, v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q,
@@ -84,17 +84,17 @@ if HAS_GLUON:
                 (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                                 turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                                 GROUP, seqlen_q, seqlen_k, qk_scale, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                STAGES, CAUSAL, OVERLAP, SOFTMAX, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
+                                STAGES, CAUSAL, OVERLAP, FOLD, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
                                 next_ready, next_free)),
                 (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                                 turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                                 GROUP, seqlen_q, seqlen_k, qk_scale, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                STAGES, CAUSAL, OVERLAP, SOFTMAX, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
+                                STAGES, CAUSAL, OVERLAP, FOLD, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
                                 next_ready, next_free)),
                 (_consumer_pp, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                                 turn, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H,
                                 GROUP, seqlen_q, seqlen_k, qk_scale, 2, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                STAGES, CAUSAL, OVERLAP, SOFTMAX, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
+                                STAGES, CAUSAL, OVERLAP, FOLD, PERSISTENT, CU_Q, CU_K, n_seq, O, VARLEN, next_smem,
                                 next_ready, next_free)),
                 (_producer_pp, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                                 k_empty, v_ready, v_empty, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q,
@@ -109,7 +109,7 @@ if HAS_GLUON:
     def _fa3_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, COUNTER, stride_lb, stride_lh, H, GROUP, BH, HG,
                         seqlen_q, seqlen_k, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                        SOFTMAX: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr,
+                        FOLD: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr,
                         PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                         num_warps: gl.constexpr):
         dtype: gl.constexpr = q_desc.dtype
@@ -124,7 +124,7 @@ if HAS_GLUON:
                 tile_step = n_tiles  # one tile a program
             _pp_run(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG,
                     H, GROUP, seqlen_q, seqlen_k, qk_scale, None, None, None, None, COUNTER, HEAD_DIM, BLOCK_M,
-                    BLOCK_N, STAGES, CAUSAL, OVERLAP, SOFTMAX, CONSUMERS, PERSISTENT, PRODUCER_REGS, CONSUMER_REGS, False)
+                    BLOCK_N, STAGES, CAUSAL, OVERLAP, FOLD, CONSUMERS, PERSISTENT, PRODUCER_REGS, CONSUMER_REGS, False)
         else:
             # Heaviest query tiles first: under a causal mask the last tiles see the most keys.
             pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
@@ -163,7 +163,7 @@ if HAS_GLUON:
             gl.warp_specialize([
                 (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, o_desc, lse_ptr, b,
                              m0, q_col, n_blocks, n_full, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                             STAGES, CAUSAL, OVERLAP, SOFTMAX, num_warps)),
+                             STAGES, CAUSAL, OVERLAP, FOLD, num_warps)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
                              v_empty, b, m0, q_col, k_col, n_blocks, BLOCK_N, STAGES)),
             ], [1], [PRODUCER_REGS])
@@ -177,7 +177,7 @@ if HAS_GLUON:
     def _fa3_fwd_varlen_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, CU_Q, CU_K, stride_lh, H, GROUP, n_seq,
                                n_tiles, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                               OVERLAP: gl.constexpr, SOFTMAX: gl.constexpr, PINGPONG: gl.constexpr,
+                               OVERLAP: gl.constexpr, FOLD: gl.constexpr, PINGPONG: gl.constexpr,
                                CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                                CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         gl.static_assert(PINGPONG, "the varlen forward runs the ping-pong schedule")
@@ -189,5 +189,5 @@ if HAS_GLUON:
             tile_step = n_tiles  # one tile a program
         # (COUNTER: the dense grid's dynamic scheduler, never read here; any int32 pointer)
         _pp_run(q_desc, k_desc, v_desc, o_desc, LSE, 0, stride_lh, tile0, tile_step, n_tiles, 0, 0, 0, H, GROUP, 0, 0,
-                qk_scale, CU_Q, CU_K, n_seq, O, CU_Q, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, SOFTMAX,
+                qk_scale, CU_Q, CU_K, n_seq, O, CU_Q, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, FOLD,
                 CONSUMERS, PERSISTENT, PRODUCER_REGS, CONSUMER_REGS, True)

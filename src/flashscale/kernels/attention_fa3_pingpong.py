@@ -17,7 +17,7 @@ except ImportError:  # pragma: no cover - depends on the installed triton
     HAS_GLUON = False
 
 if HAS_GLUON:
-    from flashscale.kernels.attention_fa3_coop import _rescale_lazy, _softmax, _softmax_lazy
+    from flashscale.kernels.attention_fa3_coop import _softmax
     from flashscale.kernels.attention_fa3_sched import (_pass_next_tile, _program_tiles, _snake_tile,
                                                         _take_next_tile, _tile_info, _tile_info_varlen)
 
@@ -140,7 +140,7 @@ if HAS_GLUON:
                           seqlen_q, seqlen_k, qk_scale, C: gl.constexpr, FIRST: gl.constexpr,
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, SUB_M: gl.constexpr,
                           BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                          SOFTMAX: gl.constexpr,
+                          FOLD: gl.constexpr,
                           CU_Q, CU_K, n_seq, O, VARLEN: gl.constexpr):
         """One tile of ping-pong consumer C. `it` / `t_i`: K/V blocks and tiles before this one (phases run on
         across the tiles of a persistent program). Turns: one a block with OVERLAP, so the turn number of
@@ -160,7 +160,7 @@ if HAS_GLUON:
                 it = _consumer_pp_work(q_tile, q, zero_s, cols0, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                                        v_ready, v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, it,
                                        t_i, b, h, m0, n_blocks, len_q, len_k, len_k - len_q, qk_scale, C, FIRST,
-                                       HEAD_DIM, SUB_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, SOFTMAX, q_start, O, H, True)
+                                       HEAD_DIM, SUB_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, FOLD, q_start, O, H, True)
         else:
             off = seqlen_k - seqlen_q
             b, h, hk, m0, n_blocks = _tile_info(tile, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N,
@@ -168,7 +168,7 @@ if HAS_GLUON:
             it = _consumer_pp_work(q_tile, q, zero_s, cols0, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                                    v_ready, v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, it, t_i,
                                    b, h, m0, n_blocks, seqlen_q, seqlen_k, off, qk_scale, C, FIRST, HEAD_DIM, SUB_M,
-                                   BLOCK_N, STAGES, CAUSAL, OVERLAP, SOFTMAX, None, None, None, False)
+                                   BLOCK_N, STAGES, CAUSAL, OVERLAP, FOLD, None, None, None, False)
         return it
 
     @gluon.jit
@@ -176,7 +176,7 @@ if HAS_GLUON:
                           v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, it, t_i, b, h, m0, n_blocks,
                           seqlen_q, seqlen_k, off, qk_scale, C: gl.constexpr, FIRST: gl.constexpr,
                           HEAD_DIM: gl.constexpr, SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                          CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, SOFTMAX: gl.constexpr, q_start, O, H,
+                          CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, FOLD: gl.constexpr, q_start, O, H,
                           VARLEN: gl.constexpr):
         """The key loop and epilogue of one tile (see _consumer_pp_tile); off = seqlen_k - seqlen_q."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -187,7 +187,6 @@ if HAS_GLUON:
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         dtype: gl.constexpr = q_tile.dtype
-        LAZY: gl.constexpr = (SOFTMAX & 2) != 0  # FA3Config.lazy_rescale (attention_fa3_coop._softmax_lazy)
         r0 = m0 + C * SUB_M
         if CAUSAL:  # blocks [0, n_full) are visible to every row of this slice: no mask there
             n_full = gl.maximum(gl.minimum(seqlen_k, r0 + off + 1), 0) // BLOCK_N
@@ -211,7 +210,7 @@ if HAS_GLUON:
                 s = warpgroup_mma_wait(0, deps=(tok, ))
                 mbarrier.arrive(k_empty.index(st))
                 p, alpha, m_i, l_i = _softmax(s, 0, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale,
-                                              CAUSAL, BLOCK_N, SOFTMAX)
+                                              CAUSAL, BLOCK_N, FOLD)
                 p16 = gl.convert_layout(p.to(dtype), p_layout)  # O is still 0: nothing to rescale
                 for j in range(1, n_blocks):
                     st = (it + j) % STAGES
@@ -225,18 +224,11 @@ if HAS_GLUON:
                     mbarrier.arrive(next_turn)
                     s = warpgroup_mma_wait(1, deps=(tok_s, ))  # groups retire in order: S_j done, PV not
                     mbarrier.arrive(k_empty.index(st))
-                    if LAZY:
-                        p, alpha, m_i, l_i = _softmax_lazy(s, j, m_i, l_i, n_full, rows, cols0, seqlen_k, off,
-                                                           qk_scale, CAUSAL, BLOCK_N, SOFTMAX)
-                    else:
-                        p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale,
-                                                      CAUSAL, BLOCK_N, SOFTMAX)
+                    p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale,
+                                                  CAUSAL, BLOCK_N, FOLD)
                     acc = warpgroup_mma_wait(0, deps=(tok_o, ))
                     mbarrier.arrive(v_empty.index(sv))
-                    if LAZY:  # O's rescale only in the registers whose rows' m moved
-                        acc = _rescale_lazy(acc, gl.convert_layout(alpha, row_o))
-                    else:
-                        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                     p16 = gl.convert_layout(p.to(dtype), p_layout)
                 # the last PV outside the turns (as FA3): every consumer takes n_blocks turns a tile
                 sv = (it + n_blocks - 1) % STAGES
@@ -256,14 +248,9 @@ if HAS_GLUON:
                 mbarrier.arrive(next_turn)
                 s = warpgroup_mma_wait(0, deps=(tok, ))
                 mbarrier.arrive(k_empty.index(st))
-                if LAZY:
-                    p, alpha, m_i, l_i = _softmax_lazy(s, j, m_i, l_i, n_full, rows, cols0, seqlen_k, off,
-                                                       qk_scale, CAUSAL, BLOCK_N, SOFTMAX)
-                    acc = _rescale_lazy(acc, gl.convert_layout(alpha, row_o))
-                else:
-                    p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale,
-                                                  CAUSAL, BLOCK_N, SOFTMAX)
-                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_full, rows, cols0, seqlen_k, off, qk_scale,
+                                              CAUSAL, BLOCK_N, FOLD)
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                 p16 = gl.convert_layout(p.to(dtype), p_layout)
                 mbarrier.wait(v_ready.index(st), ph)
                 mbarrier.wait(my_turn, FIRST ^ 1)  # turn 2 (it + j) + 1: odd
@@ -306,7 +293,7 @@ if HAS_GLUON:
                      LSE, stride_lb, stride_lh, tile0, tile_step, n_tiles, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k,
                      qk_scale, C: gl.constexpr, CONSUMERS: gl.constexpr, HEAD_DIM: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                     OVERLAP: gl.constexpr, SOFTMAX: gl.constexpr, PERSISTENT: gl.constexpr, CU_Q, CU_K, n_seq, O,
+                     OVERLAP: gl.constexpr, FOLD: gl.constexpr, PERSISTENT: gl.constexpr, CU_Q, CU_K, n_seq, O,
                      VARLEN: gl.constexpr, next_smem, next_ready, next_free):
         """Ping-pong consumer C: one warpgroup, rows [m0 + C * SUB_M, m0 + (C + 1) * SUB_M) of each tile
         against all its key blocks. K/V block `idx` (counted across tiles) sits in slot idx % STAGES and
@@ -327,7 +314,7 @@ if HAS_GLUON:
                 it = _consumer_pp_tile(q_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
                                        v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, tile, it,
                                        t_i, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, qk_scale, C, FIRST,
-                                       HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, SOFTMAX, CU_Q, CU_K,
+                                       HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, FOLD, CU_Q, CU_K,
                                        n_seq, O, VARLEN)
                 tile = _take_next_tile(next_smem, next_ready, next_free, t_i, lay)
                 t_i += 1
@@ -339,11 +326,11 @@ if HAS_GLUON:
                 it = _consumer_pp_tile(q_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
                                        v_empty, my_turn, next_turn, o_desc, LSE, stride_lb, stride_lh, tile, it,
                                        t_i, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, qk_scale, C, FIRST,
-                                       HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, SOFTMAX, CU_Q, CU_K,
+                                       HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, FOLD, CU_Q, CU_K,
                                        n_seq, O, VARLEN)
                 t_i += 1
         else:  # one tile a program: no loop, so the counters are constants (fewer live registers)
             _consumer_pp_tile(q_tile, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, my_turn,
                               next_turn, o_desc, LSE, stride_lb, stride_lh, tile0, 0, 0, n_m, BH, HG, H, GROUP,
                               seqlen_q, seqlen_k, qk_scale, C, FIRST, HEAD_DIM, BLOCK_M, SUB_M, BLOCK_N, STAGES,
-                              CAUSAL, OVERLAP, SOFTMAX, CU_Q, CU_K, n_seq, O, VARLEN)
+                              CAUSAL, OVERLAP, FOLD, CU_Q, CU_K, n_seq, O, VARLEN)
