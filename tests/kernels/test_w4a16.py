@@ -393,16 +393,11 @@ def test_tune_times_the_leaders_again(monkeypatch):
 def test_probe_modes_interpreter(monkeypatch):
     """benchmarks/w4a16_probe.py's kernel modes and their host-side checks: PROBE=1 reads every packed
     word once (checksum), PROBE=2 leaves partials that sum to the product (GEMV slices, decode slots)."""
-    import importlib.util
-    from pathlib import Path
+    from bench_testutil import load_benchmark
 
     from flashscale.kernels.w4a16 import DecodeConfig, GemvConfig
 
-    bench = Path(__file__).resolve().parents[2] / "benchmarks"
-    monkeypatch.syspath_prepend(str(bench))  # the script imports its neighbour plotting.py, as when run from there
-    spec = importlib.util.spec_from_file_location("w4a16_probe", bench / "w4a16_probe.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = load_benchmark("w4a16_probe")  # benchmarks/ on the path: the script imports its neighbour plotting.py
     gen = torch.Generator().manual_seed(12)
     k, n = 128, 32
     codes, zeros, scales = rand_grid(k, n, 64, sym=False, gen=gen)

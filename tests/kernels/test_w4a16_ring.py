@@ -192,12 +192,9 @@ def test_sm90_compile_no_spills_ring_in_flight(tmp_path):
 # ---- benchmarks/w4a16_probe.py: the r-dec rows end to end on the CPU (graph timing stubbed)
 
 def _probe():
-    import importlib.util
+    from bench_testutil import load_benchmark  # benchmarks/ on the path: the script imports its neighbour plotting.py
 
-    spec = importlib.util.spec_from_file_location("w4a16_probe", ROOT / "benchmarks" / "w4a16_probe.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    return probe
+    return load_benchmark("w4a16_probe")
 
 
 def test_probe_ring_rows_interpreter(monkeypatch):

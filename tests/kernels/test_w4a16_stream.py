@@ -16,13 +16,11 @@ UTMALDG into a shared-memory ring of the configured depth, the Gluon consumer re
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from bench_testutil import load_benchmark
 
 from flashscale.kernels import w4a16_stream as WS
 from flashscale.kernels.w4a16_pack import pack_w4
@@ -30,16 +28,9 @@ from offline_compile import compile_offline
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _probe():
-    if str(ROOT / "benchmarks") not in sys.path:  # the script imports its neighbour plotting.py, as when run there
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("w4a16_probe", ROOT / "benchmarks" / "w4a16_probe.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    return probe
+    return load_benchmark("w4a16_probe")  # benchmarks/ on the path: the script imports its neighbour plotting.py
 
 
 def _packed(k, n, seed):
