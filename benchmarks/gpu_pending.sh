@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# NEXT: grid42 on an H200 (the M = 16 / 64 rows after ctas > 1 lost its split), then vygrid40 (the tuner with the
-# vec_y twins) and h2grid39. Session 42 ran fix41 and fix42 (H100): the fix-up fails only with two resident blocks.
+# NEXT: grid42 on an H200 (the M = 16 / 64 rows after ctas > 1 lost its split), then h2grid39. Session 43 ran
+# vygrid40 and the default grid from M 256 on an H100 (docs/w4a16_gemm.md), the lazy-rescale sweep (reverted,
+# docs/attention_fa3.md) and every `-m gpu` test (687 passed). Session 42 ran fix41 and fix42 (H100).
 # A results file that comes back gets a "note" before it is committed.
 #
 # GPU steps of sessions 18-29 (2026-12-02/03), kept runnable. Session 28 ran `s28` (docs27's, fa3f28's and fp8n28's
