@@ -5,17 +5,13 @@ ping-pong partitions (attention_fa3_pingpong.py); the barrier protocol is kernel
 
 from __future__ import annotations
 
-try:  # Gluon is experimental: absent from older Tritons, and its API moves between releases
+from flashscale.kernels.attention_fa3_sched import HAS_GLUON  # the family's one probe of Gluon
+
+if HAS_GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                    warpgroup_mma, warpgroup_mma_wait)
-
-    HAS_GLUON = hasattr(gl, "warp_specialize")
-except ImportError:  # pragma: no cover - depends on the installed triton
-    HAS_GLUON = False
-
-if HAS_GLUON:
 
     @gluon.jit
     def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,

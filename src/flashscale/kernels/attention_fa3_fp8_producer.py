@@ -13,21 +13,8 @@ if HAS_GLUON:
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
     # the tile order (head groups; the persistent programs' snake) is the bf16 forward's
-    from flashscale.kernels.attention_fa3 import _grouped_tile, _program_tiles, _snake_tile
-
-    @gluon.jit
-    def _tile_info(tile, n_m, BH, HG, H, GROUP, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                   CAUSAL: gl.constexpr):
-        """Tile t -> (b, h, K/V head, first query row, key blocks to visit): (batch, head)s in groups of HG,
-        heaviest (last) query tiles first within a group (attention_fa3_sched: _tile_info, head_group)."""
-        bh, m_blk = _grouped_tile(tile, n_m, BH, HG)
-        m0 = m_blk * BLOCK_M
-        h = bh % H
-        if CAUSAL:  # keys [0, hi) are visible to some row of the tile
-            hi = gl.maximum(gl.minimum(seqlen_k, m0 + BLOCK_M + seqlen_k - seqlen_q), 0)
-        else:
-            hi = seqlen_k
-        return bh // H, h, h // GROUP, m0, (hi + BLOCK_N - 1) // BLOCK_N
+    from flashscale.kernels.attention_fa3 import _program_tiles, _snake_tile
+    from flashscale.kernels.attention_fa3_sched import _tile_info  # the bf16 forward's tile map
 
     @gluon.jit
     def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,

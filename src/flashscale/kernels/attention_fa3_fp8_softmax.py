@@ -14,15 +14,8 @@ if HAS_GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
+    from flashscale.kernels.attention_fa3_coop import _max_combine, _sum_combine  # the bf16 forward's combiners
     from flashscale.kernels.attention_fa3_fp8_exp2 import _exp2_fma
-
-    @gluon.jit
-    def _max_combine(a, b):
-        return gl.maximum(a, b)
-
-    @gluon.jit
-    def _sum_combine(a, b):
-        return a + b
 
     # FP8 A-operand fix-up (FA3 section 3.3, its permute_Aregs_fp8), per 64 bits = the 8 e4m3 of two adjacent
     # registers R0, R1 of the accumulator layout (registers 4m..4m+3: rows r / r + 8 of the key pair (k, k+1);

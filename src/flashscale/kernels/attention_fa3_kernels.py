@@ -5,16 +5,13 @@ and compile these."""
 
 from __future__ import annotations
 
-try:  # Gluon is experimental: absent from older Tritons, and its API moves between releases
+from flashscale.kernels.attention_fa3_sched import HAS_GLUON  # the family's one probe of Gluon
+
+if HAS_GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-    HAS_GLUON = hasattr(gl, "warp_specialize")
-except ImportError:  # pragma: no cover - depends on the installed triton
-    HAS_GLUON = False
-
-if HAS_GLUON:
     from flashscale.kernels.attention_fa3_coop import _consumer, _producer
     from flashscale.kernels.attention_fa3_pingpong import _consumer_pp, _producer_pp
     from flashscale.kernels.attention_fa3_sched import _varlen_total

@@ -6,17 +6,14 @@ docstring."""
 
 from __future__ import annotations
 
-try:  # Gluon is experimental: absent from older Tritons, and its API moves between releases
+from flashscale.kernels.attention_fa3_sched import HAS_GLUON  # the family's one probe of Gluon
+
+if HAS_GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                    warpgroup_mma, warpgroup_mma_wait)
 
-    HAS_GLUON = hasattr(gl, "warp_specialize")
-except ImportError:  # pragma: no cover - depends on the installed triton
-    HAS_GLUON = False
-
-if HAS_GLUON:
     from flashscale.kernels.attention_fa3_coop import _softmax
     from flashscale.kernels.attention_fa3_sched import (_pass_next_tile, _program_tiles, _snake_tile,
                                                         _take_next_tile, _tile_info, _tile_info_varlen)

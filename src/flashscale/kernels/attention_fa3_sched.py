@@ -6,6 +6,7 @@ the CPU tests use; kernels/attention_fa3.py re-exports the public names."""
 
 from __future__ import annotations
 
+# The bf16 FA3 family's probe of Gluon (coop, pingpong, kernels import HAS_GLUON from here).
 try:  # Gluon is experimental: absent from older Tritons, and its API moves between releases
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
