@@ -268,10 +268,12 @@ def _halves_f32(b, BF16: tl.constexpr):
 
 @triton.jit
 def _b_matrix(b0, b1, BF16: tl.constexpr):
-    """(1, 32, 4) B registers -> (1, 4, 16, 8) B_i[kappa][n] by mma.sync's fragment layout (b0: rows
-    2t + e, b1: rows 2t + 8 + e, column g), emulation only."""
-    bf = tl.reshape(_halves_f32(tl.join(b0, b1), BF16), [8, 4, 4, 2, 2])  # (g = n, t, i, kh, e)
-    return tl.reshape(tl.permute(bf, [2, 3, 1, 4, 0]), [1, 4, 16, 8])
+    """(FB, 32, 4) B registers -> (FB, 4, 16, 8) B_i[kappa][n] by mma.sync's fragment layout (b0: rows
+    2t + e, b1: rows 2t + 8 + e, column g), emulation only. FB = 1 (one x for every fragment) or one B a fragment
+    (w4a16_strip: each warp its own K range)."""
+    FB: tl.constexpr = b0.shape[0]
+    bf = tl.reshape(_halves_f32(tl.join(b0, b1), BF16), [FB, 8, 4, 4, 2, 2])  # (f, g = n, t, i, kh, e)
+    return tl.reshape(tl.permute(bf, [0, 3, 4, 2, 5, 1]), [FB, 4, 16, 8])
 
 
 @triton.jit
@@ -285,7 +287,7 @@ def _mma_emulated(w, b0, b1, c, BF16: tl.constexpr, FIRST: tl.constexpr):
     """What the asm computes, lane by lane, from the same registers (interpreter): the pairs the LOP3s
     build, then mma.sync's documented fragment semantics (A: a0 rows g cols 2t+e, a1 rows g+8, a2/a3
     cols + 8; B: b0 rows 2t+e col g, b1 rows 2t+8+e; D: c0/c1 row g cols 2t+e, c2/c3 row g+8).
-    w (F, 32, 4) words, b0/b1 (1, 32, 4), c (F, 32, 4) -> (F, 32, 4) fp32."""
+    w (F, 32, 4) words, b0/b1 (1 or F, 32, 4), c (F, 32, 4) -> (F, 32, 4) fp32."""
     F: tl.constexpr = w.shape[0]
     nib = (w[:, :, :, None] >> (tl.arange(0, 8) * 4)[None, None, None, :]) & 15  # n = 4 k3 + 2 n3 + k0
     nib = tl.permute(tl.reshape(nib, [F, 32, 4, 2, 2, 2]), [0, 1, 2, 5, 4, 3])  # (F, lane, i, kh=k0, rh=n3, e=k3)
@@ -335,7 +337,7 @@ def mma_column(w, b0, b1, b0b, b1b, c, cb, BF16: tl.constexpr, TWO: tl.constexpr
 
 @triton.jit
 def x_sums(b0, b1, c, BF16: tl.constexpr, FIRST: tl.constexpr, ASM: tl.constexpr):
-    """(1, 32, 4) B registers of a column -> (1, 32, 4) fp32 (+)= sum of x over the column for the
+    """(FB, 32, 4) B registers of a column -> (FB, 32, 4) fp32 (+)= sum of x over the column for the
     token of each C slot (c0/c2: 2t, c1/c3: 2t + 1), by an MMA with A = 1."""
     if ASM:
         if FIRST:
@@ -345,9 +347,10 @@ def x_sums(b0, b1, c, BF16: tl.constexpr, FIRST: tl.constexpr, ASM: tl.constexpr
             d = tl.inline_asm_elementwise(_XS_BF16 if BF16 else _XS_F16, _CON_X, [b0, b1, c], dtype=tl.float32,
                                           is_pure=True, pack=4)
     else:
-        xs = tl.sum(tl.sum(_b_matrix(b0, b1, BF16), axis=2), axis=1)  # (1, 8) per token
-        xs = tl.reshape(tl.broadcast_to(xs[:, None, :], [1, 16, 8]), [1, 16, 8])
-        d = _d_lanes(xs, 1)
+        FB: tl.constexpr = b0.shape[0]
+        xs = tl.sum(tl.sum(_b_matrix(b0, b1, BF16), axis=2), axis=1)  # (FB, 8) per token
+        xs = tl.reshape(tl.broadcast_to(xs[:, None, :], [FB, 16, 8]), [FB, 16, 8])
+        d = _d_lanes(xs, FB)
         if not FIRST:
             d = c + d
     return d

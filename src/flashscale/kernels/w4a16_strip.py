@@ -1,0 +1,187 @@
+"""W4A16 decode (M <= 16) with no split-K across programs: each program owns 16 R output rows over the whole of K and
+its warps split K (docs/w4a16_decode.md "Round 14"; the kernel and its design: w4a16_strip_kernel.py).
+
+    y = w4a16_strip(x, p, bias, config=StripConfig(...))
+
+StripConfig, the candidates (STRIP_CONFIGS, M <= 8; STRIP_CONFIGS_16, 9 <= M <= 16), the launcher, and the sm_90
+census (`PYTHONPATH=src python -m flashscale.kernels.w4a16_strip`, TRITON_INTERPRET unset: registers, spills and
+the hot loop's instruction mix of every candidate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import triton
+
+from flashscale.kernels.w4a16_configs import _interpreting
+from flashscale.kernels.w4a16_launch import x_words
+from flashscale.kernels.w4a16_pack import PackedW4
+from flashscale.kernels.w4a16_ring import check_operands
+from flashscale.kernels.w4a16_strip_kernel import w4a16_strip_kernel
+
+REGS_PER_SM = 65536
+
+
+@dataclass(frozen=True, kw_only=True)
+class StripConfig:
+    rows: int = 1  # R: 16-row fragment rows a program (x shared by R rows a thread; fewer programs)
+    kt: int = 2  # 64-wide fragment columns a warp's sub-item (BK = 64 kt inside one group)
+    num_warps: int = 4  # W: the warps splitting K
+    ring: int = 2  # iterations in flight a program (slots rotated by position), 1..3
+    asm: bool = True  # inline PTX (mma.sync); the interpreter always runs the emulation
+
+    @property
+    def item_bytes(self) -> int:
+        """Packed bytes a program reads an iteration (W warps x R rows x KT fragments of 512 B)."""
+        return self.num_warps * self.rows * self.kt * 512
+
+    def resident(self, regs: int) -> int:
+        """Programs an SM can hold (registers allocated 8 a thread at a time; 2048 threads, 32 blocks)."""
+        threads = 32 * self.num_warps
+        return max(1, min(REGS_PER_SM // (-(-regs // 8) * 8 * threads), 2048 // threads, 32))
+
+    def in_flight_kb(self, regs: int) -> float:
+        """KB of packed words in flight an SM by design (resident programs x ring x an iteration's bytes)."""
+        return self.resident(regs) * self.ring * self.item_bytes / 1024
+
+    @property
+    def label(self) -> str:
+        return f"strip r{self.rows} kt{self.kt} w{self.num_warps} ring{self.ring}"
+
+
+# Candidates (sm_90 registers and KB in flight an SM: the census). Programs = ceil(N / 16 R): 512 at N 8192 and R 1,
+# so R 1 fills 132 SMs from N ~ 4096 at 2-4 programs an SM; R 2 shares x between two rows a thread (fewer loads).
+STRIP_CONFIGS: list[StripConfig] = [  # M <= 8
+    StripConfig(rows=1, kt=2, num_warps=4, ring=2),
+    StripConfig(rows=1, kt=2, num_warps=4, ring=3),
+    StripConfig(rows=2, kt=2, num_warps=4, ring=2),
+    StripConfig(rows=1, kt=2, num_warps=8, ring=2),
+    StripConfig(rows=1, kt=1, num_warps=8, ring=3),
+    StripConfig(rows=2, kt=1, num_warps=8, ring=2),
+    StripConfig(rows=2, kt=2, num_warps=8, ring=2),
+    StripConfig(rows=4, kt=1, num_warps=4, ring=2),
+]
+STRIP_CONFIGS_16: list[StripConfig] = [  # 9 <= M <= 16: x and the second accumulator double
+    StripConfig(rows=1, kt=2, num_warps=4, ring=2),
+    StripConfig(rows=1, kt=1, num_warps=8, ring=2),
+    StripConfig(rows=2, kt=1, num_warps=4, ring=2),
+]
+
+
+def configs_for(m: int) -> list[StripConfig]:
+    return STRIP_CONFIGS if m <= 8 else STRIP_CONFIGS_16
+
+
+def check_args(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, cfg: StripConfig) -> None:
+    """ValueError / TypeError naming the argument for anything the kernel does not take."""
+    if not isinstance(cfg, StripConfig):
+        raise TypeError(f"config must be a StripConfig, got {type(cfg).__name__}")
+    check_operands(x, p, bias, cfg.kt, "the strip decode kernel")
+    if cfg.rows not in (1, 2, 4):
+        raise ValueError(f"config.rows={cfg.rows} must be 1, 2 or 4 (16-row fragment rows a program)")
+    if cfg.kt not in (1, 2) or cfg.ring not in (1, 2, 3):
+        raise ValueError(f"config kt={cfg.kt} must be 1 or 2 and ring={cfg.ring} 1..3")
+    if cfg.num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"config.num_warps={cfg.num_warps} must be a power of two 1..16 (the warps splitting K)")
+
+
+def w4a16_strip(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None, *,
+                config: StripConfig | None = None) -> torch.Tensor:
+    """x (M <= 16, K) fp16/bf16 -> y (M, N) in x's dtype = x @ dequant(W) + bias. config: default the first
+    candidate of M's bucket."""
+    cfg = config or configs_for(x.shape[0] if isinstance(x, torch.Tensor) and x.dim() == 2 else 1)[0]
+    check_args(x, p, bias, cfg)
+    y = torch.empty((x.shape[0], p.out_features), dtype=x.dtype, device=x.device)
+    if x.shape[0]:
+        launch(x, p, bias, y, cfg)
+    return y
+
+
+def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Tensor, cfg: StripConfig):
+    """One launch into y (M, N) (arguments as check_args takes them, M >= 1); returns what Triton's launch returns
+    (on a GPU the compiled kernel: .n_regs)."""
+    m, k = x.shape
+    n = p.out_features
+    xw = x_words(x, p)
+    n_frag = triton.cdiv(n, 16)
+    return w4a16_strip_kernel[(triton.cdiv(n_frag, cfg.rows),)](
+        xw, p.qweight, p.sz, y, bias if bias is not None else y,
+        m, n, k, xw.stride(0), y.stride(0), p.qweight.stride(0), p.sz.stride(0),
+        G=p.group_size, HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, R=cfg.rows, KT=cfg.kt,
+        W=cfg.num_warps, BM=8 if m <= 8 else 16, RING=cfg.ring, EVEN=k % (64 * cfg.kt * cfg.num_warps) == 0,
+        EVEN_N=n_frag % cfg.rows == 0, ASM=cfg.asm and not _interpreting(), num_warps=cfg.num_warps, num_stages=1,
+    )
+
+
+# ---- sm_90 compiles and census (no GPU needed)
+
+def compile_sm90(cfg: StripConfig, *, dtype: str = "bf16", bm: int = 8, group_size: int = 128):
+    """Compile one config as a launch on an even Llama shape specializes it (K a multiple of 64 kt W, N of 16 R,
+    pointers and strides 16-divisible, no bias): Triton's CompiledKernel (asm: ptx, cubin)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    ptrs = {"x_ptr": "*i32", "pk_ptr": "*i32", "sz_ptr": "*i32", "y_ptr": f"*{dtype}", "bias_ptr": f"*{dtype}"}
+    ints = ("M", "N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg")
+    cx = dict(G=group_size, HAS_BIAS=False, BF16=dtype == "bf16", R=cfg.rows, KT=cfg.kt, W=cfg.num_warps, BM=bm,
+              RING=cfg.ring, EVEN=True, EVEN_N=True, ASM=cfg.asm)
+    sig = {**ptrs, **{n: "i32" for n in ints}, **{n: "constexpr" for n in cx}}
+    names = list(sig)
+    aligned = set(ptrs) | {"N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in aligned}
+    src = ASTSource(fn=w4a16_strip_kernel, signature=sig, constexprs={(names.index(k),): v for k, v in cx.items()},
+                    attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps,
+                                                                          "num_stages": 1})
+
+
+def census(cfg: StripConfig, **kw) -> dict:
+    """Compile for sm_90 and count: registers, spills, local and shared memory, the hot loop's instruction mix an
+    iteration of RING sub-items (LDG.128, other LDG, HMMA, shared-memory ops and barriers: none expected in the
+    loop), its modelled loads in flight a thread and load waits."""
+    import collections
+    import re
+
+    from flashscale.kernels.aot import ptxas_stats, sass, sass_instructions, sass_opcode
+    from flashscale.kernels.w4a16_ring_aot import hot_loop
+    from flashscale.kernels.w4a16_stream import sass_load_rate
+
+    k = compile_sm90(cfg, **kw)
+    text = sass(k.asm["cubin"])
+    body, _ = hot_loop(sass_instructions(text))
+    ops = collections.Counter(sass_opcode(t) for _, t in body)
+    rate = sass_load_rate(body)
+    stats = ptxas_stats(k.asm["ptx"])
+
+    def n(*prefixes, suffix=""):
+        return sum(c for o, c in ops.items() if o.startswith(prefixes) and o.endswith(suffix))
+
+    weights = cfg.ring * cfg.rows * 16 * 64 * cfg.kt // 32  # a thread's weights an iteration
+    return dict(config=asdict(cfg), label=cfg.label, bm=kw.get("bm", 8),
+                **{n_: v for n_, v in stats.items() if n_ != "log"}, shared=k.metadata.shared,
+                local=len(re.findall(r"\b(?:LDL|STL)\b", text)), loop_instructions=sum(ops.values()),
+                per_weight=sum(ops.values()) / weights, ldg128=n("LDG", suffix=".128"),
+                ldg_other=n("LDG") - n("LDG", suffix=".128"), hmma=n("HMMA"), lop3=ops["LOP3.LUT"],
+                prmt=ops["PRMT"], smem=n("LDS", "STS"), bar=n("BAR"), moves=n("MOV", "IMAD.MOV"),
+                loads_in_flight=rate["loads_in_flight"], ldg_per_iter=rate["ldg_per_iter"],
+                waits_per_iter=rate["waits_per_iter"], resident=cfg.resident(stats["registers"]),
+                in_flight_kb=cfg.in_flight_kb(stats["registers"]))
+
+
+if __name__ == "__main__":  # PYTHONPATH=src python -m flashscale.kernels.w4a16_strip (TRITON_INTERPRET unset)
+    print("config (tokens) | regs spills local smem | resident/SM KB in flight/SM | loop instr instr/weight | "
+          "LDG.128 other-LDG HMMA LOP3 PRMT LDS/STS BAR moves | modelled loads in flight, waits an iteration")
+    bad = []
+    for bm in (8, 16):
+        for c in configs_for(bm):
+            r = census(c, bm=bm)
+            if r["spill_stores"] or r["spill_loads"] or r["stack"] or r["local"] or r["smem"] or r["bar"]:
+                bad.append(f"{r['label']} M<={bm}")
+            print(f"{c.label:28s} M<={bm:2d} | {r['registers']:3d} {r['spill_stores']}/{r['spill_loads']} "
+                  f"{r['local']} {r['shared']:5d} | {r['resident']:2d} {r['in_flight_kb']:5.0f} | "
+                  f"{r['loop_instructions']:5d} {r['per_weight']:.2f} | {r['ldg128']:3d} {r['ldg_other']:3d} "
+                  f"{r['hmma']:3d} {r['lop3']:3d} {r['prmt']:3d} {r['smem']:3d} {r['bar']:2d} {r['moves']:3d} | "
+                  f"{r['loads_in_flight']:.1f} of {r['ldg_per_iter']}, {r['waits_per_iter']} waits", flush=True)
+    assert not bad, f"spills, local memory or shared memory / barriers in the loop: {bad}"

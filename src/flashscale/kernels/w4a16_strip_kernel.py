@@ -1,0 +1,254 @@
+"""The strip decode kernel's Triton code (w4a16_strip.py launches it; docs/w4a16_decode.md "Round 14").
+
+Why: the register ring (w4a16_ring_kernel) streams at the HBM rate inside its loop, yet a call at 8192^2 and M = 1
+takes ~16 us against ~9.7 us for the same bytes loaded alone. Its trace (round 9) puts the difference at the ends of
+its programs: a split-K fold across programs (red.add, CTA barrier, acq_rel ticket, the last contributor's re-read:
+~1.5-2.8 us after a program's last item) and a tail of programs that end late. This kernel has no split across
+programs at all: a program owns R fragment rows (16 R outputs) over the whole of K, and its warps split K instead.
+The only reduction is the warps' partial sums, once, through shared memory at the end; the output is stored
+directly (no workspace, no ticket, no atomics, the same bits on every call).
+
+Work: program p takes fragment rows p R .. p R + R - 1 (rows past ceil(N / 16) masked). K is cut into sub-items of
+KT 64-wide fragment columns (BK = 64 KT inputs, inside one group); iteration t hands sub-item t W + w to warp w, so
+the program's W warps read W KT 512-byte fragments of each row back to back (one contiguous run of the row a step).
+T = ceil(S / W) iterations for S sub-items; the last iteration's warps past S read x as zero (their words clamped:
+any word times zero inputs adds nothing, scale and zero point included).
+
+Loop: the register ring of w4a16_ring_kernel (RING slots, each the complete inputs of one iteration: packed words,
+scale/zero words, x words; rotated by position, no register moves; refills past T re-read the last iteration, an L1
+/ L2 hit, and are never computed). The math is the decode kernels' (w4a16_common "tensor-core decode": 3 shifts +
+4 LOP3 + 1 HMMA a word, zero point and scale once per sub-item and row in fp32), with x per warp: B registers
+(W, 32, 4) instead of one x broadcast over fragment rows.
+
+Shapes (per program): words (W, R, KT, 128) int32 (W first: Triton's coalescing gives the warps the first
+non-contiguous axis; 128 words = 32 lanes x 16 bytes, one 512-byte fragment a warp instruction); scale/zero words
+(W, R, 32, 2); x words (W, 32, 4, 2, TB, KT); accumulators (W, R, 32, 4) fp32 per token block in the mma C layout
+(lane 4g + t: rows 16 r + g (+ 8), tokens 2t, 2t + 1), times s * 2^11 (w4a16_pack's sz words hold s * 2^11 | z), summed over W at the end.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from flashscale.kernels.w4a16_common import D_UNIT_F16, OFF_BF16, OFF_F16, b_pairs, mma_column, x_sums
+from flashscale.kernels.w4a16_decode import _dec_store
+
+
+@triton.jit
+def _xw(base, off, kl, ok, K, EVEN: tl.constexpr):
+    """One x word a lane (W, 32); zero past K or for a warp whose sub-item is past the strip (ok)."""
+    if EVEN:
+        return tl.load(base + off)
+    return tl.load(base + off, mask=ok & (2 * (kl + off) < K), other=0)
+
+
+@triton.jit
+def _x4(a0, a1, a2, a3, W: tl.constexpr):
+    """four (W, 32) -> (W, 32, 4) [.., i] = a_i, in registers."""
+    return tl.reshape(tl.join(tl.join(a0, a2), tl.join(a1, a3)), [W, 32, 4])
+
+
+@triton.jit
+def _x_col(x_ptr, stride_xm, kw, ok, lane, M, K, tok0, W: tl.constexpr, EVEN: tl.constexpr):
+    """(W, 32, 4, 2) int32 x words of one 64-wide column a warp (kw (W, 1): its first x word, K index / 2), tokens
+    tok0 + lane // 4: [.., i, 0] = (x[16i + 2t], x[16i + 2t + 1]), [.., i, 1] = (x[16i + 2t + 8], ..), t = lane % 4
+    (w4a16_decode._x_pairs with a K range a warp). Lanes of tokens >= M read token M - 1 (a B column only reaches
+    its own D column, never stored)."""
+    tok = tl.minimum(tok0 + lane // 4, M - 1)
+    kl = kw + lane % 4  # (W, 32)
+    base = x_ptr + tok * stride_xm + kl
+    lo = _x4(_xw(base, 0, kl, ok, K, EVEN), _xw(base, 8, kl, ok, K, EVEN), _xw(base, 16, kl, ok, K, EVEN),
+             _xw(base, 24, kl, ok, K, EVEN), W)
+    hi = _x4(_xw(base, 4, kl, ok, K, EVEN), _xw(base, 12, kl, ok, K, EVEN), _xw(base, 20, kl, ok, K, EVEN),
+             _xw(base, 28, kl, ok, K, EVEN), W)
+    return tl.join(lo, hi)
+
+
+@triton.jit
+def _slot(pk_ptr, sz_ptr, x_ptr, t, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane, M, K, stride_xm, stride_sg,
+          W: tl.constexpr, KT: tl.constexpr, G: tl.constexpr, TWO: tl.constexpr, EVEN: tl.constexpr,
+          EVEN_N: tl.constexpr):
+    """Every input of iteration t (past T: iteration T - 1 again): words (W, R, KT, 128), scale/zero words
+    (W, R, 32, 2), x words (W, 32, 4, 2, TB, KT)."""
+    BK: tl.constexpr = 64 * KT
+    j = tl.minimum(t, T - 1) * W + wi  # (W,) the warps' sub-items
+    ok = j < S
+    j = tl.minimum(j, S - 1)
+    fr = j[:, None, None, None] * KT + kt[None, None, :, None]  # (W, 1, KT, 1) fragment column
+    wp = pk_ptr + row_w + fr * 128
+    if EVEN and EVEN_N:
+        words = tl.load(wp)
+    else:
+        words = tl.load(wp, mask=fr_ok & (fr < F), other=0)
+    grp = tl.minimum(j * BK // G, K // G - 1)
+    sp = sz_ptr + (grp * stride_sg)[None, :, None, None] + sz_row  # (32, W, R, 2): lanes first, so that Triton's
+    if EVEN_N:  # coalescing gives the lanes the 32 axis and the warps W (the words' layout), then permuted
+        szw = tl.load(sp)
+    else:
+        szw = tl.load(sp, mask=tl.permute(fr_ok, [0, 2, 1, 3]), other=0)
+    szw = tl.permute(szw, [1, 2, 0, 3])
+    kw = (j * (BK // 2))[:, None]  # (W, 1)
+    okw = ok[:, None]
+    xa = _x_col(x_ptr, stride_xm, kw, okw, lane, M, K, 0, W, EVEN)
+    if TWO:
+        xa = tl.join(xa, _x_col(x_ptr, stride_xm, kw, okw, lane, M, K, 8, W, EVEN))
+    else:
+        xa = xa[:, :, :, :, None]
+    if KT == 2:
+        xb = _x_col(x_ptr, stride_xm, kw + 32, okw, lane, M, K, 0, W, EVEN)
+        if TWO:
+            xb = tl.join(xb, _x_col(x_ptr, stride_xm, kw + 32, okw, lane, M, K, 8, W, EVEN))
+        else:
+            xb = xb[:, :, :, :, None]
+        xs = tl.join(xa, xb)
+    else:
+        xs = xa[:, :, :, :, :, None]
+    return words, szw, xs
+
+
+@triton.jit
+def _b(xk, W: tl.constexpr, TWO: tl.constexpr, ASM: tl.constexpr):
+    """(W, 32, 4, 2, TB) x words of a column -> B registers (b0, b1) of tokens 0-7 and (bb0, bb1) of 8-15."""
+    if TWO:
+        xa, xb = tl.split(xk)
+        q0, q1 = tl.split(xa)
+        b0, b1 = b_pairs(q0, q1, ASM)
+        q0, q1 = tl.split(xb)
+        bb0, bb1 = b_pairs(q0, q1, ASM)
+    else:
+        q0, q1 = tl.split(tl.reshape(xk, [W, 32, 4, 2]))
+        b0, b1 = b_pairs(q0, q1, ASM)
+        bb0 = b0
+        bb1 = b1
+    return b0, b1, bb0, bb1
+
+
+@triton.jit
+def _column(w, b0, b1, bb0, bb1, d, db, W: tl.constexpr, R: tl.constexpr, BF16: tl.constexpr, TWO: tl.constexpr,
+            FIRST: tl.constexpr, ASM: tl.constexpr):
+    """mma_column over (W, R) fragments, x per warp (b* (W, 32, 4), the same for the R rows). The inline PTX takes
+    the 4-D operands as they are (elementwise, broadcast over R); the emulation wants (F, 32, 4) with one B a
+    fragment, so it flattens (interpreter only)."""
+    if ASM:
+        d, db = mma_column(w, b0[:, None], b1[:, None], bb0[:, None], bb1[:, None], d, db, BF16, TWO, FIRST, ASM)
+    else:
+        F: tl.constexpr = W * R
+        wf = tl.reshape(w, [F, 32, 4])
+        c = None
+        cb = None
+        if not FIRST:
+            c = tl.reshape(d, [F, 32, 4])
+            cb = tl.reshape(db, [F, 32, 4])
+        d, db = mma_column(wf, _per_frag(b0, W, R), _per_frag(b1, W, R), _per_frag(bb0, W, R), _per_frag(bb1, W, R),
+                           c, cb, BF16, TWO, FIRST, ASM)
+        d = tl.reshape(d, [W, R, 32, 4])
+        db = tl.reshape(db, [W, R, 32, 4])
+    return d, db
+
+
+@triton.jit
+def _per_frag(b, W: tl.constexpr, R: tl.constexpr):
+    return tl.reshape(tl.broadcast_to(b[:, None], [W, R, 32, 4]), [W * R, 32, 4])
+
+
+@triton.jit
+def _item(acc, accb, w, sz, xw, W: tl.constexpr, R: tl.constexpr, KT: tl.constexpr, TWO: tl.constexpr,
+          BF16: tl.constexpr, ASM: tl.constexpr):
+    """acc (+ accb) += s * 2^11 (D / D_UNIT - (OFF + z) sum(x)) of one iteration (w4a16_decode._dec_item with x a
+    warp): w (W, R, KT, 128) words, sz (W, R, 32, 2) scale/zero words, xw (W, 32, 4, 2, TB, KT) x words."""
+    s = (sz & -32).to(tl.float32, bitcast=True)  # s * 2^11, rows g, g + 8
+    zf = ((sz & 31) | 0x4B000000).to(tl.float32, bitcast=True)  # 2^23 + z, exact
+    if BF16:
+        zs = (zf - (8388608.0 - OFF_BF16)) * s
+        sd = s
+    else:
+        zs = (zf - (8388608.0 - OFF_F16)) * s
+        sd = s * (1.0 / D_UNIT_F16)
+    s4 = tl.reshape(tl.join(sd, sd), [W, R, 32, 4])  # c = 2 (row half) + token parity
+    zs4 = tl.reshape(tl.join(zs, zs), [W, R, 32, 4])
+    w5 = tl.permute(tl.reshape(w, [W, R, KT, 32, 4]), [0, 1, 3, 4, 2])  # (W, R, 32, 4, KT)
+    if KT == 2:
+        w0, w1 = tl.split(w5)
+        x0, x1 = tl.split(xw)
+    else:
+        w0 = tl.reshape(w5, [W, R, 32, 4])
+        x0 = tl.reshape(xw, [W, 32, 4, 2, 1 + TWO])
+    b0, b1, bb0, bb1 = _b(x0, W, TWO, ASM)
+    d, db = _column(w0, b0, b1, bb0, bb1, None, None, W, R, BF16, TWO, True, ASM)
+    xs = x_sums(b0, b1, None, BF16, True, ASM)
+    if TWO:
+        xsb = x_sums(bb0, bb1, None, BF16, True, ASM)
+    if KT == 2:
+        b0, b1, bb0, bb1 = _b(x1, W, TWO, ASM)
+        d, db = _column(w1, b0, b1, bb0, bb1, d, db, W, R, BF16, TWO, False, ASM)
+        xs = x_sums(b0, b1, xs, BF16, False, ASM)
+        if TWO:
+            xsb = x_sums(bb0, bb1, xsb, BF16, False, ASM)
+    acc = tl.fma(s4, d, acc) - zs4 * xs[:, None]
+    if TWO:
+        accb = tl.fma(s4, db, accb) - zs4 * xsb[:, None]
+    return acc, accb
+
+
+@triton.jit(do_not_specialize=["M"])
+def w4a16_strip_kernel(
+    x_ptr, pk_ptr, sz_ptr, y_ptr, bias_ptr,
+    M, N, K, stride_xm, stride_ym, stride_pn, stride_sg,
+    G: tl.constexpr, HAS_BIAS: tl.constexpr, BF16: tl.constexpr, R: tl.constexpr, KT: tl.constexpr,
+    W: tl.constexpr, BM: tl.constexpr, RING: tl.constexpr, EVEN: tl.constexpr, EVEN_N: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    """y (M <= 16, N) = x @ W + bias for program p's 16 R output rows (module docstring). x_ptr: x as int32 words
+    (pairs of 16-bit inputs), stride_xm in words; pk_ptr / sz_ptr: PackedW4 qweight (N_pad/16, K_pad/64, 32, 4) /
+    sz (NG, N_pad). EVEN: K a multiple of 64 KT W (no K tail, every warp's sub-items in range); EVEN_N: ceil(N / 16)
+    a multiple of R. W: the warps splitting K (the launch's num_warps)."""
+    TWO: tl.constexpr = BM == 16
+    pid = tl.program_id(0)
+    F = tl.cdiv(K, 64)  # fragment columns of a row
+    S = tl.cdiv(F, KT)  # sub-items of a row
+    T = tl.cdiv(S, W)  # iterations
+    n_frag = tl.cdiv(N, 16)
+    ri = tl.arange(0, R)
+    wi = tl.arange(0, W)
+    kt = tl.arange(0, KT)
+    lane = tl.arange(0, 32)[None, :]
+    frow = pid * R + ri  # (R,) fragment rows
+    fr_ok = (frow < n_frag)[None, :, None, None]  # (1, R, 1, 1)
+    row_w = (tl.minimum(frow, n_frag - 1) * stride_pn)[None, :, None, None] + tl.arange(0, 128)[None, None, None, :]
+    sz_row = (tl.arange(0, 32) // 4)[:, None, None, None] * 2 + (frow * 16)[None, None, :, None] \
+        + tl.arange(0, 2)[None, None, None, :]  # (32, 1, R, 2): rows g, g + 8 of each fragment row, adjacent
+
+    wa, sa, xa = _slot(pk_ptr, sz_ptr, x_ptr, 0, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane, M, K, stride_xm,
+                       stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
+    if RING >= 2:
+        wb, sb, xb = _slot(pk_ptr, sz_ptr, x_ptr, 1, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane, M, K,
+                           stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
+    if RING >= 3:
+        wc, sc, xc = _slot(pk_ptr, sz_ptr, x_ptr, 2, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane, M, K,
+                           stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
+    acc = tl.zeros([W, R, 32, 4], dtype=tl.float32)
+    accb = tl.zeros([W, R, 32, 4], dtype=tl.float32)
+    for t in range(0, T, RING):
+        acc, accb = _item(acc, accb, wa, sa, xa, W, R, KT, TWO, BF16, ASM)
+        wa, sa, xa = _slot(pk_ptr, sz_ptr, x_ptr, t + RING, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane, M, K,
+                           stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
+        if RING >= 2:
+            if t + 1 < T:
+                acc, accb = _item(acc, accb, wb, sb, xb, W, R, KT, TWO, BF16, ASM)
+            wb, sb, xb = _slot(pk_ptr, sz_ptr, x_ptr, t + RING + 1, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane,
+                               M, K, stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
+        if RING >= 3:
+            if t + 2 < T:
+                acc, accb = _item(acc, accb, wc, sc, xc, W, R, KT, TWO, BF16, ASM)
+            wc, sc, xc = _slot(pk_ptr, sz_ptr, x_ptr, t + RING + 2, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane,
+                               M, K, stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
+
+    # the warps' partial sums, once (shared memory), then y directly: rows 16 frow + g (+ 8), tokens 2t (+ 1)
+    c4 = tl.arange(0, 4)[None, None, :]
+    lane3 = tl.arange(0, 32)[None, :, None]
+    rows = (frow * 16)[:, None, None] + lane3 // 4 + 8 * (c4 // 2)
+    toks = 2 * (lane3 % 4) + c4 % 2
+    _dec_store(tl.sum(acc, axis=0) * (1.0 / 2048), y_ptr, bias_ptr, rows, toks, M, N, stride_ym, HAS_BIAS)
+    if TWO:
+        _dec_store(tl.sum(accb, axis=0) * (1.0 / 2048), y_ptr, bias_ptr, rows, toks + 8, M, N, stride_ym, HAS_BIAS)

@@ -1,0 +1,138 @@
+"""The strip decode kernel (flashscale.kernels.w4a16_strip: no split-K across programs, warps split K;
+docs/w4a16_decode.md "Round 14").
+
+CPU, Triton's interpreter (fp16; the inline PTX replaced by the lane-by-lane emulation with one B operand a warp):
+the product against float64 within 2x PyTorch's own 16-bit error (test_w4a16_ring's rule) for 1, 2 and 4 rows a
+program, 1-4 warps splitting K, rings 1-3, K ranges that leave some warps without a sub-item in the last iteration,
+K and N tails, one group a row, act-order, M = 1 / 3 / 9 / 16; bad arguments raise errors that name them.
+
+sm_90, compiled ahead of time (no GPU): every candidate without spills or local memory and with no shared memory or
+barrier in the hot loop (the warps' sums meet once, after it); RING x KT x R LDG.128 an iteration.
+
+GPU (marked gpu): every candidate at Llama decode shapes in bf16, and the same bits on a repeat call.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashscale.kernels import w4a16_configs
+from flashscale.kernels.w4a16_strip import STRIP_CONFIGS, STRIP_CONFIGS_16, StripConfig, configs_for, w4a16_strip
+from test_w4a16_ring import _weight, assert_within_noise, sm90_census
+
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+
+CASES = [  # M, K, N, G, sym, act_order, bias, (rows, kt, warps, ring): what it exercises
+    (1, 512, 64, 128, False, False, True, (1, 2, 2, 2)),  # 2 iterations, ring 2
+    (3, 256, 48, 64, True, False, False, (2, 1, 2, 3)),  # 2 rows a program, ring 3 > iterations (refills skipped)
+    (16, 512, 64, 128, False, False, True, (1, 2, 2, 1)),  # two token blocks, ring 1
+    (9, 192, 40, -1, False, False, True, (2, 2, 2, 2)),  # one group, K tail (3 fragments), N tail (odd rows)
+    (1, 640, 32, 128, False, False, False, (1, 2, 4, 3)),  # 5 sub-items over 4 warps: 3 warps idle at the end
+    (1, 1024, 80, 64, False, False, True, (4, 1, 2, 2)),  # 4 rows a program, 5 fragment rows (3 masked)
+    (4, 256, 64, 64, False, True, True, (1, 1, 2, 2)),  # act-order (x gathered once)
+]
+
+
+@pytest.mark.parametrize("m,k,n,g,sym,act_order,bias,cfg", CASES)
+def test_strip_kernel_interpreter(m, k, n, g, sym, act_order, bias, cfg):
+    gen = torch.Generator().manual_seed(m * 1000 + k + n + g)
+    p = _weight(k, n, g, sym=sym, gen=gen, act_order=act_order)
+    x = torch.randn(m, k, generator=gen).half()
+    b = torch.randn(n, generator=gen).half() if bias else None
+    rows, kt, warps, ring = cfg
+    y = w4a16_strip(x, p, b, config=StripConfig(rows=rows, kt=kt, num_warps=warps, ring=ring))
+    assert y.shape == (m, n) and y.dtype == x.dtype and torch.isfinite(y).all()
+    assert_within_noise(y, x, p, b)
+
+
+def test_configs():
+    assert configs_for(1) is STRIP_CONFIGS and configs_for(8) is STRIP_CONFIGS and configs_for(9) is STRIP_CONFIGS_16
+    for c in STRIP_CONFIGS + STRIP_CONFIGS_16:
+        assert c.item_bytes == c.num_warps * c.rows * c.kt * 512
+        assert c.resident(128) * c.num_warps * 32 * 128 <= 65536 and c.label.startswith("strip r")
+
+
+def test_strip_is_a_dispatch_candidate_interpreter():
+    """w4a16_matmul: the strip configs join the M = 1 and M <= 8 buckets (after the ring kernel's), only where a
+    sub-item stays inside a group; a forced StripConfig runs the strip kernel (split 1); a tuned table entry
+    round-trips to a StripConfig (not a RingConfig: both have a ring); kernel="strip" refuses M = 9."""
+    import dataclasses
+
+    from flashscale.kernels import w4a16
+    from flashscale.kernels.w4a16_ring import RingConfig
+
+    gen = torch.Generator().manual_seed(7)
+    p = _weight(256, 64, 128, sym=False, gen=gen)
+    cands = w4a16.strip_candidates(p, 1)
+    assert [(c.rows, c.kt, c.num_warps, c.ring) for c in cands] == list(w4a16_configs._STRIP_CANDIDATES)
+    assert w4a16.strip_candidates(p, 8) == cands and w4a16.strip_candidates(p, 9) == []
+    assert w4a16.strip_candidates(_weight(256, 64, 64, sym=True, gen=gen), 1) == [
+        c for c in cands if c.kt == 1]  # kt 2 would cross a group of 64
+    assert w4a16._config_class(dataclasses.asdict(cands[0])) is StripConfig
+    assert w4a16._is_strip(cands[0]) and not w4a16._is_ring(cands[0])
+    assert w4a16._is_ring(RingConfig(bn=16, kt=2, num_warps=1, ring=2, per_sm=2)) and not w4a16._is_strip(
+        RingConfig(bn=16, kt=2, num_warps=1, ring=2, per_sm=2))
+    x = torch.randn(5, 256, generator=gen).half()
+    b = torch.randn(64, generator=gen).half()
+    y = w4a16.w4a16_matmul(x, p, b, config=StripConfig(rows=2, kt=2, num_warps=2, ring=2))
+    assert_within_noise(y, x, p, b)
+    with pytest.raises(ValueError, match="strip kernel takes up to 8 tokens"):
+        w4a16.w4a16_matmul(torch.randn(9, 256).half(), p, kernel="strip")
+
+
+def test_bad_arguments():
+    gen = torch.Generator().manual_seed(0)
+    p = _weight(256, 64, 128, sym=False, gen=gen)
+    x = torch.randn(1, 256, generator=gen).half()
+    with pytest.raises(ValueError, match="rows=3"):
+        w4a16_strip(x, p, config=StripConfig(rows=3))
+    with pytest.raises(ValueError, match="ring=4"):
+        w4a16_strip(x, p, config=StripConfig(ring=4))
+    with pytest.raises(ValueError, match="num_warps=3"):
+        w4a16_strip(x, p, config=StripConfig(num_warps=3))
+    with pytest.raises(TypeError, match="StripConfig"):
+        w4a16_strip(x, p, config=object())
+    with pytest.raises(ValueError, match="M=17"):
+        w4a16_strip(torch.randn(17, 256).half(), p)
+    with pytest.raises(ValueError, match="K=128"):
+        w4a16_strip(torch.randn(1, 128).half(), p)
+    with pytest.raises(ValueError, match="group_size=64 must be a multiple of 128"):
+        w4a16_strip(x, _weight(256, 64, 64, sym=False, gen=gen), config=StripConfig(kt=2))
+
+
+_COMPILE = """
+import json, sys
+from flashscale.kernels import w4a16_strip as S
+json.dump([S.census(c, bm=bm) for bm in (8, 16) for c in S.configs_for(bm)], open(sys.argv[1], "w"))
+"""
+
+
+def test_sm90_compile_no_spills_no_smem_in_loop(tmp_path):
+    rs = sm90_census(tmp_path, _COMPILE)
+    assert len(rs) == len(STRIP_CONFIGS) + len(STRIP_CONFIGS_16)
+    for r in rs:
+        c = StripConfig(**r["config"])
+        assert r["spill_stores"] == r["spill_loads"] == r["stack"] == r["local"] == 0, r
+        assert r["smem"] == 0 and r["bar"] == 0, r  # no layout conversion, no barrier an iteration
+        assert r["ldg128"] == c.ring * c.kt * c.rows, r  # a 512-byte fragment a warp instruction, 16 B a lane
+        assert r["moves"] <= 16, r  # slots rotated by position
+        assert r["loads_in_flight"] >= 0.6 * r["ldg_per_iter"], r  # the ring holds while it waits (static model)
+
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("k,n", [(4096, 4096), (14336, 4096), (4096, 1000)])
+def test_strip_gpu(m, k, n):
+    gen = torch.Generator().manual_seed(m + k + n)
+    p = _weight(k, n, 128, sym=False, gen=gen, device="cuda")
+    x = torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16)
+    b = torch.randn(n, generator=gen).to("cuda", torch.bfloat16)
+    for cfg in configs_for(m):
+        y = w4a16_strip(x, p, b, config=cfg)
+        assert_within_noise(y, x, p, b)
+        assert torch.equal(y, w4a16_strip(x, p, b, config=cfg)), cfg  # no atomics: the same bits every call
