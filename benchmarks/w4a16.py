@@ -104,7 +104,8 @@ def main(argv=None) -> int:
     ap.add_argument("--group-size", type=int, default=128)
     ap.add_argument("--impls", default="flashscale,bf16",
                     help="comma list of flashscale, bf16, flashscale-wgmma (the opt-in Gluon GEMM, M >= 16: each "
-                         "candidate config checked against float64, then timed; the best kept a cell)")
+                         "candidate config checked against float64, then timed; the best kept a cell), "
+                         "flashscale-strip (the no-split-K decode kernel, M <= 16, the same way)")
     ap.add_argument("--ms", default=None, help="comma list of token counts (default: the built-in sweep)")
     ap.add_argument("--merge-into", type=Path, default=None, metavar="JSON",
                     help="after the run, put its rows into this results file in place of the rows of the same M "
@@ -153,6 +154,8 @@ def main(argv=None) -> int:
                                                                ("bf16", cublas, k * n * 2)) if impl in impls]
             if "flashscale-wgmma" in impls and m >= 16:
                 todo += wgmma_trials(base, packs, w_bf16, x, m, gen, checks)
+            if "flashscale-strip" in impls and m <= 16:
+                todo += strip_trials(base, packs, w_bf16, x, m, checks)
             best = {}
             for impl, fn, nbytes, cfg in todo:
                 us, us_eager = bench(fn, warmup, rep)
@@ -160,7 +163,8 @@ def main(argv=None) -> int:
                            tflops=flops / us * 1e-6, TBps=nbytes / us * 1e-6,
                            floor_us=packed_bytes(base) / (COPY_TBPS * 1e6) if impl != "bf16" else None)
                 if cfg is not None:
-                    row["config"] = cfg.label() + f"-g{cfg.group}-c{cfg.consumers}"
+                    row["config"] = cfg.label if impl == "flashscale-strip" else \
+                        cfg.label() + f"-g{cfg.group}-c{cfg.consumers}"
                 if impl not in best or us < best[impl]["us"]:
                     best[impl] = row
             rows += [best[i] for i in impls if i in best]
@@ -220,6 +224,36 @@ def wgmma_trials(base: PackedW4, packs: list, w_bf16: torch.Tensor, x: torch.Ten
             return wg.w4a16_wgmma(x, packs[it["q"]], config=cfg)
 
         out.append(("flashscale-wgmma", fn, packed_bytes(base), cfg))
+    return out
+
+
+def strip_trials(base: PackedW4, packs: list, w_bf16: torch.Tensor, x: torch.Tensor, m: int, checks: list) -> list:
+    """(impl, fn, bytes, config) of every flashscale-strip candidate of M's bucket (kernels.w4a16_strip: no split-K
+    across programs) that is correct here (float64 check first; a wrong or failing config is reported in checks
+    and not timed)."""
+    from flashscale.kernels import w4a16_strip as strip
+
+    out, it = [], {"q": 0}
+    oracle = x.double() @ dequantize_w4(base, torch.float64)
+    e_bf16 = rel_err(F.linear(x, w_bf16), oracle)
+    for cfg in strip.configs_for(m):
+        try:
+            e = rel_err(strip.w4a16_strip(x, base, config=cfg), oracle)
+        except Exception as exc:  # noqa: BLE001  (compile / resource errors: reported, the others still run)
+            print(f"flashscale-strip {cfg.label}: {exc!r}"[:300], flush=True)
+            e = float("inf")
+        ok = e <= 2 * e_bf16 + 1e-3
+        checks.append(dict(impl="flashscale-strip", config=cfg.label, M=m, K=base.in_features,
+                           N=base.out_features, rel_err=e, rel_err_bf16=e_bf16, ok=ok))
+        if not ok:
+            print(f"flashscale-strip WRONG {cfg.label} M={m}: rel err {e:.3e} vs bf16 {e_bf16:.3e}", flush=True)
+            continue
+
+        def fn(cfg=cfg):
+            it["q"] = (it["q"] + 1) % len(packs)
+            return strip.w4a16_strip(x, packs[it["q"]], config=cfg)
+
+        out.append(("flashscale-strip", fn, packed_bytes(base), cfg))
     return out
 
 
