@@ -8,6 +8,8 @@
                                 M <= 16 buckets (docs/w4a16_decode.md)
     M <= 8      w4a16_ring.py   the same math on a register ring of whole items; extra candidates of the
                                 M = 1 and M <= 8 buckets (docs/w4a16_decode.md rounds 5 and 8)
+    M <= 8      w4a16_strip.py  no split-K across programs (a program's warps split K, one cross-warp sum);
+                                extra candidates of the M = 1 and M <= 8 buckets (docs round 14)
     M >= 2      w4a16_wgmma.py  on Hopper (sm_90): the Gluon GEMM (TMA ring, warp-specialized producer,
                                 register-A wgmma on in-register dequantization; 16-token tiles up to
                                 M = 16); its configs join the autotune candidates of the bucket
@@ -41,11 +43,11 @@ from flashscale.kernels.w4a16_common import split_k_slices
 from flashscale.kernels.w4a16_configs import (WGMMA_ENV, WGMMA_MIN_M, DecodeConfig, GemmConfig, GemvConfig,
                                               _DECODE_CANDIDATES, _DECODE_WARPS_PER_SM, _GEMM_CANDIDATES,
                                               _GEMV_CANDIDATES, _RING_CANDIDATES, _config_class, _device_info,
-                                              _gemm_split, _gemv_split, _interpreting, _is_ring, _is_wgmma, _k_steps,
-                                              _ring_refusal, _wgmma_configs, _wgmma_mode, choose_split_k,
+                                              _gemm_split, _gemv_split, _interpreting, _is_ring, _is_strip, _is_wgmma,
+                                              _k_steps, _ring_refusal, _wgmma_configs, _wgmma_mode, choose_split_k,
                                               choose_split_k_slices, decode_candidates, decode_grid, gemm_candidates,
                                               gemv_candidates, m_bucket, ring_candidates, stream_k_grid,
-                                              wgmma_candidates)
+                                              strip_candidates, wgmma_candidates)
 from flashscale.kernels.w4a16_launch import _launch, _launch_decode, _launch_gemm, _launch_gemv, x_words
 from flashscale.kernels.w4a16_pack import PackedW4, pack_w4
 from flashscale.kernels.w4a16_tune import (_TUNED, _split_options, _time, _tune, _tune_key, _weight_ring,
@@ -54,6 +56,7 @@ from flashscale.kernels.w4a16_tune import (_TUNED, _split_options, _time, _tune,
 
 if TYPE_CHECKING:
     from flashscale.kernels.w4a16_ring import RingConfig
+    from flashscale.kernels.w4a16_strip import StripConfig
     from flashscale.kernels.w4a16_wgmma import WgmmaConfig
 
 # Names other modules, tests and benchmarks import from here (kept importable from this module since the split into
@@ -66,18 +69,19 @@ __all__ = [
     "_time", "_tune", "_weight_ring", "_wgmma_configs", "choose_split_k", "choose_split_k_slices",
     "decode_candidates", "decode_grid", "gemm_candidates", "gemv_candidates", "load_tuned_configs", "m_bucket",
     "pin_config", "precompile", "ring_add_choices", "ring_candidates", "set_autotune", "split_k_slices",
-    "stream_k_grid", "tuned_configs", "w4a16_addmm_", "w4a16_matmul", "wgmma_candidates", "x_words",
+    "stream_k_grid", "strip_candidates", "tuned_configs", "w4a16_addmm_", "w4a16_matmul", "wgmma_candidates",
+    "x_words",
 ]
 
 
 def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None, *,
                  kernel: str | None = None,
-                 config: GemmConfig | GemvConfig | DecodeConfig | RingConfig | WgmmaConfig | None = None,
+                 config: GemmConfig | GemvConfig | DecodeConfig | RingConfig | StripConfig | WgmmaConfig | None = None,
                  split_k: int | None = None) -> torch.Tensor:
     """x2d (M, K) fp16/bf16, unit stride along K -> y (M, N) in x's dtype. Inputs are validated by
     flashscale.ops.w4a16_linear; this launcher assumes them right. kernel: None (by M), "gemv", "gemm",
-    "decode", "ring" (M <= 8) or "wgmma" (Hopper); config (a GemmConfig, GemvConfig, DecodeConfig, RingConfig or
-    WgmmaConfig) / split_k: force them (tests, benchmarks) instead of the tuned choice."""
+    "decode", "ring", "strip" (M <= 8) or "wgmma" (Hopper); config (a GemmConfig, GemvConfig, DecodeConfig,
+    RingConfig, StripConfig or WgmmaConfig) / split_k: force them (tests, benchmarks) instead of the tuned choice."""
     m, k = x2d.shape
     n = p.out_features
     y = torch.empty((m, n), dtype=x2d.dtype, device=x2d.device)
@@ -87,10 +91,10 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
     if kernel is None:
         kernel = "gemv" if m == 1 and gemv_candidates(p) else "gemm"
     if config is not None:
-        kernel = "wgmma" if _is_wgmma(config) else "ring" if _is_ring(config) else {
-            DecodeConfig: "decode", GemvConfig: "gemv", GemmConfig: "gemm"}[type(config)]
+        kernel = ("wgmma" if _is_wgmma(config) else "strip" if _is_strip(config) else "ring" if _is_ring(config) else
+                  {DecodeConfig: "decode", GemvConfig: "gemv", GemmConfig: "gemm"}[type(config)])
     dec = decode_candidates(p) if m <= 16 else []
-    ring = ring_candidates(p, m) if auto else []
+    ring = ring_candidates(p, m) + strip_candidates(p, m) if auto else []
     if kernel == "gemv":
         if m != 1:
             raise ValueError(f"the gemv kernel takes one token (M = 1), got M={m}")
@@ -118,8 +122,13 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
         cands, bucket = ring_candidates(p, m), m_bucket(m) if m > 1 else 1
         if not cands and config is None:
             raise ValueError(_ring_refusal("the ring kernel", x2d, p))
+    elif kernel == "strip":
+        cands, bucket = strip_candidates(p, m), m_bucket(m) if m > 1 else 1
+        if not cands and config is None:
+            raise ValueError(f"the strip kernel takes up to 8 tokens and a group size that is a multiple of 64 or "
+                             f"one group per row; got M={m}, group_size={p.group_size}, K={k}")
     else:
-        raise ValueError(f"kernel={kernel!r}; expected None, 'gemv', 'gemm', 'decode', 'ring' or 'wgmma'")
+        raise ValueError(f"kernel={kernel!r}; expected None, 'gemv', 'gemm', 'decode', 'ring', 'strip' or 'wgmma'")
 
     require_launchable(x2d, "x2d", "w4a16_matmul")
 
@@ -128,6 +137,8 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
             return c.split_k  # 0: w4a16_wgmma's auto split
         if _is_ring(c):
             return c.per_sm
+        if _is_strip(c):
+            return 1
         if isinstance(c, DecodeConfig):
             return max(1, _DECODE_WARPS_PER_SM // c.num_warps)
         return _gemv_split(x2d, p, c) if isinstance(c, GemvConfig) else _gemm_split(x2d, p, c)
@@ -220,6 +231,8 @@ def _compile_one(job: dict) -> str:
     bias = torch.randn(n, device="cuda", dtype=dtype) if job["bias"] else None
     if job["kernel"] == "ring":
         from flashscale.kernels.w4a16_ring import RingConfig as cls
+    elif job["kernel"] == "strip":
+        from flashscale.kernels.w4a16_strip import StripConfig as cls
     else:
         cls = {"gemv": GemvConfig, "gemm": GemmConfig, "decode": DecodeConfig}[job["kernel"]]
     try:
@@ -247,11 +260,12 @@ def precompile(problems: list[dict], *, processes: int | None = None, all_candid
         cands = gemv_candidates(probe) if kernel == "gemv" else gemm_candidates(pr["m"])
         dec = decode_candidates(probe) if pr["m"] <= 16 else []
         cands = ([(kernel, c) for c in cands] + [("decode", c) for c in dec]
-                 + [("ring", c) for c in ring_candidates(probe, pr["m"])])
+                 + [("ring", c) for c in ring_candidates(probe, pr["m"])]
+                 + [("strip", c) for c in strip_candidates(probe, pr["m"])])
         for kernel, c in cands if all_candidates else cands[:1]:
             job = dict(pr, kernel=kernel, config=asdict(c))
             key = repr(sorted((k, v) for k, v in job.items() if k != "m"))  # M is not specialized on ...
-            key += f"|bm{8 if pr['m'] <= 8 else 16}" if kernel == "decode" else ""  # ... but for the decode tile
+            key += f"|bm{8 if pr['m'] <= 8 else 16}" if kernel in ("decode", "strip") else ""  # ... but the M tile
             if key not in seen:
                 seen.add(key)
                 jobs.append(job)

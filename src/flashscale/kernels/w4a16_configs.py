@@ -163,13 +163,42 @@ def ring_candidates(p: PackedW4, m: int) -> list:
     return list(_ring_configs())
 
 
+# The strip decode kernel (kernels.w4a16_strip, docs/w4a16_decode.md round 14: no split-K across programs, so no
+# workspace fold at the end of a call) joins the M = 1 and M <= 8 buckets after the ring kernel's candidates. On the
+# H100 (session 45, benchmarks/results/w4a16-h100-flashscale-flashscale-strip-bf16.json) the best of these beat the
+# tuned default at M = 1..8 on 4096^2 (7.3 against 8.4 us at M = 1, 7.8 against 9.9 at M = 4) and 8192^2 (17.1
+# against 18.2), and tied it (+-4 %) on the MLP shapes; at M = 16 it lost by 1.3-1.9x (not a candidate there).
+# (rows, kt, warps, ring) of each; split 1 (the grid is ceil(N / 16 rows)).
+_STRIP_CANDIDATES = ((1, 2, 4, 2), (1, 2, 4, 3), (2, 2, 4, 2), (1, 2, 8, 2), (2, 2, 8, 2))
+
+
+@functools.cache
+def _strip_configs() -> tuple:
+    from flashscale.kernels.w4a16_strip import StripConfig  # here: w4a16_strip imports this module
+
+    return tuple(StripConfig(rows=r, kt=kt, num_warps=w, ring=ring) for r, kt, w, ring in _STRIP_CANDIDATES)
+
+
+def strip_candidates(p: PackedW4, m: int) -> list:
+    """The strip kernel's configs for M tokens (M <= 8) and p's group size (a sub-item of 64 kt inputs in a group)."""
+    g, k = p.group_size, p.in_features
+    if m > 8:
+        return []
+    return [c for c in _strip_configs() if g == k or g % (64 * c.kt) == 0]
+
+
 def _ring_refusal(what: str, x2d: torch.Tensor, p: PackedW4) -> str:
     return (f"{what} takes up to 8 tokens and a group size that is a multiple of 128 or one group per row; got "
             f"M={x2d.shape[0]}, group_size={p.group_size}, K={p.in_features}")
 
 
 def _is_ring(cfg) -> bool:
-    return hasattr(cfg, "ring")  # kernels.w4a16_ring.RingConfig (imported where used: it imports this module)
+    # kernels.w4a16_ring.RingConfig (imported where used: it imports this module); a StripConfig has a ring too
+    return hasattr(cfg, "ring") and not hasattr(cfg, "rows")
+
+
+def _is_strip(cfg) -> bool:
+    return hasattr(cfg, "rows")  # kernels.w4a16_strip.StripConfig
 
 
 def choose_split_k(tiles: int, k_steps: int, num_sms: int, *, out_elems: int = 0, bm: int = 1) -> int:
@@ -200,6 +229,10 @@ def _config_class(fields: dict):
         from flashscale.kernels.w4a16_wgmma import WgmmaConfig
 
         return WgmmaConfig
+    if "rows" in fields:
+        from flashscale.kernels.w4a16_strip import StripConfig
+
+        return StripConfig
     if "ring" in fields:
         from flashscale.kernels.w4a16_ring import RingConfig
 

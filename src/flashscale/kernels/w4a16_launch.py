@@ -13,8 +13,8 @@ import triton
 
 from flashscale.kernels.pdl import l2_prefetch_active, launch_options
 from flashscale.kernels.w4a16_common import MAGIC_ONE, split_k_slices, split_k_workspace
-from flashscale.kernels.w4a16_configs import (DecodeConfig, GemmConfig, GemvConfig, _interpreting, _is_ring, _is_wgmma,
-                                              decode_grid)
+from flashscale.kernels.w4a16_configs import (DecodeConfig, GemmConfig, GemvConfig, _interpreting, _is_ring, _is_strip,
+                                              _is_wgmma, decode_grid)
 from flashscale.kernels.w4a16_gemm import w4a16_gemm_kernel
 from flashscale.kernels.w4a16_gemv import w4a16_decode_kernel, w4a16_gemv_kernel
 from flashscale.kernels.w4a16_pack import PackedW4
@@ -99,12 +99,16 @@ def _launch_decode(x2d, p: PackedW4, bias, y, cfg: DecodeConfig, per_sm: int, pr
 
 def _launch(x2d, p: PackedW4, bias, y, cfg, split: int, pdl: bool = False) -> None:
     """pdl: programmatic dependent launch (kernels.pdl) for the GEMV, decode and ring kernels (the ring kernel loads
-    its first items' weight words before it waits); the GEMMs ignore it (they launch plainly, which serializes as
-    usual)."""
+    its first items' weight words before it waits); the GEMMs and the strip kernel ignore it (they launch plainly,
+    which serializes as usual)."""
     if _is_wgmma(cfg):
         from flashscale.kernels.w4a16_wgmma import w4a16_wgmma
 
         w4a16_wgmma(x2d, p, bias, replace(cfg, split_k=split) if split else cfg, out=y)
+    elif _is_strip(cfg):  # no split, no PDL: it launches plainly, as the GEMMs do
+        from flashscale.kernels.w4a16_strip import launch
+
+        launch(x2d, p, bias, y, cfg)
     elif _is_ring(cfg):
         from flashscale.kernels.w4a16_ring import launch
 

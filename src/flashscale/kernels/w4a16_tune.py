@@ -19,7 +19,7 @@ import triton.testing
 from triton.runtime.errors import OutOfResources
 
 from flashscale.kernels.w4a16_configs import (DecodeConfig, _config_class, _device_info, _interpreting, _is_ring,
-                                              _is_wgmma, _ring_configs)
+                                              _is_strip, _is_wgmma, _ring_configs)
 from flashscale.kernels.w4a16_pack import PackedW4
 
 
@@ -167,7 +167,7 @@ def _tune(key: tuple, cands: list, split_of, launch, steps_of=lambda c: 0, ring=
         return _config_class(fields)(**fields), split
     if not _AUTOTUNE or _interpreting() or torch.cuda.is_current_stream_capturing():
         return cands[0], split_of(cands[0])
-    trials = [(c, s) for c in cands for s in ([split_of(c)] if _is_wgmma(c) or _is_ring(c) else  # their own
+    trials = [(c, s) for c in cands for s in ([split_of(c)] if _is_wgmma(c) or _is_ring(c) or _is_strip(c) else  # own
                                                _split_options(split_of(c), getattr(c, "slices", False), steps_of(c),
                                                               isinstance(c, DecodeConfig)))]
     if len(trials) == 1:
