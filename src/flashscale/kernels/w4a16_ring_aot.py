@@ -65,30 +65,39 @@ def hot_loop(ins: list[tuple[int, str]], prefix: str = "LDG",
     return keep, len(body) - len(keep)
 
 
-def census(cfg: RingConfig, **kw) -> dict:
-    """Compile for sm_90 and count: registers, spills, local memory, shared memory, atomics, and the hot loop's
-    instruction mix a RING-item iteration, its modelled loads in flight a thread and load waits an iteration."""
+def loop_mix(k) -> dict:
+    """A compiled kernel's hot loop (hot_loop): text (SASS), ops (opcode counts), flush (instructions skipped), rate
+    (w4a16_stream.sass_load_rate), stats (ptxas), n(*prefixes, suffix=) (opcodes counted by prefix and suffix),
+    shared and local (LDL / STL count): what the census of this kernel and of w4a16_strip read."""
     import collections
     import re
-    from dataclasses import asdict
 
     from flashscale.kernels.aot import ptxas_stats, sass, sass_instructions, sass_opcode
     from flashscale.kernels.w4a16_stream import sass_load_rate
 
-    k = compile_sm90(cfg, **kw)
     text = sass(k.asm["cubin"])
     body, flush = hot_loop(sass_instructions(text))
     ops = collections.Counter(sass_opcode(t) for _, t in body)
-    rate = sass_load_rate(body)
-    stats = ptxas_stats(k.asm["ptx"])
 
     def n(*prefixes, suffix=""):
         return sum(c for o, c in ops.items() if o.startswith(prefixes) and o.endswith(suffix))
 
+    return dict(text=text, ops=ops, flush=flush, rate=sass_load_rate(body), stats=ptxas_stats(k.asm["ptx"]), n=n,
+                shared=k.metadata.shared, local=len(re.findall(r"\b(?:LDL|STL)\b", text)))
+
+
+def census(cfg: RingConfig, **kw) -> dict:
+    """Compile for sm_90 and count: registers, spills, local memory, shared memory, atomics, and the hot loop's
+    instruction mix a RING-item iteration, its modelled loads in flight a thread and load waits an iteration."""
+    import re
+    from dataclasses import asdict
+
+    k = compile_sm90(cfg, **kw)
+    mix = loop_mix(k)
+    ops, rate, stats, n, flush = mix["ops"], mix["rate"], mix["stats"], mix["n"], mix["flush"]
     weights = cfg.ring * cfg.bn * 64 * cfg.kt // (32 * cfg.num_warps)  # a thread's weights an iteration
     return dict(config=asdict(cfg), label=cfg.label, bm=kw.get("bm", 8), dtype=kw.get("dtype", "bf16"),
-                **{n_: v for n_, v in stats.items() if n_ != "log"}, shared=k.metadata.shared,
-                local=len(re.findall(r"\b(?:LDL|STL)\b", text)),
+                **{n_: v for n_, v in stats.items() if n_ != "log"}, shared=mix["shared"], local=mix["local"],
                 atomics_ptx=len(re.findall(r"\b(?:atom|red)\.global", k.asm["ptx"])),
                 loop_instructions=sum(ops.values()), flush_instructions=flush, per_weight=sum(ops.values()) / weights,
                 ldg128=n("LDG", suffix=".128"), ldg_other=n("LDG") - n("LDG", suffix=".128"), hmma=n("HMMA"),

@@ -141,27 +141,14 @@ def census(cfg: StripConfig, **kw) -> dict:
     """Compile for sm_90 and count: registers, spills, local and shared memory, the hot loop's instruction mix an
     iteration of RING sub-items (LDG.128, other LDG, HMMA, shared-memory ops and barriers: none expected in the
     loop), its modelled loads in flight a thread and load waits."""
-    import collections
-    import re
+    from flashscale.kernels.w4a16_ring_aot import loop_mix
 
-    from flashscale.kernels.aot import ptxas_stats, sass, sass_instructions, sass_opcode
-    from flashscale.kernels.w4a16_ring_aot import hot_loop
-    from flashscale.kernels.w4a16_stream import sass_load_rate
-
-    k = compile_sm90(cfg, **kw)
-    text = sass(k.asm["cubin"])
-    body, _ = hot_loop(sass_instructions(text))
-    ops = collections.Counter(sass_opcode(t) for _, t in body)
-    rate = sass_load_rate(body)
-    stats = ptxas_stats(k.asm["ptx"])
-
-    def n(*prefixes, suffix=""):
-        return sum(c for o, c in ops.items() if o.startswith(prefixes) and o.endswith(suffix))
-
+    mix = loop_mix(compile_sm90(cfg, **kw))
+    ops, rate, stats, n = mix["ops"], mix["rate"], mix["stats"], mix["n"]
     weights = cfg.ring * cfg.rows * 16 * 64 * cfg.kt // 32  # a thread's weights an iteration
     return dict(config=asdict(cfg), label=cfg.label, bm=kw.get("bm", 8),
-                **{n_: v for n_, v in stats.items() if n_ != "log"}, shared=k.metadata.shared,
-                local=len(re.findall(r"\b(?:LDL|STL)\b", text)), loop_instructions=sum(ops.values()),
+                **{n_: v for n_, v in stats.items() if n_ != "log"}, shared=mix["shared"],
+                local=mix["local"], loop_instructions=sum(ops.values()),
                 per_weight=sum(ops.values()) / weights, ldg128=n("LDG", suffix=".128"),
                 ldg_other=n("LDG") - n("LDG", suffix=".128"), hmma=n("HMMA"), lop3=ops["LOP3.LUT"],
                 prmt=ops["PRMT"], smem=n("LDS", "STS"), bar=n("BAR"), moves=n("MOV", "IMAD.MOV"),

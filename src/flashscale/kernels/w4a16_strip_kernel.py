@@ -31,8 +31,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from flashscale.kernels.w4a16_common import D_UNIT_F16, OFF_BF16, OFF_F16, b_pairs, mma_column, x_sums
-from flashscale.kernels.w4a16_decode import _dec_store
+from flashscale.kernels.w4a16_common import D_UNIT_F16, OFF_BF16, OFF_F16, mma_column, x_sums
+from flashscale.kernels.w4a16_decode import _dec_b, _dec_store
 
 
 @triton.jit
@@ -108,23 +108,6 @@ def _slot(pk_ptr, sz_ptr, x_ptr, t, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi,
 
 
 @triton.jit
-def _b(xk, W: tl.constexpr, TWO: tl.constexpr, ASM: tl.constexpr):
-    """(W, 32, 4, 2, TB) x words of a column -> B registers (b0, b1) of tokens 0-7 and (bb0, bb1) of 8-15."""
-    if TWO:
-        xa, xb = tl.split(xk)
-        q0, q1 = tl.split(xa)
-        b0, b1 = b_pairs(q0, q1, ASM)
-        q0, q1 = tl.split(xb)
-        bb0, bb1 = b_pairs(q0, q1, ASM)
-    else:
-        q0, q1 = tl.split(tl.reshape(xk, [W, 32, 4, 2]))
-        b0, b1 = b_pairs(q0, q1, ASM)
-        bb0 = b0
-        bb1 = b1
-    return b0, b1, bb0, bb1
-
-
-@triton.jit
 def _column(w, b0, b1, bb0, bb1, d, db, W: tl.constexpr, R: tl.constexpr, BF16: tl.constexpr, TWO: tl.constexpr,
             FIRST: tl.constexpr, ASM: tl.constexpr):
     """mma_column over (W, R) fragments, x per warp (b* (W, 32, 4), the same for the R rows). The inline PTX takes
@@ -174,13 +157,13 @@ def _item(acc, accb, w, sz, xw, W: tl.constexpr, R: tl.constexpr, KT: tl.constex
     else:
         w0 = tl.reshape(w5, [W, R, 32, 4])
         x0 = tl.reshape(xw, [W, 32, 4, 2, 1 + TWO])
-    b0, b1, bb0, bb1 = _b(x0, W, TWO, ASM)
+    b0, b1, bb0, bb1 = _dec_b(x0, TWO, ASM, W)
     d, db = _column(w0, b0, b1, bb0, bb1, None, None, W, R, BF16, TWO, True, ASM)
     xs = x_sums(b0, b1, None, BF16, True, ASM)
     if TWO:
         xsb = x_sums(bb0, bb1, None, BF16, True, ASM)
     if KT == 2:
-        b0, b1, bb0, bb1 = _b(x1, W, TWO, ASM)
+        b0, b1, bb0, bb1 = _dec_b(x1, TWO, ASM, W)
         d, db = _column(w1, b0, b1, bb0, bb1, d, db, W, R, BF16, TWO, False, ASM)
         xs = x_sums(b0, b1, xs, BF16, False, ASM)
         if TWO:
