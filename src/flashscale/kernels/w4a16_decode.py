@@ -158,20 +158,24 @@ def _dec_layout(U, K, N, stride_pn, NB: tl.constexpr, KT: tl.constexpr):
 
 
 @triton.jit
+def _dec_scales(sz, BF16: tl.constexpr):
+    """sz words (s * 2^11 | z) -> (sd, zs): the multiplier of the MMA sum D (s * 2^11, / D_UNIT in fp16) and the
+    zero-point term's (OFF + z) s * 2^11, z by a float magic (2^23 + z is exact)."""
+    s = (sz & -32).to(tl.float32, bitcast=True)  # s * 2^11
+    zf = ((sz & 31) | 0x4B000000).to(tl.float32, bitcast=True)  # 2^23 + z, exact
+    if BF16:
+        return s, (zf - (8388608.0 - OFF_BF16)) * s
+    return s * (1.0 / D_UNIT_F16), (zf - (8388608.0 - OFF_F16)) * s
+
+
+@triton.jit
 def _dec_item(acc, accb, w, sz, xw, NB: tl.constexpr, KT: tl.constexpr, TWO: tl.constexpr, BF16: tl.constexpr,
           ASM: tl.constexpr):
     """acc (+ accb for tokens 8..15) += s * 2^11 (D / D_UNIT - (OFF + z) sum(x)) of one item: w its packed words
     (NB * KT * 128 int32), sz (32, NB, 2) its scale/zero words, xw its x words. The MMA summed D_UNIT (OFF + q) x,
     so y += s / D_UNIT * D - (OFF + z) s * sum(x); z by a float magic. The decode kernel's and w4a16_ring's."""
     szw = tl.permute(sz, [1, 0, 2])  # (NB, 32, 2): rows g, g + 8 of each fragment row
-    s = (szw & -32).to(tl.float32, bitcast=True)  # s * 2^11
-    zf = ((szw & 31) | 0x4B000000).to(tl.float32, bitcast=True)  # 2^23 + z, exact
-    if BF16:
-        zs = (zf - (8388608.0 - OFF_BF16)) * s
-        sd = s
-    else:
-        zs = (zf - (8388608.0 - OFF_F16)) * s
-        sd = s * (1.0 / D_UNIT_F16)
+    sd, zs = _dec_scales(szw, BF16)
     s4 = tl.reshape(tl.join(sd, sd), [NB, 32, 4])  # c = 2 (row half) + token parity
     zs4 = tl.reshape(tl.join(zs, zs), [NB, 32, 4])
     w4 = tl.reshape(w, [NB, KT, 32, 4])

@@ -31,8 +31,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from flashscale.kernels.w4a16_common import D_UNIT_F16, OFF_BF16, OFF_F16, mma_column, x_sums
-from flashscale.kernels.w4a16_decode import _dec_b, _dec_store
+from flashscale.kernels.w4a16_common import mma_column, x_sums
+from flashscale.kernels.w4a16_decode import _dec_b, _dec_scales, _dec_store
 
 
 @triton.jit
@@ -140,14 +140,7 @@ def _item(acc, accb, w, sz, xw, W: tl.constexpr, R: tl.constexpr, KT: tl.constex
           BF16: tl.constexpr, ASM: tl.constexpr):
     """acc (+ accb) += s * 2^11 (D / D_UNIT - (OFF + z) sum(x)) of one iteration (w4a16_decode._dec_item with x a
     warp): w (W, R, KT, 128) words, sz (W, R, 32, 2) scale/zero words, xw (W, 32, 4, 2, TB, KT) x words."""
-    s = (sz & -32).to(tl.float32, bitcast=True)  # s * 2^11, rows g, g + 8
-    zf = ((sz & 31) | 0x4B000000).to(tl.float32, bitcast=True)  # 2^23 + z, exact
-    if BF16:
-        zs = (zf - (8388608.0 - OFF_BF16)) * s
-        sd = s
-    else:
-        zs = (zf - (8388608.0 - OFF_F16)) * s
-        sd = s * (1.0 / D_UNIT_F16)
+    sd, zs = _dec_scales(sz, BF16)  # rows g, g + 8
     s4 = tl.reshape(tl.join(sd, sd), [W, R, 32, 4])  # c = 2 (row half) + token parity
     zs4 = tl.reshape(tl.join(zs, zs), [W, R, 32, 4])
     w5 = tl.permute(tl.reshape(w, [W, R, KT, 32, 4]), [0, 1, 3, 4, 2])  # (W, R, 32, 4, KT)
