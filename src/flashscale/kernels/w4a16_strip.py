@@ -62,6 +62,10 @@ STRIP_CONFIGS: list[StripConfig] = [  # M <= 8
     StripConfig(rows=2, kt=1, num_warps=8, ring=2),
     StripConfig(rows=2, kt=2, num_warps=8, ring=2),
     StripConfig(rows=4, kt=1, num_warps=4, ring=2),
+    # deeper rings for the H200 (more bytes in flight an SM than the H100 needs): 166 registers, 3 an SM, 72 KB; and
+    # two warps a program, 130 registers, 7 an SM, 42 KB in finer grains
+    StripConfig(rows=2, kt=2, num_warps=4, ring=3),
+    StripConfig(rows=1, kt=2, num_warps=2, ring=3),
 ]
 STRIP_CONFIGS_16: list[StripConfig] = [  # 9 <= M <= 16: x and the second accumulator double
     StripConfig(rows=1, kt=2, num_warps=4, ring=2),
