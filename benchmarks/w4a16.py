@@ -19,6 +19,7 @@ tuned configs) and a PNG of speedup over bf16 vs M, one line per shape, with the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -64,8 +65,7 @@ def copies_for(nbytes: int) -> int:
 
 def weight_copies(base: PackedW4, w_bf16: torch.Tensor) -> tuple[list[PackedW4], list[torch.Tensor]]:
     """base and w_bf16 each with copies that together pass 3x the L2, for the timed calls to rotate through."""
-    packs = [base] + [PackedW4(qweight=base.qweight.clone(), sz=base.sz.clone(), perm=None, in_features=base.in_features,
-                               out_features=base.out_features, group_size=base.group_size)
+    packs = [base] + [dataclasses.replace(base, qweight=base.qweight.clone(), sz=base.sz.clone(), perm=None)
                       for _ in range(copies_for(packed_bytes(base)) - 1)]
     return packs, [w_bf16] + [w_bf16.clone() for _ in range(copies_for(w_bf16.numel() * 2) - 1)]
 
@@ -172,7 +172,7 @@ def main(argv=None) -> int:
             print(f"  M={m:5d} K={k:5d} N={n:5d}  " + "  ".join(
                 f"{i} {best[i]['us']:9.1f} us" + (f" x{bf / best[i]['us']:.2f}" if bf and i != "bf16" else "")
                 + (f" [{best[i]['config']}]" if "config" in best[i] else "") for i in impls if i in best), flush=True)
-        del packs, ws, w_bf16, base
+        packs = ws = w_bf16 = base = None  # freed before the next shape (the closures above see None: not called again)
         torch.cuda.empty_cache()
         path = write(args, gpu, g, rows, checks)  # after every shape: a cut-short run keeps what it measured
 
