@@ -14,6 +14,8 @@ GPU (marked gpu): every candidate at Llama decode shapes in bf16, and the same b
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -57,8 +59,6 @@ def test_strip_is_a_dispatch_candidate_interpreter():
     """w4a16_matmul: the strip configs join the M = 1 and M <= 8 buckets (after the ring kernel's), only where a
     sub-item stays inside a group; a forced StripConfig runs the strip kernel (split 1); a tuned table entry
     round-trips to a StripConfig (not a RingConfig: both have a ring); kernel="strip" refuses M = 9."""
-    import dataclasses
-
     from flashscale.kernels import w4a16
     from flashscale.kernels.w4a16_ring import RingConfig
 
@@ -79,6 +79,40 @@ def test_strip_is_a_dispatch_candidate_interpreter():
     assert_within_noise(y, x, p, b)
     with pytest.raises(ValueError, match="strip kernel takes up to 8 tokens"):
         w4a16.w4a16_matmul(torch.randn(9, 256).half(), p, kernel="strip")
+
+
+def test_tuner_takes_strip_where_it_times_fastest_interpreter(monkeypatch):
+    """Automatic dispatch at M = 1 with the tuner on (timings faked: strip r2 kt2 w4 ring2 fastest): every candidate
+    of the bucket runs once (gemv, decode, ring, strip: each launched on the interpreter), the strip config is kept
+    with split 1, the result is the product, and the tuned entry is read back as that StripConfig untimed."""
+    from flashscale.kernels import w4a16, w4a16_tune
+
+    gen = torch.Generator().manual_seed(11)
+    p = _weight(256, 32, 128, sym=False, gen=gen)
+    x = torch.randn(1, 256, generator=gen).half()
+    fast = StripConfig(rows=2, kt=2, num_warps=4, ring=2)
+    seen = []
+
+    def fake_time(launch, c, s, ring=()):
+        seen.append(type(c).__name__)
+        return 1.0 if c == fast else 2.0 + len(seen) * 1e-3
+
+    monkeypatch.setattr(w4a16_tune, "_AUTOTUNE", True)
+    monkeypatch.setattr(w4a16_tune, "WARM_MS", 0.0)
+    monkeypatch.setattr(w4a16_tune, "_interpreting", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(w4a16_tune, "_split_options", lambda default, *a: [default])
+    monkeypatch.setattr(w4a16_tune, "_time", fake_time)
+    monkeypatch.setattr(w4a16, "_weight_ring", lambda q: [q])
+    key = w4a16._tune_key("gemv", 1, x, p)
+    monkeypatch.setitem(w4a16._TUNED, key, None)  # removed again afterwards
+    del w4a16._TUNED[key]
+    y = w4a16.w4a16_matmul(x, p)
+    assert_within_noise(y, x, p)
+    assert {"GemvConfig", "DecodeConfig", "RingConfig", "StripConfig"} <= set(seen)
+    assert w4a16._TUNED[key] == dict(dataclasses.asdict(fast), split_k=1)
+    n = len(seen)
+    assert torch.equal(w4a16.w4a16_matmul(x, p), y) and len(seen) == n  # cached: the same kernel, untimed
 
 
 def test_bad_arguments():
