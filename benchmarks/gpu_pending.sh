@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# NEXT: grid42 on an H200 (the M = 16 / 64 rows after ctas > 1 lost its split), then h2grid39. Session 43 ran
+# NEXT: strip45 first (the strip kernel joined the M <= 8 autotune candidates in session 45 without a GPU run of
+# test_w4a16.py's dispatch tests: no machine came after the first call), then grid42 on an H200 (the M = 16 / 64
+# rows after ctas > 1 lost its split), then h2grid39. Session 45 ran the strip kernel's GPU tests and its
+# side-by-side rows (results/w4a16-strip-h100.json) on an H100. Session 43 ran
 # vygrid40 and the default grid from M 256 on an H100 (docs/w4a16_gemm.md), the lazy-rescale sweep (reverted,
 # docs/attention_fa3.md) and every `-m gpu` test (687 passed). Session 42 ran fix41 and fix42 (H100).
 # A results file that comes back gets a "note" before it is committed.
@@ -34,6 +37,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fix41     # ~5-8 min: the repeat script case by case, memcheck, x8
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fix41b    # ~4 min: the fix-up GPU tests
 #   device run:  OUT=$OUT FIX42_DIAG=snap bash benchmarks/gpu_pending.sh fix42  # ~3 min (ran, s42): cases 7-9, tests
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh strip45   # ~7 min: dispatch + strip GPU tests, M 1-8 grid
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid42    # ~5 min, H200: the M = 16 / 64 rows re-measured
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vy40      # ~5 min (ran, s40): vec_y GPU tests, the probe's A/B
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vygrid40  # ~6 min: the W4A16 grid with the vec_y twins
@@ -329,6 +333,12 @@ case "${1:-}" in
     step fix_tests 220 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4 --show-capture=no --tb=short \
       tests/kernels/test_w4a16_wgmma_gpu.py -k "fixups_repeat or stream_k_tail or step_parity_and_split or \
       persistent_equals or two_blocks_an_sm or plan_split" ;;
+  strip45)  # the strip kernel in the M = 1 / M <= 8 autotune candidates (session 45): the dispatch and strip GPU
+    # tests, then the M 1-8 grid with every strip config beside the tuned default (which now includes five of them);
+    # its flashscale and bf16 rows then go into results/w4a16-<gpu>.json by hand (merge_results), the strip rows not
+    step tests 200 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu tests/kernels/test_w4a16.py \
+      tests/kernels/test_w4a16_strip.py
+    step w4a16 380 "$PY" benchmarks/w4a16.py --impls flashscale,flashscale-strip,bf16 --ms 1,2,4,8 --out "$OUT" ;;
   grid42)  # the five M = 16 / 64 rows of results/w4a16-h200.json timed with ctas = 2 under the automatic split (now
     # refused, session 42) re-measured: the M = 16 and 64 grid, merged into the results (H200 only: the file's GPU)
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
