@@ -196,64 +196,52 @@ def main(argv=None) -> int:
 
 def wgmma_trials(base: PackedW4, packs: list, w_bf16: torch.Tensor, x: torch.Tensor, m: int,
                  gen: torch.Generator, checks: list, configs: list | None = None) -> list:
-    """(impl, fn, bytes, config) of every flashscale-wgmma candidate of M's bucket (or of those of `configs` that fit
-    the group size) that is correct here (float64 check first, as check(); a wrong or failing config is reported in
-    checks and not timed)."""
+    """checked_trials of every flashscale-wgmma candidate of M's bucket (or of those of `configs` that fit the group
+    size)."""
     from flashscale.kernels import w4a16_wgmma as wg
 
-    out, it = [], {"q": 0}
-    oracle = x.double() @ dequantize_w4(base, torch.float64)
-    e_bf16 = rel_err(F.linear(x, w_bf16), oracle)
     configs = wg.candidates(m) if configs is None else [
         c for c in configs if wg.config_error(c, base.group_size, base.in_features) is None]
-    for cfg in configs:
-        try:
-            e = rel_err(wg.w4a16_wgmma(x, base, config=cfg), oracle)
-        except Exception as exc:  # noqa: BLE001  (compile / resource errors: reported, the others still run)
-            print(f"flashscale-wgmma {cfg}: {exc!r}"[:300], flush=True)
-            e = float("inf")
-        ok = e <= 2 * e_bf16 + 1e-3
-        checks.append(dict(impl="flashscale-wgmma", config=cfg.label(), M=m, K=base.in_features,
-                           N=base.out_features, rel_err=e, rel_err_bf16=e_bf16, ok=ok))
-        if not ok:
-            print(f"flashscale-wgmma WRONG {cfg.label()} M={m}: rel err {e:.3e} vs bf16 {e_bf16:.3e}", flush=True)
-            continue
-
-        def fn(cfg=cfg):
-            it["q"] = (it["q"] + 1) % len(packs)
-            return wg.w4a16_wgmma(x, packs[it["q"]], config=cfg)
-
-        out.append(("flashscale-wgmma", fn, packed_bytes(base), cfg))
-    return out
+    return checked_trials("flashscale-wgmma", configs, lambda xx, p, cfg: wg.w4a16_wgmma(xx, p, config=cfg),
+                          lambda cfg: cfg.label(), base, packs, w_bf16, x, m, checks)
 
 
 def strip_trials(base: PackedW4, packs: list, w_bf16: torch.Tensor, x: torch.Tensor, m: int, checks: list) -> list:
-    """(impl, fn, bytes, config) of every flashscale-strip candidate of M's bucket (kernels.w4a16_strip: no split-K
-    across programs) that is correct here (float64 check first; a wrong or failing config is reported in checks
-    and not timed)."""
+    """checked_trials of every flashscale-strip candidate of M's bucket (kernels.w4a16_strip: no split-K across
+    programs)."""
     from flashscale.kernels import w4a16_strip as strip
 
+    return checked_trials("flashscale-strip", strip.configs_for(m),
+                          lambda xx, p, cfg: strip.w4a16_strip(xx, p, config=cfg), lambda cfg: cfg.label,
+                          base, packs, w_bf16, x, m, checks)
+
+
+def checked_trials(impl: str, configs: list, run, label, base: PackedW4, packs: list, w_bf16: torch.Tensor,
+                   x: torch.Tensor, m: int, checks: list) -> list:
+    """(impl, fn, bytes, config) of every config that is correct here: run(x, weight, config) checked against the
+    float64 product first (as check()); a wrong or failing config is reported in checks (label(config) names it)
+    and not timed. fn runs it on the weight copies in turn."""
     out, it = [], {"q": 0}
     oracle = x.double() @ dequantize_w4(base, torch.float64)
     e_bf16 = rel_err(F.linear(x, w_bf16), oracle)
-    for cfg in strip.configs_for(m):
+    for cfg in configs:
         try:
-            e = rel_err(strip.w4a16_strip(x, base, config=cfg), oracle)
+            e = rel_err(run(x, base, cfg), oracle)
         except Exception as exc:  # noqa: BLE001  (compile / resource errors: reported, the others still run)
-            print(f"flashscale-strip {cfg.label}: {exc!r}"[:300], flush=True)
+            print(f"{impl} {label(cfg)}: {exc!r}"[:300], flush=True)
             e = float("inf")
         ok = e <= 2 * e_bf16 + 1e-3
-        checks.append(dict(impl="flashscale-strip", config=cfg.label, M=m, K=base.in_features,
-                           N=base.out_features, rel_err=e, rel_err_bf16=e_bf16, ok=ok))
+        checks.append(dict(impl=impl, config=label(cfg), M=m, K=base.in_features, N=base.out_features, rel_err=e,
+                           rel_err_bf16=e_bf16, ok=ok))
         if not ok:
-            print(f"flashscale-strip WRONG {cfg.label} M={m}: rel err {e:.3e} vs bf16 {e_bf16:.3e}", flush=True)
+            print(f"{impl} WRONG {label(cfg)} M={m}: rel err {e:.3e} vs bf16 {e_bf16:.3e}", flush=True)
             continue
 
         def fn(cfg=cfg):
             it["q"] = (it["q"] + 1) % len(packs)
-            return strip.w4a16_strip(x, packs[it["q"]], config=cfg)
+            return run(x, packs[it["q"]], cfg)
 
-        out.append(("flashscale-strip", fn, packed_bytes(base), cfg))
+        out.append((impl, fn, packed_bytes(base), cfg))
     return out
 
 
