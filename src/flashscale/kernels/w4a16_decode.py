@@ -39,8 +39,8 @@ def _x_word(base, off, kl, K, EVEN_K: tl.constexpr):
 
 @triton.jit
 def _stack4(a0, a1, a2, a3):
-    """four (1, 32) -> (1, 32, 4) [.., i] = a_i, in registers."""
-    return tl.reshape(tl.join(tl.join(a0, a2), tl.join(a1, a3)), [1, 32, 4])
+    """four (FB, 32) -> (FB, 32, 4) [.., i] = a_i, in registers (FB 1, or a warp's own in w4a16_strip_kernel)."""
+    return tl.reshape(tl.join(tl.join(a0, a2), tl.join(a1, a3)), [a0.shape[0], 32, 4])
 
 
 @triton.jit
@@ -64,7 +64,8 @@ def _x_pairs(x_ptr, stride_xm, kw, lane, M, K, tok0, EVEN_K: tl.constexpr):
 @triton.jit
 def _dec_x(x_ptr, stride_xm, ks, lane, M, K, BK: tl.constexpr, KT: tl.constexpr, TWO: tl.constexpr,
            EVEN_K: tl.constexpr):
-    """x words of step ks: (1, 32, 4, 2, TB, KT) (TB token blocks of 8, KT columns)."""
+    """x words of step ks: (1, 32, 4, 2, TB, KT) (TB token blocks of 8, KT columns); ks (W, 1) (a step a warp,
+    w4a16_strip_kernel) -> (W, 32, 4, 2, TB, KT)."""
     kw = ks * (BK // 2)
     xa = _x_pairs(x_ptr, stride_xm, kw, lane, M, K, 0, EVEN_K)
     if TWO:

@@ -32,37 +32,7 @@ import triton
 import triton.language as tl
 
 from flashscale.kernels.w4a16_common import mma_column, x_sums
-from flashscale.kernels.w4a16_decode import _dec_b, _dec_scales, _dec_store
-
-
-@triton.jit
-def _xw(base, off, kl, ok, K, EVEN: tl.constexpr):
-    """One x word a lane (W, 32); zero past K or for a warp whose sub-item is past the strip (ok)."""
-    if EVEN:
-        return tl.load(base + off)
-    return tl.load(base + off, mask=ok & (2 * (kl + off) < K), other=0)
-
-
-@triton.jit
-def _x4(a0, a1, a2, a3, W: tl.constexpr):
-    """four (W, 32) -> (W, 32, 4) [.., i] = a_i, in registers."""
-    return tl.reshape(tl.join(tl.join(a0, a2), tl.join(a1, a3)), [W, 32, 4])
-
-
-@triton.jit
-def _x_col(x_ptr, stride_xm, kw, ok, lane, M, K, tok0, W: tl.constexpr, EVEN: tl.constexpr):
-    """(W, 32, 4, 2) int32 x words of one 64-wide column a warp (kw (W, 1): its first x word, K index / 2), tokens
-    tok0 + lane // 4: [.., i, 0] = (x[16i + 2t], x[16i + 2t + 1]), [.., i, 1] = (x[16i + 2t + 8], ..), t = lane % 4
-    (w4a16_decode._x_pairs with a K range a warp). Lanes of tokens >= M read token M - 1 (a B column only reaches
-    its own D column, never stored)."""
-    tok = tl.minimum(tok0 + lane // 4, M - 1)
-    kl = kw + lane % 4  # (W, 32)
-    base = x_ptr + tok * stride_xm + kl
-    lo = _x4(_xw(base, 0, kl, ok, K, EVEN), _xw(base, 8, kl, ok, K, EVEN), _xw(base, 16, kl, ok, K, EVEN),
-             _xw(base, 24, kl, ok, K, EVEN), W)
-    hi = _x4(_xw(base, 4, kl, ok, K, EVEN), _xw(base, 12, kl, ok, K, EVEN), _xw(base, 20, kl, ok, K, EVEN),
-             _xw(base, 28, kl, ok, K, EVEN), W)
-    return tl.join(lo, hi)
+from flashscale.kernels.w4a16_decode import _dec_b, _dec_scales, _dec_store, _dec_x
 
 
 @triton.jit
@@ -88,22 +58,10 @@ def _slot(pk_ptr, sz_ptr, x_ptr, t, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi,
     else:
         szw = tl.load(sp, mask=tl.permute(fr_ok, [0, 2, 1, 3]), other=0)
     szw = tl.permute(szw, [1, 2, 0, 3])
-    kw = (j * (BK // 2))[:, None]  # (W, 1)
-    okw = ok[:, None]
-    xa = _x_col(x_ptr, stride_xm, kw, okw, lane, M, K, 0, W, EVEN)
-    if TWO:
-        xa = tl.join(xa, _x_col(x_ptr, stride_xm, kw, okw, lane, M, K, 8, W, EVEN))
-    else:
-        xa = xa[:, :, :, :, None]
-    if KT == 2:
-        xb = _x_col(x_ptr, stride_xm, kw + 32, okw, lane, M, K, 0, W, EVEN)
-        if TWO:
-            xb = tl.join(xb, _x_col(x_ptr, stride_xm, kw + 32, okw, lane, M, K, 8, W, EVEN))
-        else:
-            xb = xb[:, :, :, :, None]
-        xs = tl.join(xa, xb)
-    else:
-        xs = xa[:, :, :, :, :, None]
+    ks = j  # x of the warps' sub-items; a warp with none left (not EVEN only) reads past K, which loads zeros
+    if not EVEN:
+        ks = tl.where(ok, j, S)
+    xs = _dec_x(x_ptr, stride_xm, ks[:, None], lane, M, K, BK, KT, TWO, EVEN)
     return words, szw, xs
 
 
