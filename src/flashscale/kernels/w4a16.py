@@ -94,16 +94,16 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
         kernel = ("wgmma" if _is_wgmma(config) else "strip" if _is_strip(config) else "ring" if _is_ring(config) else
                   {DecodeConfig: "decode", GemvConfig: "gemv", GemmConfig: "gemm"}[type(config)])
     dec = decode_candidates(p) if m <= 16 else []
-    ring = ring_candidates(p, m) + strip_candidates(p, m) if auto else []
+    extra = ring_candidates(p, m) + strip_candidates(p, m) if auto else []  # the M <= 8 decode kernels
     if kernel == "gemv":
         if m != 1:
             raise ValueError(f"the gemv kernel takes one token (M = 1), got M={m}")
-        cands, bucket = gemv_candidates(p) + (dec + ring if auto else []), 1
+        cands, bucket = gemv_candidates(p) + (dec + extra if auto else []), 1
         if not gemv_candidates(p):
             raise ValueError(f"the gemv kernel needs a group size that is a multiple of 64 or one group per "
                              f"row; this weight has group_size={p.group_size}, K={k}")
     elif kernel == "gemm":
-        cands, bucket = gemm_candidates(m) + (dec + ring if auto else []), m_bucket(m)
+        cands, bucket = gemm_candidates(m) + (dec + extra if auto else []), m_bucket(m)
     elif kernel == "wgmma":
         from flashscale.kernels.w4a16_wgmma import unsupported
 
@@ -125,8 +125,7 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
     elif kernel == "strip":
         cands, bucket = strip_candidates(p, m), m_bucket(m) if m > 1 else 1
         if not cands and config is None:
-            raise ValueError(f"the strip kernel takes up to 8 tokens and a group size that is a multiple of 64 or "
-                             f"one group per row; got M={m}, group_size={p.group_size}, K={k}")
+            raise ValueError(_ring_refusal("the strip kernel", x2d, p, 64))
     else:
         raise ValueError(f"kernel={kernel!r}; expected None, 'gemv', 'gemm', 'decode', 'ring', 'strip' or 'wgmma'")
 

@@ -187,9 +187,9 @@ def strip_candidates(p: PackedW4, m: int) -> list:
     return [c for c in _strip_configs() if g == k or g % (64 * c.kt) == 0]
 
 
-def _ring_refusal(what: str, x2d: torch.Tensor, p: PackedW4) -> str:
-    return (f"{what} takes up to 8 tokens and a group size that is a multiple of 128 or one group per row; got "
-            f"M={x2d.shape[0]}, group_size={p.group_size}, K={p.in_features}")
+def _ring_refusal(what: str, x2d: torch.Tensor, p: PackedW4, multiple: int = 128) -> str:
+    return (f"{what} takes up to 8 tokens and a group size that is a multiple of {multiple} or one group per row; "
+            f"got M={x2d.shape[0]}, group_size={p.group_size}, K={p.in_features}")
 
 
 def _is_ring(cfg) -> bool:

@@ -117,9 +117,9 @@ def _dec_store(out, y_ptr, bias_ptr, rows, toks, M, N, stride_ym, HAS_BIAS: tl.c
 
 
 @triton.jit
-def _dec_b(xk, TWO: tl.constexpr, ASM: tl.constexpr, W: tl.constexpr = 1):
-    """(W, 32, 4, 2, TB) x words of a column (W: 1 here, one per warp in w4a16_strip_kernel) -> B registers (b0, b1)
-    of tokens 0-7 and (bb0, bb1) of 8-15."""
+def _dec_b(xk, TWO: tl.constexpr, ASM: tl.constexpr):
+    """(FB, 32, 4, 2, TB) x words of a column (FB 1 here, a warp's own in w4a16_strip_kernel) -> B registers
+    (b0, b1) of tokens 0-7 and (bb0, bb1) of 8-15."""
     if TWO:
         xa, xb = tl.split(xk)
         q0, q1 = tl.split(xa)
@@ -127,7 +127,7 @@ def _dec_b(xk, TWO: tl.constexpr, ASM: tl.constexpr, W: tl.constexpr = 1):
         q0, q1 = tl.split(xb)
         bb0, bb1 = b_pairs(q0, q1, ASM)
     else:
-        q0, q1 = tl.split(tl.reshape(xk, [W, 32, 4, 2]))
+        q0, q1 = tl.split(tl.reshape(xk, [xk.shape[0], 32, 4, 2]))
         b0, b1 = b_pairs(q0, q1, ASM)
         bb0 = b0
         bb1 = b1

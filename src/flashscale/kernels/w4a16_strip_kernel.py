@@ -108,13 +108,13 @@ def _item(acc, accb, w, sz, xw, W: tl.constexpr, R: tl.constexpr, KT: tl.constex
     else:
         w0 = tl.reshape(w5, [W, R, 32, 4])
         x0 = tl.reshape(xw, [W, 32, 4, 2, 1 + TWO])
-    b0, b1, bb0, bb1 = _dec_b(x0, TWO, ASM, W)
+    b0, b1, bb0, bb1 = _dec_b(x0, TWO, ASM)
     d, db = _column(w0, b0, b1, bb0, bb1, None, None, W, R, BF16, TWO, True, ASM)
     xs = x_sums(b0, b1, None, BF16, True, ASM)
     if TWO:
         xsb = x_sums(bb0, bb1, None, BF16, True, ASM)
     if KT == 2:
-        b0, b1, bb0, bb1 = _dec_b(x1, TWO, ASM, W)
+        b0, b1, bb0, bb1 = _dec_b(x1, TWO, ASM)
         d, db = _column(w1, b0, b1, bb0, bb1, d, db, W, R, BF16, TWO, False, ASM)
         xs = x_sums(b0, b1, xs, BF16, False, ASM)
         if TWO:
