@@ -20,6 +20,13 @@ REGS_PER_SM = 65536
 MAX_TOKENS = 16
 
 
+def resident_programs(regs: int, num_warps: int) -> int:
+    """Programs of num_warps warps an SM can hold at regs registers a thread (allocated 8 a thread at a time; 2048
+    threads, 32 blocks)."""
+    threads = 32 * num_warps
+    return max(1, min(REGS_PER_SM // (-(-regs // 8) * 8 * threads), 2048 // threads, 32))
+
+
 @dataclass(frozen=True, kw_only=True)
 class RingConfig:
     bn: int = 256  # output rows per item (a multiple of 16 * ...: NB = bn / 16 fragment rows, warps split them)
@@ -43,9 +50,7 @@ class RingConfig:
         return self.item_bytes // (16 * 32 * self.num_warps)
 
     def resident(self, regs: int) -> int:
-        """Programs an SM can hold (registers allocated 8 a thread at a time; 2048 threads, 32 blocks)."""
-        threads = 32 * self.num_warps
-        return max(1, min(REGS_PER_SM // (-(-regs // 8) * 8 * threads), 2048 // threads, 32))
+        return resident_programs(regs, self.num_warps)
 
     def per_sm_options(self, regs: int | None = None) -> list[int]:
         """Programs an SM worth timing: the default and up to two larger counts that still all fit at once (one

@@ -19,9 +19,8 @@ from flashscale.kernels.w4a16_configs import _interpreting
 from flashscale.kernels.w4a16_launch import x_words
 from flashscale.kernels.w4a16_pack import PackedW4
 from flashscale.kernels.w4a16_ring import check_operands
+from flashscale.kernels.w4a16_ring_config import resident_programs
 from flashscale.kernels.w4a16_strip_kernel import w4a16_strip_kernel
-
-REGS_PER_SM = 65536
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,9 +37,7 @@ class StripConfig:
         return self.num_warps * self.rows * self.kt * 512
 
     def resident(self, regs: int) -> int:
-        """Programs an SM can hold (registers allocated 8 a thread at a time; 2048 threads, 32 blocks)."""
-        threads = 32 * self.num_warps
-        return max(1, min(REGS_PER_SM // (-(-regs // 8) * 8 * threads), 2048 // threads, 32))
+        return resident_programs(regs, self.num_warps)
 
     def in_flight_kb(self, regs: int) -> float:
         """KB of packed words in flight an SM by design (resident programs x ring x an iteration's bytes)."""
