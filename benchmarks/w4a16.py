@@ -165,6 +165,7 @@ def main(argv=None) -> int:
                 if cfg is not None:
                     row["config"] = cfg.label if impl == "flashscale-strip" else \
                         cfg.label() + f"-g{cfg.group}-c{cfg.consumers}"
+                    print(f"    trial {impl} [{row['config']}] M={m} K={k} N={n}: {us:.2f} us", flush=True)
                 if impl not in best or us < best[impl]["us"]:
                     best[impl] = row
             rows += [best[i] for i in impls if i in best]

@@ -65,7 +65,7 @@ def test_strip_is_a_dispatch_candidate_interpreter():
     gen = torch.Generator().manual_seed(7)
     p = _weight(256, 64, 128, sym=False, gen=gen)
     cands = w4a16.strip_candidates(p, 1)
-    assert [(c.rows, c.kt, c.num_warps, c.ring) for c in cands] == list(w4a16_configs._STRIP_CANDIDATES)
+    assert [(c.rows, c.kt, c.num_warps, c.ring, c.maxnreg) for c in cands] == list(w4a16_configs._STRIP_CANDIDATES)
     assert w4a16.strip_candidates(p, 8) == cands and w4a16.strip_candidates(p, 9) == []
     assert w4a16.strip_candidates(_weight(256, 64, 64, sym=True, gen=gen), 1) == [
         c for c in cands if c.kt == 1]  # kt 2 would cross a group of 64
@@ -125,6 +125,8 @@ def test_bad_arguments():
         w4a16_strip(x, p, config=StripConfig(ring=4))
     with pytest.raises(ValueError, match="num_warps=3"):
         w4a16_strip(x, p, config=StripConfig(num_warps=3))
+    with pytest.raises(ValueError, match="maxnreg=300"):
+        w4a16_strip(x, p, config=StripConfig(maxnreg=300))
     with pytest.raises(TypeError, match="StripConfig"):
         w4a16_strip(x, p, config=object())
     with pytest.raises(ValueError, match="M=17"):
@@ -149,6 +151,7 @@ def test_sm90_compile_no_spills_no_smem_in_loop(tmp_path):
         c = StripConfig(**r["config"])
         assert r["spill_stores"] == r["spill_loads"] == r["stack"] == r["local"] == 0, r
         assert r["smem"] == 0 and r["bar"] == 0, r  # no layout conversion, no barrier an iteration
+        assert c.maxnreg is None or r["registers"] <= c.maxnreg, r  # the cap reached ptxas
         assert r["ldg128"] == c.ring * c.kt * c.rows, r  # a 512-byte fragment a warp instruction, 16 B a lane
         assert r["moves"] <= 16, r  # slots rotated by position
         assert r["loads_in_flight"] >= 0.6 * r["ldg_per_iter"], r  # the ring holds while it waits (static model)

@@ -30,6 +30,7 @@ class StripConfig:
     num_warps: int = 4  # W: the warps splitting K
     ring: int = 2  # iterations in flight a program (slots rotated by position), 1..3
     asm: bool = True  # inline PTX (mma.sync); the interpreter always runs the emulation
+    maxnreg: int | None = None  # register cap handed to ptxas: more programs an SM (e.g. 128: four 4-warp programs)
 
     @property
     def item_bytes(self) -> int:
@@ -45,24 +46,30 @@ class StripConfig:
 
     @property
     def label(self) -> str:
-        return f"strip r{self.rows} kt{self.kt} w{self.num_warps} ring{self.ring}"
+        return f"strip r{self.rows} kt{self.kt} w{self.num_warps} ring{self.ring}" + (
+            f" maxnreg{self.maxnreg}" if self.maxnreg else "")
+
+    @property
+    def options(self) -> dict:
+        """Compile options beyond the constexprs (num_warps, num_stages, the register cap)."""
+        return {"num_warps": self.num_warps, "num_stages": 1, **({"maxnreg": self.maxnreg} if self.maxnreg else {})}
 
 
 # Candidates (sm_90 registers and KB in flight an SM: the census). Programs = ceil(N / 16 R): 512 at N 8192 and R 1,
 # so R 1 fills 132 SMs from N ~ 4096 at 2-4 programs an SM; R 2 shares x between two rows a thread (fewer loads).
+# What sets the bytes in flight at a shape is min(resident, programs / 132) x ring x an iteration's bytes: at N 8192
+# and R 1 (3.9 programs an SM) ring 3 needs 4 resident (130 registers give 3: two waves), so it is capped at 128.
 STRIP_CONFIGS: list[StripConfig] = [  # M <= 8
-    StripConfig(rows=1, kt=2, num_warps=4, ring=2),
-    StripConfig(rows=1, kt=2, num_warps=4, ring=3),
-    StripConfig(rows=2, kt=2, num_warps=4, ring=2),
-    StripConfig(rows=1, kt=2, num_warps=8, ring=2),
-    StripConfig(rows=1, kt=1, num_warps=8, ring=3),
-    StripConfig(rows=2, kt=1, num_warps=8, ring=2),
-    StripConfig(rows=2, kt=2, num_warps=8, ring=2),
-    StripConfig(rows=4, kt=1, num_warps=4, ring=2),
-    # deeper rings for the H200 (more bytes in flight an SM than the H100 needs): 166 registers, 3 an SM, 72 KB; and
-    # two warps a program, 130 registers, 7 an SM, 42 KB in finer grains
-    StripConfig(rows=2, kt=2, num_warps=4, ring=3),
-    StripConfig(rows=1, kt=2, num_warps=2, ring=3),
+    StripConfig(rows=1, kt=2, num_warps=4, ring=2),  # 82 registers, 5 an SM, 8 KB a program in flight
+    StripConfig(rows=1, kt=2, num_warps=4, ring=3, maxnreg=128),  # 4 an SM, 12 KB (one wave at N 8192)
+    StripConfig(rows=2, kt=2, num_warps=4, ring=2),  # 128, 4 an SM, 16 KB
+    StripConfig(rows=1, kt=2, num_warps=8, ring=2),  # 82, 2 an SM, 16 KB
+    StripConfig(rows=1, kt=2, num_warps=8, ring=3),  # 126, 2 an SM, 24 KB (N 4096: 1.9 programs an SM, one wave)
+    StripConfig(rows=2, kt=2, num_warps=8, ring=2),  # 128, 2 an SM, 32 KB
+    StripConfig(rows=4, kt=1, num_warps=4, ring=2),  # 124, 4 an SM, 16 KB
+    StripConfig(rows=2, kt=2, num_warps=4, ring=3),  # 166, 3 an SM, 24 KB
+    StripConfig(rows=1, kt=2, num_warps=2, ring=3, maxnreg=128),  # 8 an SM, 6 KB in finer grains
+    StripConfig(rows=1, kt=2, num_warps=4, ring=3),  # uncapped (130, 3 an SM): the A/B of the cap
 ]
 STRIP_CONFIGS_16: list[StripConfig] = [  # 9 <= M <= 16: x and the second accumulator double
     StripConfig(rows=1, kt=2, num_warps=4, ring=2),
@@ -86,6 +93,8 @@ def check_args(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, cfg: Str
         raise ValueError(f"config kt={cfg.kt} must be 1 or 2 and ring={cfg.ring} 1..3")
     if cfg.num_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"config.num_warps={cfg.num_warps} must be a power of two 1..16 (the warps splitting K)")
+    if cfg.maxnreg is not None and not (isinstance(cfg.maxnreg, int) and 24 <= cfg.maxnreg <= 255):
+        raise ValueError(f"config.maxnreg={cfg.maxnreg!r} must be None or a register cap 24..255")
 
 
 def w4a16_strip(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None, *,
@@ -112,7 +121,8 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
         m, n, k, xw.stride(0), y.stride(0), p.qweight.stride(0), p.sz.stride(0),
         G=p.group_size, HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, R=cfg.rows, KT=cfg.kt,
         W=cfg.num_warps, BM=8 if m <= 8 else 16, RING=cfg.ring, EVEN=k % (64 * cfg.kt * cfg.num_warps) == 0,
-        EVEN_N=n_frag % cfg.rows == 0, ASM=cfg.asm and not _interpreting(), num_warps=cfg.num_warps, num_stages=1,
+        EVEN_N=n_frag % cfg.rows == 0, ASM=cfg.asm and not _interpreting(),
+        **(cfg.options if not _interpreting() else {"num_warps": cfg.num_warps, "num_stages": 1}),
     )
 
 
@@ -134,8 +144,7 @@ def compile_sm90(cfg: StripConfig, *, dtype: str = "bf16", bm: int = 8, group_si
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in aligned}
     src = ASTSource(fn=w4a16_strip_kernel, signature=sig, constexprs={(names.index(k),): v for k, v in cx.items()},
                     attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps,
-                                                                          "num_stages": 1})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=cfg.options)
 
 
 def census(cfg: StripConfig, **kw) -> dict:
