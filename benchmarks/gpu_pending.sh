@@ -336,9 +336,9 @@ case "${1:-}" in
   strip45)  # the strip kernel in the M = 1 / M <= 8 autotune candidates (session 45): the dispatch and strip GPU
     # tests, then the M 1-8 grid with every strip config beside the tuned default (which now includes five of them);
     # its flashscale and bf16 rows then go into results/w4a16-<gpu>.json by hand (merge_results), the strip rows not
-    step tests 170 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu -n 4 tests/kernels/test_w4a16.py \
+    step tests 200 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu tests/kernels/test_w4a16.py \
       tests/kernels/test_w4a16_strip.py
-    step w4a16 400 "$PY" benchmarks/w4a16.py --impls flashscale,flashscale-strip,bf16 --ms 1,2,4,8 --out "$OUT" ;;
+    step w4a16 380 "$PY" benchmarks/w4a16.py --impls flashscale,flashscale-strip,bf16 --ms 1,2,4,8 --out "$OUT" ;;
   grid42)  # the five M = 16 / 64 rows of results/w4a16-h200.json timed with ctas = 2 under the automatic split (now
     # refused, session 42) re-measured: the M = 16 and 64 grid, merged into the results (H200 only: the file's GPU)
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then

@@ -168,20 +168,18 @@ def ring_candidates(p: PackedW4, m: int) -> list:
 # H100 (session 45, benchmarks/results/w4a16-strip-h100.json) the best of these beat the
 # tuned default at M = 1..8 on 4096^2 (7.3 against 8.4 us at M = 1, 7.8 against 9.9 at M = 4) and 8192^2 (17.1
 # against 18.2), and tied it (+-4 %) on the MLP shapes; at M = 16 it lost by 1.3-1.9x (not a candidate there).
-# (rows, kt, warps, ring, x_ahead, maxnreg) of each; split 1 (the grid is ceil(N / 16 rows)). Ring 3 at R 1: four
-# 4-warp programs an SM under the 128-register cap (one wave at N 8192), two 8-warp ones uncapped (126: one wave at
-# N 4096); ring 4 with x one iteration ahead (out of the ring) the same at 16 / 32 KB a program in flight.
-_STRIP_CANDIDATES = ((1, 2, 4, 2, False, None), (1, 2, 4, 3, False, 128), (2, 2, 4, 2, False, None),
-                     (1, 2, 8, 2, False, None), (1, 2, 8, 3, False, None), (2, 2, 8, 2, False, None),
-                     (1, 2, 4, 4, True, 128), (1, 2, 8, 4, True, None))
+# (rows, kt, warps, ring, maxnreg) of each; split 1 (the grid is ceil(N / 16 rows)). Ring 3 at R 1: four 4-warp
+# programs an SM under the 128-register cap (one wave at N 8192), two 8-warp ones uncapped (126: one wave at N 4096).
+_STRIP_CANDIDATES = ((1, 2, 4, 2, None), (1, 2, 4, 3, 128), (2, 2, 4, 2, None), (1, 2, 8, 2, None),
+                     (1, 2, 8, 3, None), (2, 2, 8, 2, None))
 
 
 @functools.cache
 def _strip_configs() -> tuple:
     from flashscale.kernels.w4a16_strip import StripConfig  # here: w4a16_strip imports this module
 
-    return tuple(StripConfig(rows=r, kt=kt, num_warps=w, ring=ring, x_ahead=xa, maxnreg=cap)
-                 for r, kt, w, ring, xa, cap in _STRIP_CANDIDATES)
+    return tuple(StripConfig(rows=r, kt=kt, num_warps=w, ring=ring, maxnreg=cap)
+                 for r, kt, w, ring, cap in _STRIP_CANDIDATES)
 
 
 def strip_candidates(p: PackedW4, m: int) -> list:

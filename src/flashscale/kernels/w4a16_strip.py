@@ -28,9 +28,8 @@ class StripConfig:
     rows: int = 1  # R: 16-row fragment rows a program (x shared by R rows a thread; fewer programs)
     kt: int = 2  # 64-wide fragment columns a warp's sub-item (BK = 64 kt inside one group)
     num_warps: int = 4  # W: the warps splitting K
-    ring: int = 2  # iterations in flight a program (slots rotated by position), 1..4
+    ring: int = 2  # iterations in flight a program (slots rotated by position), 1..3
     asm: bool = True  # inline PTX (mma.sync); the interpreter always runs the emulation
-    x_ahead: bool = False  # x out of the ring, loaded one iteration ahead (ring 2 or 4): smaller slots
     maxnreg: int | None = None  # register cap handed to ptxas: more programs an SM (e.g. 128: four 4-warp programs)
 
     @property
@@ -47,8 +46,8 @@ class StripConfig:
 
     @property
     def label(self) -> str:
-        return f"strip r{self.rows} kt{self.kt} w{self.num_warps} ring{self.ring}" + (" xa" if self.x_ahead else "") \
-            + (f" maxnreg{self.maxnreg}" if self.maxnreg else "")
+        return f"strip r{self.rows} kt{self.kt} w{self.num_warps} ring{self.ring}" + (
+            f" maxnreg{self.maxnreg}" if self.maxnreg else "")
 
     @property
     def options(self) -> dict:
@@ -69,11 +68,8 @@ STRIP_CONFIGS: list[StripConfig] = [  # M <= 8
     StripConfig(rows=2, kt=2, num_warps=8, ring=2),  # 128, 2 an SM, 32 KB
     StripConfig(rows=4, kt=1, num_warps=4, ring=2),  # 124, 4 an SM, 16 KB
     StripConfig(rows=2, kt=2, num_warps=4, ring=3),  # 166, 3 an SM, 24 KB
+    StripConfig(rows=1, kt=2, num_warps=2, ring=3, maxnreg=128),  # 8 an SM, 6 KB in finer grains
     StripConfig(rows=1, kt=2, num_warps=4, ring=3),  # uncapped (130, 3 an SM): the A/B of the cap
-    # x one iteration ahead, out of the ring (10 registers a slot at one row instead of 26): rings of 4
-    StripConfig(rows=1, kt=2, num_warps=4, ring=4, x_ahead=True, maxnreg=128),  # 4 an SM, 16 KB (N 8192: 62 an SM)
-    StripConfig(rows=1, kt=2, num_warps=8, ring=4, x_ahead=True),  # 128, 2 an SM, 32 KB (N 4096: 62 an SM)
-    StripConfig(rows=2, kt=2, num_warps=4, ring=4, x_ahead=True),  # 168, 3 an SM, 32 KB (N 8192: 62 an SM)
 ]
 STRIP_CONFIGS_16: list[StripConfig] = [  # 9 <= M <= 16: x and the second accumulator double
     StripConfig(rows=1, kt=2, num_warps=4, ring=2),
@@ -93,11 +89,8 @@ def check_args(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, cfg: Str
     check_operands(x, p, bias, cfg.kt, "the strip decode kernel")
     if cfg.rows not in (1, 2, 4):
         raise ValueError(f"config.rows={cfg.rows} must be 1, 2 or 4 (16-row fragment rows a program)")
-    if cfg.kt not in (1, 2) or cfg.ring not in (1, 2, 3, 4):
-        raise ValueError(f"config kt={cfg.kt} must be 1 or 2 and ring={cfg.ring} 1..4")
-    if cfg.x_ahead and cfg.ring not in (2, 4):
-        raise ValueError(f"config.x_ahead needs ring 2 or 4 (x alternates between two registers sets), got ring="
-                         f"{cfg.ring}")
+    if cfg.kt not in (1, 2) or cfg.ring not in (1, 2, 3):
+        raise ValueError(f"config kt={cfg.kt} must be 1 or 2 and ring={cfg.ring} 1..3")
     if cfg.num_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"config.num_warps={cfg.num_warps} must be a power of two 1..16 (the warps splitting K)")
     if cfg.maxnreg is not None and not (isinstance(cfg.maxnreg, int) and 24 <= cfg.maxnreg <= 255):
@@ -128,7 +121,7 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
         m, n, k, xw.stride(0), y.stride(0), p.qweight.stride(0), p.sz.stride(0),
         G=p.group_size, HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, R=cfg.rows, KT=cfg.kt,
         W=cfg.num_warps, BM=8 if m <= 8 else 16, RING=cfg.ring, EVEN=k % (64 * cfg.kt * cfg.num_warps) == 0,
-        EVEN_N=n_frag % cfg.rows == 0, ASM=cfg.asm and not _interpreting(), XA=cfg.x_ahead,
+        EVEN_N=n_frag % cfg.rows == 0, ASM=cfg.asm and not _interpreting(),
         **(cfg.options if not _interpreting() else {"num_warps": cfg.num_warps, "num_stages": 1}),
     )
 
@@ -144,7 +137,7 @@ def compile_sm90(cfg: StripConfig, *, dtype: str = "bf16", bm: int = 8, group_si
     ptrs = {"x_ptr": "*i32", "pk_ptr": "*i32", "sz_ptr": "*i32", "y_ptr": f"*{dtype}", "bias_ptr": f"*{dtype}"}
     ints = ("M", "N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg")
     cx = dict(G=group_size, HAS_BIAS=False, BF16=dtype == "bf16", R=cfg.rows, KT=cfg.kt, W=cfg.num_warps, BM=bm,
-              RING=cfg.ring, EVEN=True, EVEN_N=True, ASM=cfg.asm, XA=cfg.x_ahead)
+              RING=cfg.ring, EVEN=True, EVEN_N=True, ASM=cfg.asm)
     sig = {**ptrs, **{n: "i32" for n in ints}, **{n: "constexpr" for n in cx}}
     names = list(sig)
     aligned = set(ptrs) | {"N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg"}

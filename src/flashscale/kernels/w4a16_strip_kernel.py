@@ -23,12 +23,7 @@ scale/zero words, x words; rotated by position, no register moves; refills past 
 Shapes (per program): words (W, R, KT, 128) int32 (W first: Triton's coalescing gives the warps the first
 non-contiguous axis; 128 words = 32 lanes x 16 bytes, one 512-byte fragment a warp instruction); scale/zero words
 (W, R, 32, 2); x words (W, 32, 4, 2, TB, KT); accumulators (W, R, 32, 4) fp32 per token block in the mma C layout
-(lane 4g + t: rows 16 r + g (+ 8), tokens 2t, 2t + 1), times s * 2^11 (w4a16_pack's sz words hold s * 2^11 | z),
-summed over W at the end.
-
-XA (x ahead): the x words leave the ring and are loaded one iteration ahead (L1 / L2 hits: every program reads the
-same x), so a slot holds only the packed and scale/zero words: at one row and KT 2 that is 10 registers a slot instead
-of 26, and a ring of 4 fits where 3 did not.
+(lane 4g + t: rows 16 r + g (+ 8), tokens 2t, 2t + 1), times s * 2^11 (w4a16_pack's sz words hold s * 2^11 | z), summed over W at the end.
 """
 
 from __future__ import annotations
@@ -41,34 +36,15 @@ from flashscale.kernels.w4a16_decode import _dec_b, _dec_scales, _dec_store, _de
 
 
 @triton.jit
-def _slot(pk_ptr, sz_ptr, x_ptr, t, T, S, F, row_w, fr_ok, sz_row, kt, wi, lane, M, K, stride_xm, stride_sg,
+def _slot(pk_ptr, sz_ptr, x_ptr, t, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane, M, K, stride_xm, stride_sg,
           W: tl.constexpr, KT: tl.constexpr, G: tl.constexpr, TWO: tl.constexpr, EVEN: tl.constexpr,
           EVEN_N: tl.constexpr):
     """Every input of iteration t (past T: iteration T - 1 again): words (W, R, KT, 128), scale/zero words
     (W, R, 32, 2), x words (W, 32, 4, 2, TB, KT)."""
-    words, szw = _wslot(pk_ptr, sz_ptr, t, T, S, F, row_w, fr_ok, sz_row, kt, wi, K, stride_sg, W, KT, G, EVEN,
-                        EVEN_N)
-    return words, szw, _xslot(x_ptr, t, T, S, wi, lane, M, K, stride_xm, W, KT, TWO, EVEN)
-
-
-@triton.jit
-def _xslot(x_ptr, t, T, S, wi, lane, M, K, stride_xm, W: tl.constexpr, KT: tl.constexpr, TWO: tl.constexpr,
-           EVEN: tl.constexpr):
-    """x words (W, 32, 4, 2, TB, KT) of iteration t (past T: T - 1); a warp with no sub-item left (not EVEN only)
-    reads past K, which loads zeros."""
-    j = tl.minimum(t, T - 1) * W + wi
-    ks = tl.minimum(j, S - 1)
-    if not EVEN:
-        ks = tl.where(j < S, ks, S)
-    return _dec_x(x_ptr, stride_xm, ks[:, None], lane, M, K, 64 * KT, KT, TWO, EVEN)
-
-
-@triton.jit
-def _wslot(pk_ptr, sz_ptr, t, T, S, F, row_w, fr_ok, sz_row, kt, wi, K, stride_sg, W: tl.constexpr,
-           KT: tl.constexpr, G: tl.constexpr, EVEN: tl.constexpr, EVEN_N: tl.constexpr):
-    """Packed words (W, R, KT, 128) and scale/zero words (W, R, 32, 2) of iteration t (past T: T - 1)."""
     BK: tl.constexpr = 64 * KT
-    j = tl.minimum(tl.minimum(t, T - 1) * W + wi, S - 1)  # (W,) the warps' sub-items
+    j = tl.minimum(t, T - 1) * W + wi  # (W,) the warps' sub-items
+    ok = j < S
+    j = tl.minimum(j, S - 1)
     fr = j[:, None, None, None] * KT + kt[None, None, :, None]  # (W, 1, KT, 1) fragment column
     wp = pk_ptr + row_w + fr * 128
     if EVEN and EVEN_N:
@@ -81,7 +57,12 @@ def _wslot(pk_ptr, sz_ptr, t, T, S, F, row_w, fr_ok, sz_row, kt, wi, K, stride_s
         szw = tl.load(sp)
     else:
         szw = tl.load(sp, mask=tl.permute(fr_ok, [0, 2, 1, 3]), other=0)
-    return words, tl.permute(szw, [1, 2, 0, 3])
+    szw = tl.permute(szw, [1, 2, 0, 3])
+    ks = j  # x of the warps' sub-items; a warp with none left (not EVEN only) reads past K, which loads zeros
+    if not EVEN:
+        ks = tl.where(ok, j, S)
+    xs = _dec_x(x_ptr, stride_xm, ks[:, None], lane, M, K, BK, KT, TWO, EVEN)
+    return words, szw, xs
 
 
 @triton.jit
@@ -150,7 +131,7 @@ def w4a16_strip_kernel(
     M, N, K, stride_xm, stride_ym, stride_pn, stride_sg,
     G: tl.constexpr, HAS_BIAS: tl.constexpr, BF16: tl.constexpr, R: tl.constexpr, KT: tl.constexpr,
     W: tl.constexpr, BM: tl.constexpr, RING: tl.constexpr, EVEN: tl.constexpr, EVEN_N: tl.constexpr,
-    ASM: tl.constexpr, XA: tl.constexpr = False,
+    ASM: tl.constexpr,
 ):
     """y (M <= 16, N) = x @ W + bias for program p's 16 R output rows (module docstring). x_ptr: x as int32 words
     (pairs of 16-bit inputs), stride_xm in words; pk_ptr / sz_ptr: PackedW4 qweight (N_pad/16, K_pad/64, 32, 4) /
@@ -172,70 +153,30 @@ def w4a16_strip_kernel(
     sz_row = (tl.arange(0, 32) // 4)[:, None, None, None] * 2 + (frow * 16)[None, None, :, None] \
         + tl.arange(0, 2)[None, None, None, :]  # (32, 1, R, 2): rows g, g + 8 of each fragment row, adjacent
 
-    # slot arguments: iteration t's words and scale/zero words (_wslot), its x words (_xslot), or all three (_slot)
+    wa, sa, xa = _slot(pk_ptr, sz_ptr, x_ptr, 0, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane, M, K, stride_xm,
+                       stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
+    if RING >= 2:
+        wb, sb, xb = _slot(pk_ptr, sz_ptr, x_ptr, 1, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane, M, K,
+                           stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
+    if RING >= 3:
+        wc, sc, xc = _slot(pk_ptr, sz_ptr, x_ptr, 2, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane, M, K,
+                           stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
     acc = tl.zeros([W, R, 32, 4], dtype=tl.float32)
     accb = tl.zeros([W, R, 32, 4], dtype=tl.float32)
-    if XA:  # x one iteration ahead, outside the ring: RING even, slots named by position, xa loop-carried
-        wa, sa = _wslot(pk_ptr, sz_ptr, 0, T, S, F, row_w, fr_ok, sz_row, kt, wi, K, stride_sg, W, KT, G, EVEN, EVEN_N)
-        wb, sb = _wslot(pk_ptr, sz_ptr, 1, T, S, F, row_w, fr_ok, sz_row, kt, wi, K, stride_sg, W, KT, G, EVEN, EVEN_N)
-        if RING == 4:
-            wc, sc = _wslot(pk_ptr, sz_ptr, 2, T, S, F, row_w, fr_ok, sz_row, kt, wi, K, stride_sg, W, KT, G, EVEN,
-                            EVEN_N)
-            wd, sd = _wslot(pk_ptr, sz_ptr, 3, T, S, F, row_w, fr_ok, sz_row, kt, wi, K, stride_sg, W, KT, G, EVEN,
-                            EVEN_N)
-        xa = _xslot(x_ptr, 0, T, S, wi, lane, M, K, stride_xm, W, KT, TWO, EVEN)
-        for t in range(0, T, RING):
-            xb = _xslot(x_ptr, t + 1, T, S, wi, lane, M, K, stride_xm, W, KT, TWO, EVEN)
-            acc, accb = _item(acc, accb, wa, sa, xa, W, R, KT, TWO, BF16, ASM)
-            wa, sa = _wslot(pk_ptr, sz_ptr, t + RING, T, S, F, row_w, fr_ok, sz_row, kt, wi, K, stride_sg, W, KT, G,
-                            EVEN, EVEN_N)
-            xa = _xslot(x_ptr, t + 2, T, S, wi, lane, M, K, stride_xm, W, KT, TWO, EVEN)
-            if t + 1 < T:
-                acc, accb = _item(acc, accb, wb, sb, xb, W, R, KT, TWO, BF16, ASM)
-            wb, sb = _wslot(pk_ptr, sz_ptr, t + RING + 1, T, S, F, row_w, fr_ok, sz_row, kt, wi, K, stride_sg, W, KT,
-                            G, EVEN, EVEN_N)
-            if RING == 4:
-                xb = _xslot(x_ptr, t + 3, T, S, wi, lane, M, K, stride_xm, W, KT, TWO, EVEN)
-                if t + 2 < T:
-                    acc, accb = _item(acc, accb, wc, sc, xa, W, R, KT, TWO, BF16, ASM)
-                wc, sc = _wslot(pk_ptr, sz_ptr, t + RING + 2, T, S, F, row_w, fr_ok, sz_row, kt, wi, K, stride_sg, W,
-                                KT, G, EVEN, EVEN_N)
-                xa = _xslot(x_ptr, t + 4, T, S, wi, lane, M, K, stride_xm, W, KT, TWO, EVEN)
-                if t + 3 < T:
-                    acc, accb = _item(acc, accb, wd, sd, xb, W, R, KT, TWO, BF16, ASM)
-                wd, sd = _wslot(pk_ptr, sz_ptr, t + RING + 3, T, S, F, row_w, fr_ok, sz_row, kt, wi, K, stride_sg, W,
-                                KT, G, EVEN, EVEN_N)
-    else:  # every input of an iteration in its slot, RING slots rotated by position
-        wa, sa, xa = _slot(pk_ptr, sz_ptr, x_ptr, 0, T, S, F, row_w, fr_ok, sz_row, kt, wi, lane, M, K,
+    for t in range(0, T, RING):
+        acc, accb = _item(acc, accb, wa, sa, xa, W, R, KT, TWO, BF16, ASM)
+        wa, sa, xa = _slot(pk_ptr, sz_ptr, x_ptr, t + RING, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane, M, K,
                            stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
         if RING >= 2:
-            wb, sb, xb = _slot(pk_ptr, sz_ptr, x_ptr, 1, T, S, F, row_w, fr_ok, sz_row, kt, wi, lane, M, K,
-                               stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
+            if t + 1 < T:
+                acc, accb = _item(acc, accb, wb, sb, xb, W, R, KT, TWO, BF16, ASM)
+            wb, sb, xb = _slot(pk_ptr, sz_ptr, x_ptr, t + RING + 1, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane,
+                               M, K, stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
         if RING >= 3:
-            wc, sc, xc = _slot(pk_ptr, sz_ptr, x_ptr, 2, T, S, F, row_w, fr_ok, sz_row, kt, wi, lane, M, K,
-                               stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
-        if RING >= 4:
-            wd, sd, xd = _slot(pk_ptr, sz_ptr, x_ptr, 3, T, S, F, row_w, fr_ok, sz_row, kt, wi, lane, M, K,
-                               stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
-        for t in range(0, T, RING):
-            acc, accb = _item(acc, accb, wa, sa, xa, W, R, KT, TWO, BF16, ASM)
-            wa, sa, xa = _slot(pk_ptr, sz_ptr, x_ptr, t + RING, T, S, F, row_w, fr_ok, sz_row, kt, wi, lane, M,
-                               K, stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
-            if RING >= 2:
-                if t + 1 < T:
-                    acc, accb = _item(acc, accb, wb, sb, xb, W, R, KT, TWO, BF16, ASM)
-                wb, sb, xb = _slot(pk_ptr, sz_ptr, x_ptr, t + RING + 1, T, S, F, row_w, fr_ok, sz_row, kt, wi,
-                                   lane, M, K, stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
-            if RING >= 3:
-                if t + 2 < T:
-                    acc, accb = _item(acc, accb, wc, sc, xc, W, R, KT, TWO, BF16, ASM)
-                wc, sc, xc = _slot(pk_ptr, sz_ptr, x_ptr, t + RING + 2, T, S, F, row_w, fr_ok, sz_row, kt, wi,
-                                   lane, M, K, stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
-            if RING >= 4:
-                if t + 3 < T:
-                    acc, accb = _item(acc, accb, wd, sd, xd, W, R, KT, TWO, BF16, ASM)
-                wd, sd, xd = _slot(pk_ptr, sz_ptr, x_ptr, t + RING + 3, T, S, F, row_w, fr_ok, sz_row, kt, wi,
-                                   lane, M, K, stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
+            if t + 2 < T:
+                acc, accb = _item(acc, accb, wc, sc, xc, W, R, KT, TWO, BF16, ASM)
+            wc, sc, xc = _slot(pk_ptr, sz_ptr, x_ptr, t + RING + 2, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane,
+                               M, K, stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
 
     # the warps' partial sums, once (shared memory), then y directly: rows 16 frow + g (+ 8), tokens 2t (+ 1)
     c4 = tl.arange(0, 4)[None, None, :]
