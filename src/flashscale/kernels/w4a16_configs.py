@@ -169,9 +169,9 @@ def ring_candidates(p: PackedW4, m: int) -> list:
 # tuned default at M = 1..8 on 4096^2 (7.3 against 8.4 us at M = 1, 7.8 against 9.9 at M = 4) and 8192^2 (17.1
 # against 18.2), and tied it (+-4 %) on the MLP shapes; at M = 16 it lost by 1.3-1.9x (not a candidate there).
 # (rows, kt, warps, ring, maxnreg) of each; split 1 (the grid is ceil(N / 16 rows)). Ring 3 at R 1: four 4-warp
-# programs an SM under the 128-register cap (one wave at N 8192), two 8-warp ones uncapped (126: one wave at N 4096).
-_STRIP_CANDIDATES = ((1, 2, 4, 2, None), (1, 2, 4, 3, 128), (2, 2, 4, 2, None), (1, 2, 8, 2, None),
-                     (1, 2, 8, 3, None), (2, 2, 8, 2, None))
+# programs an SM under the 128-register cap (one wave at N 8192; the tuner's pick at M = 1 on 4096^2, 8192^2 and
+# 8192 x 28672 in session 46's H100 run).
+_STRIP_CANDIDATES = ((1, 2, 4, 2, None), (1, 2, 4, 3, 128), (2, 2, 4, 2, None), (1, 2, 8, 2, None), (2, 2, 8, 2, None))
 
 
 @functools.cache
