@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# NEXT: strip45 first (the strip kernel joined the M <= 8 autotune candidates in session 45 without a GPU run of
-# test_w4a16.py's dispatch tests: no machine came after the first call), then grid42 on an H200 (the M = 16 / 64
-# rows after ctas > 1 lost its split), then h2grid39. Session 45 ran the strip kernel's GPU tests and its
-# side-by-side rows (results/w4a16-strip-h100.json) on an H100. Session 43 ran
+# NEXT: grid42 on an H200 (the M = 16 / 64 rows after ctas > 1 lost its split), then h2grid39; strip45 on an H200 (its
+# M 1-8 rows: results/w4a16-h200.json predates the strip kernel). Session 46 ran strip45 on an H100 (20 GPU tests
+# passed; results/w4a16-strip-h100.json, the M 1-8 rows of results/w4a16-h100.json) and ncu of the strip kernel at
+# 8192^2 (docs/w4a16_decode.md round 14b: issue-bound). Session 45 ran the strip kernel's GPU tests and its
+# side-by-side rows on an H100. Session 43 ran
 # vygrid40 and the default grid from M 256 on an H100 (docs/w4a16_gemm.md), the lazy-rescale sweep (reverted,
 # docs/attention_fa3.md) and every `-m gpu` test (687 passed). Session 42 ran fix41 and fix42 (H100).
 # A results file that comes back gets a "note" before it is committed.
@@ -38,6 +39,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh fix41b    # ~4 min: the fix-up GPU tests
 #   device run:  OUT=$OUT FIX42_DIAG=snap bash benchmarks/gpu_pending.sh fix42  # ~3 min (ran, s42): cases 7-9, tests
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh strip45   # ~7 min: dispatch + strip GPU tests, M 1-8 grid
+#                                                                  # (ran s46, H100)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid42    # ~5 min, H200: the M = 16 / 64 rows re-measured
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vy40      # ~5 min (ran, s40): vec_y GPU tests, the probe's A/B
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vygrid40  # ~6 min: the W4A16 grid with the vec_y twins
