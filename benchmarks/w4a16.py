@@ -163,16 +163,17 @@ def main(argv=None) -> int:
                            tflops=flops / us * 1e-6, TBps=nbytes / us * 1e-6,
                            floor_us=packed_bytes(base) / (COPY_TBPS * 1e6) if impl != "bf16" else None)
                 if cfg is not None:
-                    row["config"] = cfg.label if impl == "flashscale-strip" else \
+                    row["config"] = cfg.label if impl.startswith("flashscale-strip") else \
                         cfg.label() + f"-g{cfg.group}-c{cfg.consumers}"
                     print(f"    trial {impl} [{row['config']}] M={m} K={k} N={n}: {us:.2f} us", flush=True)
                 if impl not in best or us < best[impl]["us"]:
                     best[impl] = row
-            rows += [best[i] for i in impls if i in best]
+            rows += [best[i] for i in impls + ["flashscale-strip-xgiven"] if i in best]
             bf = best.get("bf16", {}).get("us")
             print(f"  M={m:5d} K={k:5d} N={n:5d}  " + "  ".join(
                 f"{i} {best[i]['us']:9.1f} us" + (f" x{bf / best[i]['us']:.2f}" if bf and i != "bf16" else "")
-                + (f" [{best[i]['config']}]" if "config" in best[i] else "") for i in impls if i in best), flush=True)
+                + (f" [{best[i]['config']}]" if "config" in best[i] else "")
+                for i in impls + ["flashscale-strip-xgiven"] if i in best), flush=True)
         packs = ws = w_bf16 = base = None  # freed before the next shape (the closures above see None: not called again)
         torch.cuda.empty_cache()
         path = write(args, gpu, g, rows, checks)  # after every shape: a cut-short run keeps what it measured
@@ -212,9 +213,16 @@ def strip_trials(base: PackedW4, packs: list, w_bf16: torch.Tensor, x: torch.Ten
     programs)."""
     from flashscale.kernels import w4a16_strip as strip
 
-    return checked_trials("flashscale-strip", strip.configs_for(m),
-                          lambda xx, p, cfg: strip.w4a16_strip(xx, p, config=cfg), lambda cfg: cfg.label,
+    out = checked_trials("flashscale-strip", strip.configs_for(m),
+                         lambda xx, p, cfg: strip.w4a16_strip(xx, p, config=cfg), lambda cfg: cfg.label,
+                         base, packs, w_bf16, x, m, checks)
+    # the xperm configs again with x already in the B order (as a producer that writes it so would hand it over):
+    # the kernel alone, without the pre-pass's gather; rows of their own impl, never the cell's flashscale-strip row
+    xp = strip.x_perm_words(x, base)  # the weight copies share base's (absent) act-order permutation
+    out += checked_trials("flashscale-strip-xgiven", [c for c in strip.configs_for(m) if c.xperm],
+                          lambda xx, p, cfg: strip.w4a16_strip(xx, p, config=cfg, xw=xp), lambda cfg: cfg.label,
                           base, packs, w_bf16, x, m, checks)
+    return out
 
 
 def checked_trials(impl: str, configs: list, run, label, base: PackedW4, packs: list, w_bf16: torch.Tensor,

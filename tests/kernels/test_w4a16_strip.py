@@ -20,12 +20,13 @@ import pytest
 import torch
 
 from flashscale.kernels import w4a16_configs
-from flashscale.kernels.w4a16_strip import STRIP_CONFIGS, STRIP_CONFIGS_16, StripConfig, configs_for, w4a16_strip
+from flashscale.kernels.w4a16_strip import (STRIP_CONFIGS, STRIP_CONFIGS_16, StripConfig, configs_for, w4a16_strip,
+                                            x_perm_words)
 from test_w4a16_ring import _weight, assert_within_noise, sm90_census
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
-CASES = [  # M, K, N, G, sym, act_order, bias, (rows, kt, warps, ring): what it exercises
+CASES = [  # M, K, N, G, sym, act_order, bias, (rows, kt, warps, ring[, xperm]): what it exercises
     (1, 512, 64, 128, False, False, True, (1, 2, 2, 2)),  # 2 iterations, ring 2
     (3, 256, 48, 64, True, False, False, (2, 1, 2, 3)),  # 2 rows a program, ring 3 > iterations (refills skipped)
     (16, 512, 64, 128, False, False, True, (1, 2, 2, 1)),  # two token blocks, ring 1
@@ -33,6 +34,11 @@ CASES = [  # M, K, N, G, sym, act_order, bias, (rows, kt, warps, ring): what it 
     (1, 640, 32, 128, False, False, False, (1, 2, 4, 3)),  # 5 sub-items over 4 warps: 3 warps idle at the end
     (1, 1024, 80, 64, False, False, True, (4, 1, 2, 2)),  # 4 rows a program, 5 fragment rows (3 masked)
     (4, 256, 64, 64, False, True, True, (1, 1, 2, 2)),  # act-order (x gathered once)
+    # x in the B order (xperm): the pre-pass's token and K padding, act-order in the same gather, idle warps
+    (1, 512, 64, 128, False, False, True, (1, 2, 2, 2, True)),  # 2 iterations
+    (9, 192, 40, -1, False, False, True, (2, 2, 2, 2, True)),  # two token blocks (9 -> 16 rows), K tail, N tail
+    (1, 640, 32, 128, False, False, False, (1, 2, 4, 3, True)),  # 3 warps idle at the end: columns past K are zeros
+    (5, 320, 64, 64, False, True, True, (1, 1, 2, 2, True)),  # act-order, kt 1, 5 sub-items over 2 warps
 ]
 
 
@@ -42,10 +48,34 @@ def test_strip_kernel_interpreter(m, k, n, g, sym, act_order, bias, cfg):
     p = _weight(k, n, g, sym=sym, gen=gen, act_order=act_order)
     x = torch.randn(m, k, generator=gen).half()
     b = torch.randn(n, generator=gen).half() if bias else None
-    rows, kt, warps, ring = cfg
-    y = w4a16_strip(x, p, b, config=StripConfig(rows=rows, kt=kt, num_warps=warps, ring=ring))
+    rows, kt, warps, ring, *xp = cfg
+    c = StripConfig(rows=rows, kt=kt, num_warps=warps, ring=ring, xperm=bool(xp))
+    y = w4a16_strip(x, p, b, config=c)
     assert y.shape == (m, n) and y.dtype == x.dtype and torch.isfinite(y).all()
     assert_within_noise(y, x, p, b)
+    if xp:  # the same products in the same order as x words through b_pairs: the same bits; x handed over given
+        assert torch.equal(y, w4a16_strip(x, p, b, config=dataclasses.replace(c, xperm=False)))
+        assert torch.equal(y, w4a16_strip(x, p, b, config=c, xw=x_perm_words(x, p)))
+
+
+def test_x_perm_words_layout():
+    """Word [tb, 256 col + 128 h + 4 (4 g + t) + 2 ii + b] of x_perm_words holds inputs 64 col + 16 i + 2 t + b
+    (low half) and + 8 (high half) of token 8 tb + g, i = 2 h + ii; zeros past M and K; act-order gathered."""
+    gen = torch.Generator().manual_seed(3)
+    m, k = 3, 104
+    x = torch.randn(m, k, generator=gen).half()
+    for act in (False, True):
+        p = _weight(k, 16, 8, sym=False, gen=gen, act_order=act)
+        assert (p.perm is not None) == act
+        xg = x[:, p.perm.long()] if act else x
+        w = x_perm_words(x, p)
+        assert w.shape == (1, 2 * 256) and w.dtype == torch.int32
+        h16 = w.view(torch.int16).view(1, 2, 2, 8, 4, 2, 2, 2)  # (tb, col, h, g, t, ii, b, e)
+        for col, h, g, t, ii, b_, e in ((0, 0, 0, 0, 0, 0, 0), (1, 1, 2, 3, 1, 1, 1), (0, 1, 1, 2, 0, 1, 0),
+                                        (1, 0, 5, 1, 1, 0, 1), (1, 1, 0, 3, 1, 1, 1)):
+            kk = 64 * col + 16 * (2 * h + ii) + 2 * t + b_ + 8 * e
+            want = xg[g, kk].view(torch.int16) if g < m and kk < k else torch.tensor(0, dtype=torch.int16)
+            assert h16[0, col, h, g, t, ii, b_, e] == want, (col, h, g, t, ii, b_, e)
 
 
 def test_configs():
@@ -152,7 +182,9 @@ def test_sm90_compile_no_spills_no_smem_in_loop(tmp_path):
         assert r["spill_stores"] == r["spill_loads"] == r["stack"] == r["local"] == 0, r
         assert r["smem"] == 0 and r["bar"] == 0, r  # no layout conversion, no barrier an iteration
         assert c.maxnreg is None or r["registers"] <= c.maxnreg, r  # the cap reached ptxas
-        assert r["ldg128"] == c.ring * c.kt * c.rows, r  # a 512-byte fragment a warp instruction, 16 B a lane
+        # a 512-byte fragment a warp instruction, 16 B a lane; x in the B order: two a column and token block
+        x_ldg = 2 * (r["bm"] // 8) if c.xperm else 0
+        assert r["ldg128"] == c.ring * c.kt * (c.rows + x_ldg), r
         assert r["moves"] <= 16, r  # slots rotated by position
         assert r["loads_in_flight"] >= 0.6 * r["ldg_per_iter"], r  # the ring holds while it waits (static model)
 

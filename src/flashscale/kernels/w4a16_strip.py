@@ -30,6 +30,7 @@ class StripConfig:
     num_warps: int = 4  # W: the warps splitting K
     ring: int = 2  # iterations in flight a program (slots rotated by position), 1..3
     asm: bool = True  # inline PTX (mma.sync); the interpreter always runs the emulation
+    xperm: bool = False  # x gathered into the B order first (x_perm_words): 2 LDG.128 and no PRMT a column and lane
     maxnreg: int | None = None  # register cap handed to ptxas: more programs an SM (e.g. 128: four 4-warp programs)
 
     @property
@@ -46,8 +47,8 @@ class StripConfig:
 
     @property
     def label(self) -> str:
-        return f"strip r{self.rows} kt{self.kt} w{self.num_warps} ring{self.ring}" + (
-            f" maxnreg{self.maxnreg}" if self.maxnreg else "")
+        return f"strip r{self.rows} kt{self.kt} w{self.num_warps} ring{self.ring}" + (" xp" if self.xperm else "") \
+            + (f" maxnreg{self.maxnreg}" if self.maxnreg else "")
 
     @property
     def options(self) -> dict:
@@ -69,11 +70,16 @@ STRIP_CONFIGS: list[StripConfig] = [  # M <= 8
     StripConfig(rows=2, kt=2, num_warps=8, ring=2),  # 128, 2 an SM, 32 KB
     StripConfig(rows=4, kt=1, num_warps=4, ring=2),  # 124, 4 an SM, 16 KB
     StripConfig(rows=2, kt=2, num_warps=4, ring=3),  # 166, 3 an SM, 24 KB
+    # x in the B order (x_perm_words; round 14c): 2.09 / 2.01 / 1.72 instructions a weight against 2.32 / 2.27 / 1.85
+    StripConfig(rows=1, kt=2, num_warps=4, ring=2, xperm=True),  # 78, 6 an SM
+    StripConfig(rows=1, kt=2, num_warps=4, ring=3, xperm=True),  # 117, 4 an SM
+    StripConfig(rows=2, kt=2, num_warps=4, ring=2, xperm=True),  # 124, 4 an SM
 ]
 STRIP_CONFIGS_16: list[StripConfig] = [  # 9 <= M <= 16: x and the second accumulator double
     StripConfig(rows=1, kt=2, num_warps=4, ring=2),
     StripConfig(rows=1, kt=1, num_warps=8, ring=2),
     StripConfig(rows=2, kt=1, num_warps=4, ring=2),
+    StripConfig(rows=1, kt=2, num_warps=4, ring=2, xperm=True),  # 128 registers, 2.65 instructions a weight (3.23)
 ]
 
 
@@ -97,30 +103,49 @@ def check_args(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, cfg: Str
 
 
 def w4a16_strip(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None, *,
-                config: StripConfig | None = None) -> torch.Tensor:
+                config: StripConfig | None = None, xw: torch.Tensor | None = None) -> torch.Tensor:
     """x (M <= 16, K) fp16/bf16 -> y (M, N) in x's dtype = x @ dequant(W) + bias. config: default the first
-    candidate of M's bucket."""
+    candidate of M's bucket. xw: x already as the kernel reads it (x_perm_words(x, p) for an xperm config; a
+    producer that writes x that way saves the gather), else made here."""
     cfg = config or configs_for(x.shape[0] if isinstance(x, torch.Tensor) and x.dim() == 2 else 1)[0]
     check_args(x, p, bias, cfg)
     y = torch.empty((x.shape[0], p.out_features), dtype=x.dtype, device=x.device)
     if x.shape[0]:
-        launch(x, p, bias, y, cfg)
+        launch(x, p, bias, y, cfg, xw)
     return y
 
 
-def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Tensor, cfg: StripConfig):
+def x_perm_words(x2d: torch.Tensor, p: PackedW4) -> torch.Tensor:
+    """x (M, K) 16-bit -> (ceil(M / 8), ceil(K / 64) 256) int32 words in the B order (an xperm config's x): for each
+    block of 8 tokens and 64-wide column, (2, 32, 2, 2) words [h, 4 g + t, ii, b] = B register b of 16-k chunk
+    i = 2 h + ii of lane 4 g + t, i.e. the inputs 16 i + 2 t + b (low half) and 16 i + 2 t + b + 8 (high) of token
+    g (the relabelled K order of the weights, w4a16_common.b_pairs). Act-order applied, tokens padded to 8 and K to
+    64 with zeros."""
+    m, k = x2d.shape
+    if p.perm is not None:
+        x2d = x2d[:, p.perm.long()]
+    tb, cols = triton.cdiv(m, 8), triton.cdiv(k, 64)
+    xz = torch.nn.functional.pad(x2d, (0, cols * 64 - k, 0, tb * 8 - m))  # (8 tb, 64 cols)
+    # (tb, g, col, h, ii, e, t, b) -> (tb, col, h, g, t, ii, b, e): input 16 (2 h + ii) + 8 e + 2 t + b of a column
+    v = xz.reshape(tb, 8, cols, 2, 2, 2, 4, 2).permute(0, 2, 3, 1, 6, 4, 7, 5)
+    return v.contiguous().view(torch.int32).reshape(tb, cols * 256)
+
+
+def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Tensor, cfg: StripConfig,
+           xw: torch.Tensor | None = None):
     """One launch into y (M, N) (arguments as check_args takes them, M >= 1); returns what Triton's launch returns
-    (on a GPU the compiled kernel: .n_regs)."""
+    (on a GPU the compiled kernel: .n_regs). xw: x as the kernel reads it (x_words / x_perm_words), else made here."""
     m, k = x.shape
     n = p.out_features
-    xw = x_words(x, p)
+    if xw is None:
+        xw = x_perm_words(x, p) if cfg.xperm else x_words(x, p)
     n_frag = triton.cdiv(n, 16)
     return w4a16_strip_kernel[(triton.cdiv(n_frag, cfg.rows),)](
         xw, p.qweight, p.sz, y, bias if bias is not None else y,
         m, n, k, xw.stride(0), y.stride(0), p.qweight.stride(0), p.sz.stride(0),
         G=p.group_size, HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, R=cfg.rows, KT=cfg.kt,
         W=cfg.num_warps, BM=8 if m <= 8 else 16, RING=cfg.ring, EVEN=k % (64 * cfg.kt * cfg.num_warps) == 0,
-        EVEN_N=n_frag % cfg.rows == 0, ASM=cfg.asm and not _interpreting(),
+        EVEN_N=n_frag % cfg.rows == 0, ASM=cfg.asm and not _interpreting(), XP=cfg.xperm,
         **(cfg.options if not _interpreting() else {"num_warps": cfg.num_warps, "num_stages": 1}),
     )
 
@@ -136,7 +161,7 @@ def compile_sm90(cfg: StripConfig, *, dtype: str = "bf16", bm: int = 8, group_si
     ptrs = {"x_ptr": "*i32", "pk_ptr": "*i32", "sz_ptr": "*i32", "y_ptr": f"*{dtype}", "bias_ptr": f"*{dtype}"}
     ints = ("M", "N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg")
     cx = dict(G=group_size, HAS_BIAS=False, BF16=dtype == "bf16", R=cfg.rows, KT=cfg.kt, W=cfg.num_warps, BM=bm,
-              RING=cfg.ring, EVEN=True, EVEN_N=True, ASM=cfg.asm)
+              RING=cfg.ring, EVEN=True, EVEN_N=True, ASM=cfg.asm, XP=cfg.xperm)
     sig = {**ptrs, **{n: "i32" for n in ints}, **{n: "constexpr" for n in cx}}
     names = list(sig)
     aligned = set(ptrs) | {"N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg"}

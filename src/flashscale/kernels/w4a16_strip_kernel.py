@@ -38,7 +38,7 @@ from flashscale.kernels.w4a16_decode import _dec_b, _dec_scales, _dec_store, _de
 @triton.jit
 def _slot(pk_ptr, sz_ptr, x_ptr, t, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane, M, K, stride_xm, stride_sg,
           W: tl.constexpr, KT: tl.constexpr, G: tl.constexpr, TWO: tl.constexpr, EVEN: tl.constexpr,
-          EVEN_N: tl.constexpr):
+          EVEN_N: tl.constexpr, XP: tl.constexpr):
     """Every input of iteration t (past T: iteration T - 1 again): words (W, R, KT, 128), scale/zero words
     (W, R, 32, 2), x words (W, 32, 4, 2, TB, KT)."""
     BK: tl.constexpr = 64 * KT
@@ -61,8 +61,31 @@ def _slot(pk_ptr, sz_ptr, x_ptr, t, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi,
     ks = j  # x of the warps' sub-items; a warp with none left (not EVEN only) reads past K, which loads zeros
     if not EVEN:
         ks = tl.where(ok, j, S)
-    xs = _dec_x(x_ptr, stride_xm, ks[:, None], lane, M, K, BK, KT, TWO, EVEN)
+    if XP:
+        xs = _xp_x(x_ptr, stride_xm, ks, F, W, KT, TWO, EVEN)  # stride_xm: a token block's words
+    else:
+        xs = _dec_x(x_ptr, stride_xm, ks[:, None], lane, M, K, BK, KT, TWO, EVEN)
     return words, szw, xs
+
+
+@triton.jit
+def _xp_x(x_ptr, stride_tb, ks, F, W: tl.constexpr, KT: tl.constexpr, TWO: tl.constexpr, EVEN: tl.constexpr):
+    """_dec_x's (W, 32, 4, 2, TB, KT), but B registers, not x words (_item skips b_pairs), from x in the B order
+    (x_perm_words: a column's 8 tokens as (2, 32, 2, 2) words [h, 4 g + t, ii, b] = B register b of 16-k chunk
+    2 h + ii of lane 4 g + t). One load of (W, TB, KT, 2, 128) words, 16 contiguous bytes a lane as the packed words
+    are (two LDG.128 a column and token block, each the register pairs {b0, b1} of two chunks, as mma.sync takes
+    them: no PRMT, no moves), then a reshape and permute (no data movement). Token rows past M are the pre-pass's
+    zeros; columns past the last (not EVEN: idle warps, K's last sub-item) load zeros."""
+    TB: tl.constexpr = 1 + TWO
+    c = ks[:, None, None, None, None] * KT + tl.arange(0, KT)[None, None, :, None, None]  # (W, 1, KT, 1, 1)
+    ptr = x_ptr + c * 256 + (tl.arange(0, TB) * stride_tb)[None, :, None, None, None] \
+        + (tl.arange(0, 2) * 128)[None, None, None, :, None] + tl.arange(0, 128)[None, None, None, None, :]
+    if EVEN:
+        v = tl.load(ptr)
+    else:
+        v = tl.load(ptr, mask=c < F, other=0)
+    v = tl.permute(tl.reshape(v, [W, TB, KT, 2, 32, 2, 2]), [0, 4, 3, 5, 6, 1, 2])  # (W, 32, h, ii, b, TB, KT)
+    return tl.reshape(v, [W, 32, 4, 2, TB, KT])
 
 
 @triton.jit
@@ -94,8 +117,24 @@ def _per_frag(b, W: tl.constexpr, R: tl.constexpr):
 
 
 @triton.jit
+def _b_regs(xk, TWO: tl.constexpr, ASM: tl.constexpr, XP: tl.constexpr):
+    """(W, 32, 4, 2, TB) of a column -> B registers: x words through b_pairs (_dec_b), or already B registers (XP)."""
+    if XP:
+        if TWO:
+            xa, xb = tl.split(xk)
+            b0, b1 = tl.split(xa)
+            bb0, bb1 = tl.split(xb)
+        else:
+            b0, b1 = tl.split(tl.reshape(xk, [xk.shape[0], 32, 4, 2]))
+            bb0 = b0
+            bb1 = b1
+        return b0, b1, bb0, bb1
+    return _dec_b(xk, TWO, ASM)
+
+
+@triton.jit
 def _item(acc, accb, w, sz, xw, W: tl.constexpr, R: tl.constexpr, KT: tl.constexpr, TWO: tl.constexpr,
-          BF16: tl.constexpr, ASM: tl.constexpr):
+          BF16: tl.constexpr, ASM: tl.constexpr, XP: tl.constexpr):
     """acc (+ accb) += s * 2^11 (D / D_UNIT - (OFF + z) sum(x)) of one iteration (w4a16_decode._dec_item with x a
     warp): w (W, R, KT, 128) words, sz (W, R, 32, 2) scale/zero words, xw (W, 32, 4, 2, TB, KT) x words."""
     sd, zs = _dec_scales(sz, BF16)  # rows g, g + 8
@@ -108,13 +147,13 @@ def _item(acc, accb, w, sz, xw, W: tl.constexpr, R: tl.constexpr, KT: tl.constex
     else:
         w0 = tl.reshape(w5, [W, R, 32, 4])
         x0 = tl.reshape(xw, [W, 32, 4, 2, 1 + TWO])
-    b0, b1, bb0, bb1 = _dec_b(x0, TWO, ASM)
+    b0, b1, bb0, bb1 = _b_regs(x0, TWO, ASM, XP)
     d, db = _column(w0, b0, b1, bb0, bb1, None, None, W, R, BF16, TWO, True, ASM)
     xs = x_sums(b0, b1, None, BF16, True, ASM)
     if TWO:
         xsb = x_sums(bb0, bb1, None, BF16, True, ASM)
     if KT == 2:
-        b0, b1, bb0, bb1 = _dec_b(x1, TWO, ASM)
+        b0, b1, bb0, bb1 = _b_regs(x1, TWO, ASM, XP)
         d, db = _column(w1, b0, b1, bb0, bb1, d, db, W, R, BF16, TWO, False, ASM)
         xs = x_sums(b0, b1, xs, BF16, False, ASM)
         if TWO:
@@ -131,7 +170,7 @@ def w4a16_strip_kernel(
     M, N, K, stride_xm, stride_ym, stride_pn, stride_sg,
     G: tl.constexpr, HAS_BIAS: tl.constexpr, BF16: tl.constexpr, R: tl.constexpr, KT: tl.constexpr,
     W: tl.constexpr, BM: tl.constexpr, RING: tl.constexpr, EVEN: tl.constexpr, EVEN_N: tl.constexpr,
-    ASM: tl.constexpr,
+    ASM: tl.constexpr, XP: tl.constexpr = False,
 ):
     """y (M <= 16, N) = x @ W + bias for program p's 16 R output rows (module docstring). x_ptr: x as int32 words
     (pairs of 16-bit inputs), stride_xm in words; pk_ptr / sz_ptr: PackedW4 qweight (N_pad/16, K_pad/64, 32, 4) /
@@ -154,29 +193,29 @@ def w4a16_strip_kernel(
         + tl.arange(0, 2)[None, None, None, :]  # (32, 1, R, 2): rows g, g + 8 of each fragment row, adjacent
 
     wa, sa, xa = _slot(pk_ptr, sz_ptr, x_ptr, 0, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane, M, K, stride_xm,
-                       stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
+                       stride_sg, W, KT, G, TWO, EVEN, EVEN_N, XP)
     if RING >= 2:
         wb, sb, xb = _slot(pk_ptr, sz_ptr, x_ptr, 1, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane, M, K,
-                           stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
+                           stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N, XP)
     if RING >= 3:
         wc, sc, xc = _slot(pk_ptr, sz_ptr, x_ptr, 2, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane, M, K,
-                           stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
+                           stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N, XP)
     acc = tl.zeros([W, R, 32, 4], dtype=tl.float32)
     accb = tl.zeros([W, R, 32, 4], dtype=tl.float32)
     for t in range(0, T, RING):
-        acc, accb = _item(acc, accb, wa, sa, xa, W, R, KT, TWO, BF16, ASM)
+        acc, accb = _item(acc, accb, wa, sa, xa, W, R, KT, TWO, BF16, ASM, XP)
         wa, sa, xa = _slot(pk_ptr, sz_ptr, x_ptr, t + RING, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane, M, K,
-                           stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
+                           stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N, XP)
         if RING >= 2:
             if t + 1 < T:
-                acc, accb = _item(acc, accb, wb, sb, xb, W, R, KT, TWO, BF16, ASM)
+                acc, accb = _item(acc, accb, wb, sb, xb, W, R, KT, TWO, BF16, ASM, XP)
             wb, sb, xb = _slot(pk_ptr, sz_ptr, x_ptr, t + RING + 1, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane,
-                               M, K, stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
+                               M, K, stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N, XP)
         if RING >= 3:
             if t + 2 < T:
-                acc, accb = _item(acc, accb, wc, sc, xc, W, R, KT, TWO, BF16, ASM)
+                acc, accb = _item(acc, accb, wc, sc, xc, W, R, KT, TWO, BF16, ASM, XP)
             wc, sc, xc = _slot(pk_ptr, sz_ptr, x_ptr, t + RING + 2, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane,
-                               M, K, stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N)
+                               M, K, stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N, XP)
 
     # the warps' partial sums, once (shared memory), then y directly: rows 16 frow + g (+ 8), tokens 2t (+ 1)
     c4 = tl.arange(0, 4)[None, None, :]
