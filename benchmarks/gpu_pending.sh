@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# NEXT: xp46 (round 14c, unrun), then grid42 on an H200 (the M = 16 / 64 rows after ctas > 1 lost its split), then h2grid39; strip45 on an H200 (its
+# NEXT: xp46 (round 14c, unrun), then grid42 on an H200 (the M = 16 / 64 rows after ctas > 1 lost its split),
+# then h2grid39; strip45 on an H200 (its
 # M 1-8 rows: results/w4a16-h200.json predates the strip kernel). Session 46 ran strip45 on an H100 (20 GPU tests
 # passed; results/w4a16-strip-h100.json, the M 1-8 rows of results/w4a16-h100.json) and ncu of the strip kernel at
 # 8192^2 (docs/w4a16_decode.md round 14b: issue-bound). Session 45 ran the strip kernel's GPU tests and its
@@ -40,7 +41,7 @@
 #   device run:  OUT=$OUT FIX42_DIAG=snap bash benchmarks/gpu_pending.sh fix42  # ~3 min (ran, s42): cases 7-9, tests
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh strip45   # ~7 min: dispatch + strip GPU tests, M 1-8 grid
 #                                                                  # (ran s46, H100)
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh xp46      # ~6 min: strip with x in the B order: tests, M 1/8/16
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh xp46      # ~5 min: strip with x in the B order: tests, M 1/16
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid42    # ~5 min, H200: the M = 16 / 64 rows re-measured
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vy40      # ~5 min (ran, s40): vec_y GPU tests, the probe's A/B
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vygrid40  # ~6 min: the W4A16 grid with the vec_y twins
@@ -343,9 +344,11 @@ case "${1:-}" in
       tests/kernels/test_w4a16_strip.py
     step w4a16 380 "$PY" benchmarks/w4a16.py --impls flashscale,flashscale-strip,bf16 --ms 1,2,4,8 --out "$OUT" ;;
   xp46)  # the strip kernel with x in the B order (session 46, round 14c): its GPU tests, then every strip config at
-    # M 1 / 8 / 16 with the pre-pass (flashscale-strip) and with x handed over (flashscale-strip-xgiven), bf16 beside
-    step tests 150 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu -n 4 tests/kernels/test_w4a16_strip.py
-    step w4a16 330 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 1,8,16 --out "$OUT" ;;
+    # M 1 / 16 on three shapes with the pre-pass (flashscale-strip) and with x handed over (flashscale-strip-xgiven),
+    # bf16 beside
+    step tests 100 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu -n 4 tests/kernels/test_w4a16_strip.py
+    step w4a16 240 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 1,16 \
+      --shapes 4096x4096,8192x8192,28672x8192 --out "$OUT" ;;
   grid42)  # the five M = 16 / 64 rows of results/w4a16-h200.json timed with ctas = 2 under the automatic split (now
     # refused, session 42) re-measured: the M = 16 and 64 grid, merged into the results (H200 only: the file's GPU)
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then

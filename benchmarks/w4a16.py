@@ -107,6 +107,7 @@ def main(argv=None) -> int:
                          "candidate config checked against float64, then timed; the best kept a cell), "
                          "flashscale-strip (the no-split-K decode kernel, M <= 16, the same way)")
     ap.add_argument("--ms", default=None, help="comma list of token counts (default: the built-in sweep)")
+    ap.add_argument("--shapes", default=None, help="comma list of KxN (default: the six Llama shapes)")
     ap.add_argument("--merge-into", type=Path, default=None, metavar="JSON",
                     help="after the run, put its rows into this results file in place of the rows of the same M "
                     "(merge_results); the file's note is for the committer to extend")
@@ -119,6 +120,11 @@ def main(argv=None) -> int:
     ms = [1, 4, 16, 64, 256, 1024] if args.quick else MS
     if args.ms:
         ms = [int(v) for v in args.ms.split(",")]
+    if args.shapes:
+        try:
+            shapes = [tuple(int(v) for v in kn.lower().split("x")) for kn in args.shapes.split(",")]
+        except ValueError:
+            ap.error(f"--shapes takes a comma list of KxN, e.g. 4096x4096,8192x8192; got {args.shapes!r}")
     warmup, rep = (5, 20) if args.quick else (10, 40)
     g = args.group_size
     # every candidate config of every M bucket, compiled in parallel processes first (one shape stands
