@@ -23,7 +23,11 @@ scale/zero words, x words; rotated by position, no register moves; refills past 
 Shapes (per program): words (W, R, KT, 128) int32 (W first: Triton's coalescing gives the warps the first
 non-contiguous axis; 128 words = 32 lanes x 16 bytes, one 512-byte fragment a warp instruction); scale/zero words
 (W, R, 32, 2); x words (W, 32, 4, 2, TB, KT); accumulators (W, R, 32, 4) fp32 per token block in the mma C layout
-(lane 4g + t: rows 16 r + g (+ 8), tokens 2t, 2t + 1), times s * 2^11 (w4a16_pack's sz words hold s * 2^11 | z), summed over W at the end.
+(lane 4g + t: rows 16 r + g (+ 8), tokens 2t, 2t + 1), times s * 2^11 (w4a16_pack's sz words hold s * 2^11 | z),
+summed over W at the end.
+
+XP (x in the B order, w4a16_strip.x_perm_words): x's words arrive as the mma's B register pairs {b0, b1}, 16 bytes
+a lane, so a column and token block is two LDG.128 instead of eight 4-byte loads and eight PRMT (b_pairs).
 """
 
 from __future__ import annotations
