@@ -159,6 +159,10 @@ def test_bad_arguments():
         w4a16_strip(x, p, config=StripConfig(maxnreg=300))
     with pytest.raises(TypeError, match="StripConfig"):
         w4a16_strip(x, p, config=object())
+    with pytest.raises(ValueError, match=r"xw must be x_perm_words\(x, p\): int32 of shape \(1, 1024\)"):
+        w4a16_strip(x, p, config=StripConfig(xperm=True), xw=x.view(torch.int32))
+    with pytest.raises(ValueError, match=r"xw must be x_words\(x, p\)"):
+        w4a16_strip(x, p, config=StripConfig(), xw=x_perm_words(x, p))
     with pytest.raises(ValueError, match="M=17"):
         w4a16_strip(torch.randn(17, 256).half(), p)
     with pytest.raises(ValueError, match="K=128"):

@@ -109,10 +109,26 @@ def w4a16_strip(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None, 
     producer that writes x that way saves the gather), else made here."""
     cfg = config or configs_for(x.shape[0] if isinstance(x, torch.Tensor) and x.dim() == 2 else 1)[0]
     check_args(x, p, bias, cfg)
+    if xw is not None:
+        check_xw(xw, x, p, cfg)
     y = torch.empty((x.shape[0], p.out_features), dtype=x.dtype, device=x.device)
     if x.shape[0]:
         launch(x, p, bias, y, cfg, xw)
     return y
+
+
+def check_xw(xw: torch.Tensor, x: torch.Tensor, p: PackedW4, cfg: StripConfig) -> None:
+    """ValueError naming xw unless it is what the kernel would make of x: x_perm_words(x, p)'s shape for an xperm
+    config, x_words(x, p)'s otherwise; int32, contiguous rows, on x's device (its values are the caller's)."""
+    m, k = x.shape
+    want = (triton.cdiv(m, 8), triton.cdiv(k, 64) * 256) if cfg.xperm else (m, k // 2)
+    how = "x_perm_words(x, p)" if cfg.xperm else "x_words(x, p)"
+    if not isinstance(xw, torch.Tensor) or xw.dtype != torch.int32 or tuple(xw.shape) != want:
+        raise ValueError(f"xw must be {how}: int32 of shape {want}, got "
+                         f"{getattr(xw, 'dtype', type(xw).__name__)} {tuple(getattr(xw, 'shape', ()))}")
+    if xw.device != x.device or xw.stride(1) != 1:
+        raise ValueError(f"xw must be on x's device {x.device} with contiguous rows, got {xw.device}, strides "
+                         f"{xw.stride()}")
 
 
 def x_perm_words(x2d: torch.Tensor, p: PackedW4) -> torch.Tensor:
