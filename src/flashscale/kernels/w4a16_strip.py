@@ -74,6 +74,11 @@ STRIP_CONFIGS: list[StripConfig] = [  # M <= 8
     StripConfig(rows=1, kt=2, num_warps=4, ring=2, xperm=True),  # 78, 6 an SM
     StripConfig(rows=1, kt=2, num_warps=4, ring=3, xperm=True),  # 117, 4 an SM
     StripConfig(rows=2, kt=2, num_warps=4, ring=2, xperm=True),  # 124, 4 an SM
+    # eight warps a program, four programs an SM (31 warps an SM at N 8192 against ~15: round 14b's ncu found ~3.5
+    # warps a scheduler, each stalled 8.5 cycles an instruction): 54 / 64 / 55 registers, spill-free
+    StripConfig(rows=1, kt=2, num_warps=8, ring=1),  # 2.36 instructions a weight
+    StripConfig(rows=1, kt=2, num_warps=8, ring=1, xperm=True, maxnreg=64),  # 2.05
+    StripConfig(rows=1, kt=1, num_warps=8, ring=2, xperm=True),  # 2.72
 ]
 STRIP_CONFIGS_16: list[StripConfig] = [  # 9 <= M <= 16: x and the second accumulator double
     StripConfig(rows=1, kt=2, num_warps=4, ring=2),
