@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # NEXT: xp46 (round 14c, unrun), then grid42 on an H200 (the M = 16 / 64 rows after ctas > 1 lost its split),
 # then h2grid39; strip45 on an H200 (its M 1-8 rows: results/w4a16-h200.json predates the strip kernel).
-# Session 46 ran strip45 on an H100 (20 GPU tests passed; results/w4a16-strip-h100.json, the M 1-8 rows of results/w4a16-h100.json) and ncu of the strip kernel at
-# 8192^2 (docs/w4a16_decode.md round 14b: issue-bound). Session 45 ran the strip kernel's GPU tests and its
-# side-by-side rows on an H100. Session 43 ran
-# vygrid40 and the default grid from M 256 on an H100 (docs/w4a16_gemm.md), the lazy-rescale sweep (reverted,
-# docs/attention_fa3.md) and every `-m gpu` test (687 passed). Session 42 ran fix41 and fix42 (H100).
+# Session 46 ran strip45 on an H100 (20 GPU tests passed; results/w4a16-strip-h100.json, the M 1-8 rows of
+# results/w4a16-h100.json) and ncu of the strip kernel at 8192^2 (docs/w4a16_decode.md round 14b: issue-bound).
+# Session 45 ran the strip kernel's GPU tests and its side-by-side rows on an H100. Session 43 ran vygrid40 and the
+# default grid from M 256 on an H100 (docs/w4a16_gemm.md), the lazy-rescale sweep (reverted, docs/attention_fa3.md)
+# and every `-m gpu` test (687 passed). Session 42 ran fix41 and fix42 (H100).
 # A results file that comes back gets a "note" before it is committed.
 #
 # GPU steps of sessions 18-29 (2026-12-02/03), kept runnable. Session 28 ran `s28` (docs27's, fa3f28's and fp8n28's
