@@ -21,7 +21,7 @@ import torch
 
 from flashscale.kernels import w4a16_configs
 from flashscale.kernels.w4a16_strip import (STRIP_CONFIGS, STRIP_CONFIGS_16, StripConfig, configs_for, w4a16_strip,
-                                            x_perm_words)
+                                            x_perm_words, x_perm_words_reference)
 from test_w4a16_ring import _weight, assert_within_noise, sm90_census
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
@@ -76,6 +76,15 @@ def test_x_perm_words_layout():
             kk = 64 * col + 16 * (2 * h + ii) + 2 * t + b_ + 8 * e
             want = xg[g, kk].view(torch.int16) if g < m and kk < k else torch.tensor(0, dtype=torch.int16)
             assert h16[0, col, h, g, t, ii, b_, e] == want, (col, h, g, t, ii, b_, e)
+        assert torch.equal(w, x_perm_words_reference(x, p))  # the kernel and its torch reference
+
+
+@pytest.mark.parametrize("m,k,g,act", [(1, 64, 64, False), (8, 192, 64, True), (13, 328, 8, True), (16, 1000, 8, False)])
+def test_x_perm_kernel_equals_reference(m, k, g, act):
+    gen = torch.Generator().manual_seed(m + k)
+    p = _weight(k, 16, g, sym=True, gen=gen, act_order=act)
+    x = torch.randn(m, 2 * k, generator=gen).half()[:, ::2]  # strided: the kernel takes contiguous rows
+    assert torch.equal(x_perm_words(x, p), x_perm_words_reference(x, p))
 
 
 def test_configs():
@@ -191,6 +200,20 @@ def test_sm90_compile_no_spills_no_smem_in_loop(tmp_path):
         assert r["ldg128"] == c.ring * c.kt * (c.rows + x_ldg), r
         assert r["moves"] <= 16, r  # slots rotated by position
         assert r["loads_in_flight"] >= 0.6 * r["ldg_per_iter"], r  # the ring holds while it waits (static model)
+
+
+_COMPILE_XP = """
+import json, sys
+from flashscale.kernels.aot import ptxas_stats
+from flashscale.kernels import w4a16_strip as S
+json.dump([{k: v for k, v in ptxas_stats(S.compile_x_perm_sm90(h).asm["ptx"]).items() if k != "log"}
+           for h in (False, True)], open(sys.argv[1], "w"))
+"""
+
+
+def test_x_perm_kernel_compiles_sm90(tmp_path):
+    for r in sm90_census(tmp_path, _COMPILE_XP):
+        assert r["spill_stores"] == r["spill_loads"] == 0, r
 
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9

@@ -20,7 +20,7 @@ from flashscale.kernels.w4a16_launch import x_words
 from flashscale.kernels.w4a16_pack import PackedW4
 from flashscale.kernels.w4a16_ring import check_operands
 from flashscale.kernels.w4a16_ring_config import resident_programs
-from flashscale.kernels.w4a16_strip_kernel import w4a16_strip_kernel
+from flashscale.kernels.w4a16_strip_kernel import w4a16_strip_kernel, x_perm_kernel
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,7 +141,18 @@ def x_perm_words(x2d: torch.Tensor, p: PackedW4) -> torch.Tensor:
     block of 8 tokens and 64-wide column, (2, 32, 2, 2) words [h, 4 g + t, ii, b] = B register b of 16-k chunk
     i = 2 h + ii of lane 4 g + t, i.e. the inputs 16 i + 2 t + b (low half) and 16 i + 2 t + b + 8 (high) of token
     g (the relabelled K order of the weights, w4a16_common.b_pairs). Act-order applied, tokens padded to 8 and K to
-    64 with zeros."""
+    64 with zeros. One launch (x_perm_kernel; the torch reference: x_perm_words_reference)."""
+    m, k = x2d.shape
+    tb, cols = triton.cdiv(m, 8), triton.cdiv(k, 64)
+    out = torch.empty((tb, cols * 256), dtype=torch.int32, device=x2d.device)
+    xi = (x2d if x2d.stride(1) == 1 else x2d.contiguous()).view(torch.int16)  # bits, not values: no conversions
+    perm = p.perm if p.perm is not None else out
+    x_perm_kernel[(tb * cols,)](xi, perm, out, m, k, xi.stride(0), cols, HAS_PERM=p.perm is not None, num_warps=2)
+    return out
+
+
+def x_perm_words_reference(x2d: torch.Tensor, p: PackedW4) -> torch.Tensor:
+    """x_perm_words in torch (a pad and a permute; the tests' reference)."""
     m, k = x2d.shape
     if p.perm is not None:
         x2d = x2d[:, p.perm.long()]
@@ -190,6 +201,17 @@ def compile_sm90(cfg: StripConfig, *, dtype: str = "bf16", bm: int = 8, group_si
     src = ASTSource(fn=w4a16_strip_kernel, signature=sig, constexprs={(names.index(k),): v for k, v in cx.items()},
                     attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=cfg.options)
+
+
+def compile_x_perm_sm90(has_perm: bool):
+    """x_perm_kernel compiled for sm_90 as x_perm_words launches it (no GPU needed)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = {"x_ptr": "*i16", "perm_ptr": "*i32", "out_ptr": "*i32", "M": "i32", "K": "i32", "stride_xm": "i32",
+           "COLS": "i32", "HAS_PERM": "constexpr"}
+    src = ASTSource(fn=x_perm_kernel, signature=sig, constexprs={(list(sig).index("HAS_PERM"),): has_perm})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 2})
 
 
 def census(cfg: StripConfig, **kw) -> dict:

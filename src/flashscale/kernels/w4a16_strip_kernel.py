@@ -229,3 +229,29 @@ def w4a16_strip_kernel(
     _dec_store(tl.sum(acc, axis=0) * (1.0 / 2048), y_ptr, bias_ptr, rows, toks, M, N, stride_ym, HAS_BIAS)
     if TWO:
         _dec_store(tl.sum(accb, axis=0) * (1.0 / 2048), y_ptr, bias_ptr, rows, toks + 8, M, N, stride_ym, HAS_BIAS)
+
+
+@triton.jit
+def x_perm_kernel(x_ptr, perm_ptr, out_ptr, M, K, stride_xm, COLS, HAS_PERM: tl.constexpr):
+    """x (M, K) as int16 -> x in the B order (w4a16_strip.x_perm_words, whose torch reference is
+    x_perm_words_reference): program p writes the 256 words of token block p // COLS and column p % COLS, word
+    [h, 4 g + t, ii, b] = (x[8 tb + g, k], x[8 tb + g, k + 8]) with k = 64 col + 16 (2 h + ii) + 2 t + b, through the
+    act-order permutation (input k of the product is x's perm[k]); tokens past M and inputs past K are zeros."""
+    pid = tl.program_id(0)
+    tb = pid // COLS
+    col = pid % COLS
+    w = tl.arange(0, 256)
+    lane = (w // 4) % 32
+    k = col * 64 + 16 * (2 * (w // 128) + (w // 2) % 2) + 2 * (lane % 4) + w % 2
+    tok = tb * 8 + lane // 4
+    ok_lo = (tok < M) & (k < K)
+    ok_hi = (tok < M) & (k + 8 < K)
+    k_lo = k
+    k_hi = k + 8
+    if HAS_PERM:
+        k_lo = tl.load(perm_ptr + k_lo, mask=ok_lo, other=0)
+        k_hi = tl.load(perm_ptr + k_hi, mask=ok_hi, other=0)
+    lo = tl.load(x_ptr + tok * stride_xm + k_lo, mask=ok_lo, other=0).to(tl.int32) & 0xFFFF
+    hi = tl.load(x_ptr + tok * stride_xm + k_hi, mask=ok_hi, other=0).to(tl.int32)
+    tl.store(out_ptr + pid * 256 + w, lo | (hi << 16))
+
