@@ -79,7 +79,8 @@ def test_x_perm_words_layout():
         assert torch.equal(w, x_perm_words_reference(x, p))  # the kernel and its torch reference
 
 
-@pytest.mark.parametrize("m,k,g,act", [(1, 64, 64, False), (8, 192, 64, True), (13, 328, 8, True), (16, 1000, 8, False)])
+@pytest.mark.parametrize("m,k,g,act", [(1, 64, 64, False), (8, 192, 64, True), (13, 328, 8, True),
+                                       (16, 1000, 8, False)])
 def test_x_perm_kernel_equals_reference(m, k, g, act):
     gen = torch.Generator().manual_seed(m + k)
     p = _weight(k, 16, g, sym=True, gen=gen, act_order=act)
