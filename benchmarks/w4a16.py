@@ -174,12 +174,12 @@ def main(argv=None) -> int:
                     print(f"    trial {impl} [{row['config']}] M={m} K={k} N={n}: {us:.2f} us", flush=True)
                 if impl not in best or us < best[impl]["us"]:
                     best[impl] = row
-            rows += [best[i] for i in impls + ["flashscale-strip-xgiven"] if i in best]
+            shown = [i for i in impls + ["flashscale-strip-xgiven"] if i in best]  # xgiven: strip_trials' extra impl
+            rows += [best[i] for i in shown]
             bf = best.get("bf16", {}).get("us")
             print(f"  M={m:5d} K={k:5d} N={n:5d}  " + "  ".join(
                 f"{i} {best[i]['us']:9.1f} us" + (f" x{bf / best[i]['us']:.2f}" if bf and i != "bf16" else "")
-                + (f" [{best[i]['config']}]" if "config" in best[i] else "")
-                for i in impls + ["flashscale-strip-xgiven"] if i in best), flush=True)
+                + (f" [{best[i]['config']}]" if "config" in best[i] else "") for i in shown), flush=True)
         packs = ws = w_bf16 = base = None  # freed before the next shape (the closures above see None: not called again)
         torch.cuda.empty_cache()
         path = write(args, gpu, g, rows, checks)  # after every shape: a cut-short run keeps what it measured

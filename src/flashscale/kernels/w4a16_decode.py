@@ -117,18 +117,25 @@ def _dec_store(out, y_ptr, bias_ptr, rows, toks, M, N, stride_ym, HAS_BIAS: tl.c
 
 
 @triton.jit
-def _dec_b(xk, TWO: tl.constexpr, ASM: tl.constexpr):
+def _b_of(xq, ASM: tl.constexpr, PAIRED: tl.constexpr):
+    """(FB, 32, 4, 2) -> (b0, b1): the two halves as they are (PAIRED), or b_pairs of the x words."""
+    q0, q1 = tl.split(xq)
+    if not PAIRED:
+        q0, q1 = b_pairs(q0, q1, ASM)
+    return q0, q1
+
+
+@triton.jit
+def _dec_b(xk, TWO: tl.constexpr, ASM: tl.constexpr, PAIRED: tl.constexpr = False):
     """(FB, 32, 4, 2, TB) x words of a column (FB 1 here, a warp's own in w4a16_strip_kernel) -> B registers
-    (b0, b1) of tokens 0-7 and (bb0, bb1) of 8-15."""
+    (b0, b1) of tokens 0-7 and (bb0, bb1) of 8-15. PAIRED: xk already holds the B registers (w4a16_strip's x in
+    the B order), only split, no b_pairs."""
     if TWO:
         xa, xb = tl.split(xk)
-        q0, q1 = tl.split(xa)
-        b0, b1 = b_pairs(q0, q1, ASM)
-        q0, q1 = tl.split(xb)
-        bb0, bb1 = b_pairs(q0, q1, ASM)
+        b0, b1 = _b_of(xa, ASM, PAIRED)
+        bb0, bb1 = _b_of(xb, ASM, PAIRED)
     else:
-        q0, q1 = tl.split(tl.reshape(xk, [xk.shape[0], 32, 4, 2]))
-        b0, b1 = b_pairs(q0, q1, ASM)
+        b0, b1 = _b_of(tl.reshape(xk, [xk.shape[0], 32, 4, 2]), ASM, PAIRED)
         bb0 = b0
         bb1 = b1
     return b0, b1, bb0, bb1

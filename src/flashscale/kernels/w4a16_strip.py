@@ -50,10 +50,10 @@ class StripConfig:
         return f"strip r{self.rows} kt{self.kt} w{self.num_warps} ring{self.ring}" + (" xp" if self.xperm else "") \
             + (f" maxnreg{self.maxnreg}" if self.maxnreg else "")
 
-    @property
-    def options(self) -> dict:
-        """Compile options beyond the constexprs (num_warps, num_stages, the register cap)."""
-        return {"num_warps": self.num_warps, "num_stages": 1, **({"maxnreg": self.maxnreg} if self.maxnreg else {})}
+    def options(self, interpreting: bool = False) -> dict:
+        """Compile options beyond the constexprs: num_warps, num_stages, the register cap (not for the interpreter)."""
+        cap = {"maxnreg": self.maxnreg} if self.maxnreg and not interpreting else {}
+        return {"num_warps": self.num_warps, "num_stages": 1, **cap}
 
 
 # Candidates (sm_90 registers and KB in flight an SM: the census). Programs = ceil(N / 16 R): 512 at N 8192 and R 1,
@@ -178,7 +178,7 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
         G=p.group_size, HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, R=cfg.rows, KT=cfg.kt,
         W=cfg.num_warps, BM=8 if m <= 8 else 16, RING=cfg.ring, EVEN=k % (64 * cfg.kt * cfg.num_warps) == 0,
         EVEN_N=n_frag % cfg.rows == 0, ASM=cfg.asm and not _interpreting(), XP=cfg.xperm,
-        **(cfg.options if not _interpreting() else {"num_warps": cfg.num_warps, "num_stages": 1}),
+        **cfg.options(_interpreting()),
     )
 
 
@@ -200,7 +200,7 @@ def compile_sm90(cfg: StripConfig, *, dtype: str = "bf16", bm: int = 8, group_si
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in aligned}
     src = ASTSource(fn=w4a16_strip_kernel, signature=sig, constexprs={(names.index(k),): v for k, v in cx.items()},
                     attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=cfg.options)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=cfg.options())
 
 
 def compile_x_perm_sm90(has_perm: bool):

@@ -121,22 +121,6 @@ def _per_frag(b, W: tl.constexpr, R: tl.constexpr):
 
 
 @triton.jit
-def _b_regs(xk, TWO: tl.constexpr, ASM: tl.constexpr, XP: tl.constexpr):
-    """(W, 32, 4, 2, TB) of a column -> B registers: x words through b_pairs (_dec_b), or already B registers (XP)."""
-    if XP:
-        if TWO:
-            xa, xb = tl.split(xk)
-            b0, b1 = tl.split(xa)
-            bb0, bb1 = tl.split(xb)
-        else:
-            b0, b1 = tl.split(tl.reshape(xk, [xk.shape[0], 32, 4, 2]))
-            bb0 = b0
-            bb1 = b1
-        return b0, b1, bb0, bb1
-    return _dec_b(xk, TWO, ASM)
-
-
-@triton.jit
 def _item(acc, accb, w, sz, xw, W: tl.constexpr, R: tl.constexpr, KT: tl.constexpr, TWO: tl.constexpr,
           BF16: tl.constexpr, ASM: tl.constexpr, XP: tl.constexpr):
     """acc (+ accb) += s * 2^11 (D / D_UNIT - (OFF + z) sum(x)) of one iteration (w4a16_decode._dec_item with x a
@@ -151,13 +135,13 @@ def _item(acc, accb, w, sz, xw, W: tl.constexpr, R: tl.constexpr, KT: tl.constex
     else:
         w0 = tl.reshape(w5, [W, R, 32, 4])
         x0 = tl.reshape(xw, [W, 32, 4, 2, 1 + TWO])
-    b0, b1, bb0, bb1 = _b_regs(x0, TWO, ASM, XP)
+    b0, b1, bb0, bb1 = _dec_b(x0, TWO, ASM, XP)
     d, db = _column(w0, b0, b1, bb0, bb1, None, None, W, R, BF16, TWO, True, ASM)
     xs = x_sums(b0, b1, None, BF16, True, ASM)
     if TWO:
         xsb = x_sums(bb0, bb1, None, BF16, True, ASM)
     if KT == 2:
-        b0, b1, bb0, bb1 = _b_regs(x1, TWO, ASM, XP)
+        b0, b1, bb0, bb1 = _dec_b(x1, TWO, ASM, XP)
         d, db = _column(w1, b0, b1, bb0, bb1, d, db, W, R, BF16, TWO, False, ASM)
         xs = x_sums(b0, b1, xs, BF16, False, ASM)
         if TWO:
