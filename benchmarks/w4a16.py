@@ -300,13 +300,18 @@ def plot(rows: list[dict], path: Path, gpu: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
+    impls = sorted({r["impl"] for r in rows} - {"bf16"})  # every impl of the run beside bf16 (not only "flashscale")
+    if not impls or not any(r["impl"] == "bf16" for r in rows):
+        return
     fig, ax = plt.subplots(figsize=(8, 5))
     shapes = sorted({(r["K"], r["N"]) for r in rows})
-    for k, n in shapes:
-        ours = {r["M"]: r["us"] for r in rows if r["impl"] == "flashscale" and (r["K"], r["N"]) == (k, n)}
-        ref = {r["M"]: r["us"] for r in rows if r["impl"] == "bf16" and (r["K"], r["N"]) == (k, n)}
-        m = sorted(ours)
-        ax.plot(m, [ref[i] / ours[i] for i in m], marker="o", label=f"K={k} N={n}")
+    for impl, style in zip(impls, ("-", "--", ":", "-.") * 4):
+        for k, n in shapes:
+            ours = {r["M"]: r["us"] for r in rows if r["impl"] == impl and (r["K"], r["N"]) == (k, n)}
+            ref = {r["M"]: r["us"] for r in rows if r["impl"] == "bf16" and (r["K"], r["N"]) == (k, n)}
+            m = sorted(set(ours) & set(ref))
+            label = f"K={k} N={n}" if len(impls) == 1 else f"{impl} K={k} N={n}"
+            ax.plot(m, [ref[i] / ours[i] for i in m], marker="o", linestyle=style, label=label)
     ax.axhline(4.0, color="gray", linestyle="--", label="ideal 4x (bytes)")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xscale("log", base=2)

@@ -97,8 +97,9 @@ def test_configs():
 
 def test_strip_is_a_dispatch_candidate_interpreter():
     """w4a16_matmul: the strip configs join the M = 1 and M <= 8 buckets (after the ring kernel's), only where a
-    sub-item stays inside a group; a forced StripConfig runs the strip kernel (split 1); a tuned table entry
-    round-trips to a StripConfig (not a RingConfig: both have a ring); kernel="strip" refuses M = 9."""
+    sub-item stays inside a group, and the M <= 16 bucket with x in the B order; a forced StripConfig runs the
+    strip kernel (split 1); a tuned table entry round-trips to a StripConfig (not a RingConfig: both have a ring);
+    kernel="strip" runs M = 12 and refuses M = 17."""
     from flashscale.kernels import w4a16
     from flashscale.kernels.w4a16_ring import RingConfig
 
@@ -106,7 +107,11 @@ def test_strip_is_a_dispatch_candidate_interpreter():
     p = _weight(256, 64, 128, sym=False, gen=gen)
     cands = w4a16.strip_candidates(p, 1)
     assert [(c.rows, c.kt, c.num_warps, c.ring, c.maxnreg) for c in cands] == list(w4a16_configs._STRIP_CANDIDATES)
-    assert w4a16.strip_candidates(p, 8) == cands and w4a16.strip_candidates(p, 9) == []
+    assert w4a16.strip_candidates(p, 8) == cands and w4a16.strip_candidates(p, 17) == []
+    c16 = w4a16.strip_candidates(p, 9)  # M 9-16: x in the B order (its gather part of the call)
+    assert c16 == w4a16.strip_candidates(p, 16) and c16 and all(c.xperm for c in c16)
+    assert [(c.rows, c.kt, c.num_warps, c.ring, c.maxnreg) for c in c16] == list(w4a16_configs._STRIP_CANDIDATES_16)
+    assert w4a16._config_class(dataclasses.asdict(c16[0])) is StripConfig and w4a16._is_strip(c16[0])
     assert w4a16.strip_candidates(_weight(256, 64, 64, sym=True, gen=gen), 1) == [
         c for c in cands if c.kt == 1]  # kt 2 would cross a group of 64
     assert w4a16._config_class(dataclasses.asdict(cands[0])) is StripConfig
@@ -117,8 +122,10 @@ def test_strip_is_a_dispatch_candidate_interpreter():
     b = torch.randn(64, generator=gen).half()
     y = w4a16.w4a16_matmul(x, p, b, config=StripConfig(rows=2, kt=2, num_warps=2, ring=2))
     assert_within_noise(y, x, p, b)
-    with pytest.raises(ValueError, match="strip kernel takes up to 8 tokens"):
-        w4a16.w4a16_matmul(torch.randn(9, 256).half(), p, kernel="strip")
+    x12 = torch.randn(12, 256, generator=gen).half()  # kernel="strip" at M 12: the tuned (first) xperm config
+    assert_within_noise(w4a16.w4a16_matmul(x12, p, b, kernel="strip"), x12, p, b)
+    with pytest.raises(ValueError, match="strip kernel takes up to 16 tokens"):
+        w4a16.w4a16_matmul(torch.randn(17, 256).half(), p, kernel="strip")
 
 
 def test_tuner_takes_strip_where_it_times_fastest_interpreter(monkeypatch):

@@ -8,8 +8,9 @@
                                 M <= 16 buckets (docs/w4a16_decode.md)
     M <= 8      w4a16_ring.py   the same math on a register ring of whole items; extra candidates of the
                                 M = 1 and M <= 8 buckets (docs/w4a16_decode.md rounds 5 and 8)
-    M <= 8      w4a16_strip.py  no split-K across programs (a program's warps split K, one cross-warp sum);
-                                extra candidates of the M = 1 and M <= 8 buckets (docs round 14)
+    M <= 16     w4a16_strip.py  no split-K across programs (a program's warps split K, one cross-warp sum);
+                                extra candidates of the M = 1, M <= 8 (docs round 14) and M <= 16 buckets
+                                (x gathered into the B order first, round 14c)
     M >= 2      w4a16_wgmma.py  on Hopper (sm_90): the Gluon GEMM (TMA ring, warp-specialized producer,
                                 register-A wgmma on in-register dequantization; 16-token tiles up to
                                 M = 16); its configs join the autotune candidates of the bucket
@@ -80,7 +81,7 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
                  split_k: int | None = None) -> torch.Tensor:
     """x2d (M, K) fp16/bf16, unit stride along K -> y (M, N) in x's dtype. Inputs are validated by
     flashscale.ops.w4a16_linear; this launcher assumes them right. kernel: None (by M), "gemv", "gemm",
-    "decode", "ring", "strip" (M <= 8) or "wgmma" (Hopper); config (a GemmConfig, GemvConfig, DecodeConfig,
+    "decode", "ring" (M <= 8), "strip" (M <= 16) or "wgmma" (Hopper); config (a GemmConfig, GemvConfig, DecodeConfig,
     RingConfig, StripConfig or WgmmaConfig) / split_k: force them (tests, benchmarks) instead of the tuned choice."""
     m, k = x2d.shape
     n = p.out_features
@@ -94,7 +95,7 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
         kernel = ("wgmma" if _is_wgmma(config) else "strip" if _is_strip(config) else "ring" if _is_ring(config) else
                   {DecodeConfig: "decode", GemvConfig: "gemv", GemmConfig: "gemm"}[type(config)])
     dec = decode_candidates(p) if m <= 16 else []
-    extra = ring_candidates(p, m) + strip_candidates(p, m) if auto else []  # the M <= 8 decode kernels
+    extra = ring_candidates(p, m) + strip_candidates(p, m) if auto else []  # ring: M <= 8, strip: M <= 16
     if kernel == "gemv":
         if m != 1:
             raise ValueError(f"the gemv kernel takes one token (M = 1), got M={m}")
@@ -125,7 +126,7 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
     elif kernel == "strip":
         cands, bucket = strip_candidates(p, m), m_bucket(m) if m > 1 else 1
         if not cands and config is None:
-            raise ValueError(_ring_refusal("the strip kernel", x2d, p, 64))
+            raise ValueError(_ring_refusal("the strip kernel", x2d, p, 64, tokens=16))
     else:
         raise ValueError(f"kernel={kernel!r}; expected None, 'gemv', 'gemm', 'decode', 'ring', 'strip' or 'wgmma'")
 

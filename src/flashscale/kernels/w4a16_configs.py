@@ -172,26 +172,33 @@ def ring_candidates(p: PackedW4, m: int) -> list:
 # programs an SM under the 128-register cap (one wave at N 8192; the tuner's pick at M = 1 on 4096^2, 8192^2 and
 # 8192 x 28672 in session 46's H100 run).
 _STRIP_CANDIDATES = ((1, 2, 4, 2, None), (1, 2, 4, 3, 128), (2, 2, 4, 2, None), (1, 2, 8, 2, None), (2, 2, 8, 2, None))
+# M 9-16: x in the B order (round 14c; the call's gather into that order is part of every timed call). On the H100
+# (session 47, benchmarks/results/w4a16-strip-h100.json) r1 kt2 w4 ring2 xp took 20.8 us at 8192^2, M = 16, gather
+# included, against the tuned default's 23.1, and 10.3 against 10.2 at 4096^2; the x-words strip lost 1.3-1.9x there.
+# At M <= 8 the gather (~1-2 us) costs more than the 2.32 -> 2.09 instructions a weight save (8192^2 M = 1: 18.0
+# against 17.0 us): not a candidate there.
+_STRIP_CANDIDATES_16 = ((1, 2, 4, 2, None),)
 
 
 @functools.cache
-def _strip_configs() -> tuple:
+def _strip_configs(xperm: bool = False) -> tuple:
     from flashscale.kernels.w4a16_strip import StripConfig  # here: w4a16_strip imports this module
 
-    return tuple(StripConfig(rows=r, kt=kt, num_warps=w, ring=ring, maxnreg=cap)
-                 for r, kt, w, ring, cap in _STRIP_CANDIDATES)
+    return tuple(StripConfig(rows=r, kt=kt, num_warps=w, ring=ring, maxnreg=cap, xperm=xperm)
+                 for r, kt, w, ring, cap in (_STRIP_CANDIDATES_16 if xperm else _STRIP_CANDIDATES))
 
 
 def strip_candidates(p: PackedW4, m: int) -> list:
-    """The strip kernel's configs for M tokens (M <= 8) and p's group size (a sub-item of 64 kt inputs in a group)."""
+    """The strip kernel's configs for M tokens (x words at M <= 8, x in the B order at 9..16; none past 16) and p's
+    group size (a sub-item of 64 kt inputs in a group)."""
     g, k = p.group_size, p.in_features
-    if m > 8:
+    if m > 16:
         return []
-    return [c for c in _strip_configs() if g == k or g % (64 * c.kt) == 0]
+    return [c for c in _strip_configs(m > 8) if g == k or g % (64 * c.kt) == 0]
 
 
-def _ring_refusal(what: str, x2d: torch.Tensor, p: PackedW4, multiple: int = 128) -> str:
-    return (f"{what} takes up to 8 tokens and a group size that is a multiple of {multiple} or one group per row; "
+def _ring_refusal(what: str, x2d: torch.Tensor, p: PackedW4, multiple: int = 128, tokens: int = 8) -> str:
+    return (f"{what} takes up to {tokens} tokens and a group size that is a multiple of {multiple} or one group per row; "
             f"got M={x2d.shape[0]}, group_size={p.group_size}, K={p.in_features}")
 
 
