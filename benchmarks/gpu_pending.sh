@@ -41,7 +41,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh strip45   # ~7 min: dispatch + strip GPU tests, M 1-8 grid
 #                                                                  # (ran s46, H100)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh xp46      # ~5 min: strip with x in the B order: tests, M 1/16
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16s47    # ~8 min: xperm strip at M 9-16: tests, M 16 grid
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16s47    # ~9.5 min: xperm strip at M 9-16: tests, M 16 grid
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid42    # ~5 min, H200: the M = 16 / 64 rows re-measured
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vy40      # ~5 min (ran, s40): vec_y GPU tests, the probe's A/B
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vygrid40  # ~6 min: the W4A16 grid with the vec_y twins
@@ -355,7 +355,8 @@ case "${1:-}" in
     cp "benchmarks/results/w4a16-$g.json" "$OUT/w4a16-$g-merged.json"
     step tests 200 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu -n 4 tests/kernels/test_w4a16.py \
       tests/kernels/test_w4a16_strip.py
-    step w4a16 300 "$PY" benchmarks/w4a16.py --ms 16 --out "$OUT" --merge-into "$OUT/w4a16-$g-merged.json" ;;
+    step w4a16 300 "$PY" benchmarks/w4a16.py --ms 16 --out "$OUT" --merge-into "$OUT/w4a16-$g-merged.json"
+    step sweep 200 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 16 --out "$OUT" ;;  # every M 16 config
   grid42)  # the five M = 16 / 64 rows of results/w4a16-h200.json timed with ctas = 2 under the automatic split (now
     # refused, session 42) re-measured: the M = 16 and 64 grid, merged into the results (H200 only: the file's GPU)
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then

@@ -85,6 +85,10 @@ STRIP_CONFIGS_16: list[StripConfig] = [  # 9 <= M <= 16: x and the second accumu
     StripConfig(rows=1, kt=1, num_warps=8, ring=2),
     StripConfig(rows=2, kt=1, num_warps=4, ring=2),
     StripConfig(rows=1, kt=2, num_warps=4, ring=2, xperm=True),  # 128 registers, 2.65 instructions a weight (3.23)
+    # more x in the B order (sm_90 census at M 9-16): registers, programs an SM, instructions a weight
+    StripConfig(rows=1, kt=1, num_warps=4, ring=2, xperm=True),  # 80, 6, 3.44
+    StripConfig(rows=2, kt=1, num_warps=4, ring=2, xperm=True),  # 124, 4, 2.78
+    StripConfig(rows=2, kt=2, num_warps=4, ring=2, xperm=True),  # 166, 3, 2.20
 ]
 
 
