@@ -41,7 +41,8 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh strip45   # ~7 min: dispatch + strip GPU tests, M 1-8 grid
 #                                                                  # (ran s46, H100)
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh xp46      # ~5 min: strip with x in the B order: tests, M 1/16
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16s47    # ~9.5 min: xperm strip at M 9-16: tests, M 16 grid
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16s47    # ~7 min: xperm strip + PDL: tests, M 1/16 sweep
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16s47b   # ~5 min: the tuned M = 16 grid, merged
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid42    # ~5 min, H200: the M = 16 / 64 rows re-measured
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vy40      # ~5 min (ran, s40): vec_y GPU tests, the probe's A/B
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vygrid40  # ~6 min: the W4A16 grid with the vec_y twins
@@ -349,14 +350,17 @@ case "${1:-}" in
     step tests 80 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu -n 8 tests/kernels/test_w4a16_strip.py
     step w4a16 170 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 1,16 \
       --shapes 4096x4096,8192x8192 --out "$OUT" ;;
-  m16s47)  # the strip kernel with x in the B order among the M <= 16 bucket's candidates (session 47): the dispatch
-    # and strip GPU tests, then the M = 16 grid of the tuned default, merged into a copy of results/w4a16-<gpu>.json
-    g=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)
-    cp "benchmarks/results/w4a16-$g.json" "$OUT/w4a16-$g-merged.json"
+  m16s47)  # the strip kernel with x in the B order among the M <= 16 bucket's candidates, its gather's kernel as a PDL
+    # dependent (session 47): the dispatch and strip GPU tests, then every strip config at M 1 / 16 on two shapes
+    # (with the gather and PDL, x handed over, the gather without PDL)
     step tests 200 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu -n 4 tests/kernels/test_w4a16.py \
       tests/kernels/test_w4a16_strip.py
-    step w4a16 300 "$PY" benchmarks/w4a16.py --ms 16 --out "$OUT" --merge-into "$OUT/w4a16-$g-merged.json"
-    step sweep 200 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 16 --out "$OUT" ;;  # every M 16 config
+    step sweep 240 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 1,16 \
+      --shapes 4096x4096,8192x8192 --out "$OUT" ;;
+  m16s47b)  # the M = 16 grid of the tuned default, merged into a copy of results/w4a16-<gpu>.json
+    g=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)
+    cp "benchmarks/results/w4a16-$g.json" "$OUT/w4a16-$g-merged.json"
+    step w4a16 300 "$PY" benchmarks/w4a16.py --ms 16 --out "$OUT" --merge-into "$OUT/w4a16-$g-merged.json" ;;
   grid42)  # the five M = 16 / 64 rows of results/w4a16-h200.json timed with ctas = 2 under the automatic split (now
     # refused, session 42) re-measured: the M = 16 and 64 grid, merged into the results (H200 only: the file's GPU)
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then

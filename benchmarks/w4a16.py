@@ -174,7 +174,8 @@ def main(argv=None) -> int:
                     print(f"    trial {impl} [{row['config']}] M={m} K={k} N={n}: {us:.2f} us", flush=True)
                 if impl not in best or us < best[impl]["us"]:
                     best[impl] = row
-            shown = [i for i in impls + ["flashscale-strip-xgiven"] if i in best]  # xgiven: strip_trials' extra impl
+            extra = ["flashscale-strip-xgiven", "flashscale-strip-nopdl"]  # strip_trials' extra impls
+            shown = [i for i in impls + extra if i in best]
             rows += [best[i] for i in shown]
             bf = best.get("bf16", {}).get("us")
             print(f"  M={m:5d} K={k:5d} N={n:5d}  " + "  ".join(
@@ -227,6 +228,10 @@ def strip_trials(base: PackedW4, packs: list, w_bf16: torch.Tensor, x: torch.Ten
     xp = strip.x_perm_words(x, base)  # the weight copies share base's (absent) act-order permutation
     out += checked_trials("flashscale-strip-xgiven", [c for c in strip.configs_for(m) if c.xperm],
                           lambda xx, p, cfg: strip.w4a16_strip(xx, p, config=cfg, xw=xp), lambda cfg: cfg.label,
+                          base, packs, w_bf16, x, m, checks)
+    # and with the gather, the kernel launched plainly after it (the A/B of the PDL overlap flashscale-strip has)
+    out += checked_trials("flashscale-strip-nopdl", [c for c in strip.configs_for(m) if c.xperm],
+                          lambda xx, p, cfg: strip.w4a16_strip(xx, p, config=cfg, pdl=False), lambda cfg: cfg.label,
                           base, packs, w_bf16, x, m, checks)
     return out
 

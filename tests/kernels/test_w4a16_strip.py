@@ -180,6 +180,8 @@ def test_bad_arguments():
         w4a16_strip(x, p, config=StripConfig(xperm=True), xw=x.view(torch.int32))
     with pytest.raises(ValueError, match=r"xw must be x_words\(x, p\)"):
         w4a16_strip(x, p, config=StripConfig(), xw=x_perm_words(x, p))
+    with pytest.raises(TypeError, match="pdl must be a bool"):
+        w4a16_strip(x, p, pdl=1)
     with pytest.raises(ValueError, match="M=17"):
         w4a16_strip(torch.randn(17, 256).half(), p)
     with pytest.raises(ValueError, match="K=128"):
@@ -214,14 +216,23 @@ _COMPILE_XP = """
 import json, sys
 from flashscale.kernels.aot import ptxas_stats
 from flashscale.kernels import w4a16_strip as S
-json.dump([{k: v for k, v in ptxas_stats(S.compile_x_perm_sm90(h).asm["ptx"]).items() if k != "log"}
-           for h in (False, True)], open(sys.argv[1], "w"))
+ptx = [S.compile_x_perm_sm90(h).asm["ptx"] for h in (False, True)]
+rs = [{k: v for k, v in ptxas_stats(p).items() if k != "log"} for p in ptx]
+for r, p in zip(rs, ptx):
+    r["trigger"] = "griddepcontrol.launch_dependents" in p
+kernel = S.compile_sm90(S.StripConfig(xperm=True)).asm["ptx"]  # an xperm config as launch runs it (PDL)
+rs.append({"spill_stores": 0, "spill_loads": 0, "trigger": True, "wait": "griddepcontrol.wait" in kernel})
+json.dump(rs, open(sys.argv[1], "w"))
 """
 
 
 def test_x_perm_kernel_compiles_sm90(tmp_path):
-    for r in sm90_census(tmp_path, _COMPILE_XP):
-        assert r["spill_stores"] == r["spill_loads"] == 0, r
+    """The gather compiles spill-free and lets its programmatic dependent start (launch_dependents); the strip kernel
+    of an xperm config waits for it (griddepcontrol.wait) before it reads x."""
+    rs = sm90_census(tmp_path, _COMPILE_XP)
+    for r in rs:
+        assert r["spill_stores"] == r["spill_loads"] == 0 and r["trigger"], r
+    assert rs[-1]["wait"]
 
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
@@ -240,3 +251,6 @@ def test_strip_gpu(m, k, n):
         y = w4a16_strip(x, p, b, config=cfg)
         assert_within_noise(y, x, p, b)
         assert torch.equal(y, w4a16_strip(x, p, b, config=cfg)), cfg  # no atomics: the same bits every call
+        if cfg.xperm:  # the gather's PDL dependent, the plain launch and x handed over: the same bits
+            assert torch.equal(y, w4a16_strip(x, p, b, config=cfg, pdl=False)), cfg
+            assert torch.equal(y, w4a16_strip(x, p, b, config=cfg, xw=x_perm_words(x, p))), cfg

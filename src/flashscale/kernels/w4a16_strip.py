@@ -112,17 +112,21 @@ def check_args(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, cfg: Str
 
 
 def w4a16_strip(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None, *,
-                config: StripConfig | None = None, xw: torch.Tensor | None = None) -> torch.Tensor:
+                config: StripConfig | None = None, xw: torch.Tensor | None = None,
+                pdl: bool = True) -> torch.Tensor:
     """x (M <= 16, K) fp16/bf16 -> y (M, N) in x's dtype = x @ dequant(W) + bias. config: default the first
     candidate of M's bucket. xw: x already as the kernel reads it (x_perm_words(x, p) for an xperm config; a
-    producer that writes x that way saves the gather), else made here."""
+    producer that writes x that way saves the gather), else made here. pdl: the kernel after a gather made here
+    starts as its programmatic dependent (sm_90+; its weight loads overlap the gather's end), else plainly."""
     cfg = config or configs_for(x.shape[0] if isinstance(x, torch.Tensor) and x.dim() == 2 else 1)[0]
     check_args(x, p, bias, cfg)
     if xw is not None:
         check_xw(xw, x, p, cfg)
     y = torch.empty((x.shape[0], p.out_features), dtype=x.dtype, device=x.device)
+    if not isinstance(pdl, bool):
+        raise TypeError(f"pdl must be a bool, got {pdl!r}")
     if x.shape[0]:
-        launch(x, p, bias, y, cfg, xw)
+        launch(x, p, bias, y, cfg, xw, pdl=pdl)
     return y
 
 
@@ -140,18 +144,20 @@ def check_xw(xw: torch.Tensor, x: torch.Tensor, p: PackedW4, cfg: StripConfig) -
                          f"{xw.stride()}")
 
 
-def x_perm_words(x2d: torch.Tensor, p: PackedW4) -> torch.Tensor:
+def x_perm_words(x2d: torch.Tensor, p: PackedW4, *, trigger: bool = False) -> torch.Tensor:
     """x (M, K) 16-bit -> (ceil(M / 8), ceil(K / 64) 256) int32 words in the B order (an xperm config's x): for each
     block of 8 tokens and 64-wide column, (2, 32, 2, 2) words [h, 4 g + t, ii, b] = B register b of 16-k chunk
     i = 2 h + ii of lane 4 g + t, i.e. the inputs 16 i + 2 t + b (low half) and 16 i + 2 t + b + 8 (high) of token
     g (the relabelled K order of the weights, w4a16_common.b_pairs). Act-order applied, tokens padded to 8 and K to
-    64 with zeros. One launch (x_perm_kernel; the torch reference: x_perm_words_reference)."""
+    64 with zeros. One launch (x_perm_kernel; the torch reference: x_perm_words_reference); trigger: it lets a
+    programmatic dependent launched next start at once (launch's PDL path; sm_90+ only)."""
     m, k = x2d.shape
     tb, cols = triton.cdiv(m, 8), triton.cdiv(k, 64)
     out = torch.empty((tb, cols * 256), dtype=torch.int32, device=x2d.device)
     xi = (x2d if x2d.stride(1) == 1 else x2d.contiguous()).view(torch.int16)  # bits, not values: no conversions
     perm = p.perm if p.perm is not None else out
-    x_perm_kernel[(tb * cols,)](xi, perm, out, m, k, xi.stride(0), cols, HAS_PERM=p.perm is not None, num_warps=2)
+    x_perm_kernel[(tb * cols,)](xi, perm, out, m, k, xi.stride(0), cols, HAS_PERM=p.perm is not None,
+                                TRIGGER=trigger, num_warps=2)
     return out
 
 
@@ -167,14 +173,24 @@ def x_perm_words_reference(x2d: torch.Tensor, p: PackedW4) -> torch.Tensor:
     return v.contiguous().view(torch.int32).reshape(tb, cols * 256)
 
 
+def pdl_supported(x: torch.Tensor) -> bool:
+    """Whether a programmatic dependent launch can run on x's device (CUDA sm_90+, not interpreted)."""
+    return x.is_cuda and not _interpreting() and torch.cuda.get_device_capability(x.device)[0] >= 9
+
+
 def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Tensor, cfg: StripConfig,
-           xw: torch.Tensor | None = None):
+           xw: torch.Tensor | None = None, pdl: bool = True):
     """One launch into y (M, N) (arguments as check_args takes them, M >= 1); returns what Triton's launch returns
-    (on a GPU the compiled kernel: .n_regs). xw: x as the kernel reads it (x_words / x_perm_words), else made here."""
+    (on a GPU the compiled kernel: .n_regs). xw: x as the kernel reads it (x_words / x_perm_words), else made here.
+    pdl: an xperm config's gather made here triggers at its start and the kernel launches as its programmatic
+    dependent (PDL, where supported): the kernel's launch and first weight loads overlap the gather; it reads x only
+    after griddepcontrol.wait. The gather itself launches plainly (after everything before it)."""
     m, k = x.shape
     n = p.out_features
+    on = False
     if xw is None:
-        xw = x_perm_words(x, p) if cfg.xperm else x_words(x, p)
+        on = cfg.xperm and pdl and pdl_supported(x)
+        xw = x_perm_words(x, p, trigger=on) if cfg.xperm else x_words(x, p)
     n_frag = triton.cdiv(n, 16)
     return w4a16_strip_kernel[(triton.cdiv(n_frag, cfg.rows),)](
         xw, p.qweight, p.sz, y, bias if bias is not None else y,
@@ -182,7 +198,7 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
         G=p.group_size, HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, R=cfg.rows, KT=cfg.kt,
         W=cfg.num_warps, BM=8 if m <= 8 else 16, RING=cfg.ring, EVEN=k % (64 * cfg.kt * cfg.num_warps) == 0,
         EVEN_N=n_frag % cfg.rows == 0, ASM=cfg.asm and not _interpreting(), XP=cfg.xperm,
-        **cfg.options(_interpreting()),
+        **({"PDL": True, "launch_pdl": True} if on else {}), **cfg.options(_interpreting()),
     )
 
 
@@ -197,7 +213,7 @@ def compile_sm90(cfg: StripConfig, *, dtype: str = "bf16", bm: int = 8, group_si
     ptrs = {"x_ptr": "*i32", "pk_ptr": "*i32", "sz_ptr": "*i32", "y_ptr": f"*{dtype}", "bias_ptr": f"*{dtype}"}
     ints = ("M", "N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg")
     cx = dict(G=group_size, HAS_BIAS=False, BF16=dtype == "bf16", R=cfg.rows, KT=cfg.kt, W=cfg.num_warps, BM=bm,
-              RING=cfg.ring, EVEN=True, EVEN_N=True, ASM=cfg.asm, XP=cfg.xperm)
+              RING=cfg.ring, EVEN=True, EVEN_N=True, ASM=cfg.asm, XP=cfg.xperm, PDL=cfg.xperm)  # as launch runs it
     sig = {**ptrs, **{n: "i32" for n in ints}, **{n: "constexpr" for n in cx}}
     names = list(sig)
     aligned = set(ptrs) | {"N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg"}
@@ -208,13 +224,14 @@ def compile_sm90(cfg: StripConfig, *, dtype: str = "bf16", bm: int = 8, group_si
 
 
 def compile_x_perm_sm90(has_perm: bool):
-    """x_perm_kernel compiled for sm_90 as x_perm_words launches it (no GPU needed)."""
+    """x_perm_kernel compiled for sm_90 as launch's PDL path runs it (trigger on; no GPU needed)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     sig = {"x_ptr": "*i16", "perm_ptr": "*i32", "out_ptr": "*i32", "M": "i32", "K": "i32", "stride_xm": "i32",
-           "COLS": "i32", "HAS_PERM": "constexpr"}
-    src = ASTSource(fn=x_perm_kernel, signature=sig, constexprs={(list(sig).index("HAS_PERM"),): has_perm})
+           "COLS": "i32", "HAS_PERM": "constexpr", "TRIGGER": "constexpr"}
+    src = ASTSource(fn=x_perm_kernel, signature=sig, constexprs={(list(sig).index("HAS_PERM"),): has_perm,
+                                                                 (list(sig).index("TRIGGER"),): True})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 2})
 
 

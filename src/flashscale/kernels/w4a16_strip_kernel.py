@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from flashscale.kernels.w4a16_common import mma_column, x_sums
 from flashscale.kernels.w4a16_decode import _dec_b, _dec_scales, _dec_store, _dec_x
@@ -45,10 +46,17 @@ def _slot(pk_ptr, sz_ptr, x_ptr, t, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi,
           EVEN_N: tl.constexpr, XP: tl.constexpr):
     """Every input of iteration t (past T: iteration T - 1 again): words (W, R, KT, 128), scale/zero words
     (W, R, 32, 2), x words (W, 32, 4, 2, TB, KT)."""
+    words, szw = _slot_w(pk_ptr, sz_ptr, t, T, S, F, row_w, fr_ok, sz_row, kt, wi, K, stride_sg, W, KT, G, EVEN,
+                         EVEN_N)
+    return words, szw, _slot_x(x_ptr, t, T, S, F, wi, lane, M, K, stride_xm, W, KT, TWO, EVEN, XP)
+
+
+@triton.jit
+def _slot_w(pk_ptr, sz_ptr, t, T, S, F, row_w, fr_ok, sz_row, kt, wi, K, stride_sg, W: tl.constexpr,
+            KT: tl.constexpr, G: tl.constexpr, EVEN: tl.constexpr, EVEN_N: tl.constexpr):
+    """The weight inputs of iteration t: words (W, R, KT, 128) and scale/zero words (W, R, 32, 2)."""
     BK: tl.constexpr = 64 * KT
-    j = tl.minimum(t, T - 1) * W + wi  # (W,) the warps' sub-items
-    ok = j < S
-    j = tl.minimum(j, S - 1)
+    j = tl.minimum(tl.minimum(t, T - 1) * W + wi, S - 1)  # (W,) the warps' sub-items
     fr = j[:, None, None, None] * KT + kt[None, None, :, None]  # (W, 1, KT, 1) fragment column
     wp = pk_ptr + row_w + fr * 128
     if EVEN and EVEN_N:
@@ -61,15 +69,22 @@ def _slot(pk_ptr, sz_ptr, x_ptr, t, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi,
         szw = tl.load(sp)
     else:
         szw = tl.load(sp, mask=tl.permute(fr_ok, [0, 2, 1, 3]), other=0)
-    szw = tl.permute(szw, [1, 2, 0, 3])
-    ks = j  # x of the warps' sub-items; a warp with none left (not EVEN only) reads past K, which loads zeros
+    return words, tl.permute(szw, [1, 2, 0, 3])
+
+
+@triton.jit
+def _slot_x(x_ptr, t, T, S, F, wi, lane, M, K, stride_xm, W: tl.constexpr, KT: tl.constexpr, TWO: tl.constexpr,
+            EVEN: tl.constexpr, XP: tl.constexpr):
+    """x of iteration t: (W, 32, 4, 2, TB, KT) x words (B registers with XP)."""
+    j = tl.minimum(t, T - 1) * W + wi
+    ks = tl.minimum(j, S - 1)  # x of the warps' sub-items; a warp with none left (not EVEN only) reads past K: zeros
     if not EVEN:
-        ks = tl.where(ok, j, S)
+        ks = tl.where(j < S, ks, S)
     if XP:
         xs = _xp_x(x_ptr, stride_xm, ks, F, W, KT, TWO, EVEN)  # stride_xm: a token block's words
     else:
-        xs = _dec_x(x_ptr, stride_xm, ks[:, None], lane, M, K, BK, KT, TWO, EVEN)
-    return words, szw, xs
+        xs = _dec_x(x_ptr, stride_xm, ks[:, None], lane, M, K, 64 * KT, KT, TWO, EVEN)
+    return xs
 
 
 @triton.jit
@@ -158,12 +173,13 @@ def w4a16_strip_kernel(
     M, N, K, stride_xm, stride_ym, stride_pn, stride_sg,
     G: tl.constexpr, HAS_BIAS: tl.constexpr, BF16: tl.constexpr, R: tl.constexpr, KT: tl.constexpr,
     W: tl.constexpr, BM: tl.constexpr, RING: tl.constexpr, EVEN: tl.constexpr, EVEN_N: tl.constexpr,
-    ASM: tl.constexpr, XP: tl.constexpr = False,
+    ASM: tl.constexpr, XP: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """y (M <= 16, N) = x @ W + bias for program p's 16 R output rows (module docstring). x_ptr: x as int32 words
     (pairs of 16-bit inputs), stride_xm in words; pk_ptr / sz_ptr: PackedW4 qweight (N_pad/16, K_pad/64, 32, 4) /
     sz (NG, N_pad). EVEN: K a multiple of 64 KT W (no K tail, every warp's sub-items in range); EVEN_N: ceil(N / 16)
-    a multiple of R. W: the warps splitting K (the launch's num_warps)."""
+    a multiple of R. W: the warps splitting K (the launch's num_warps). PDL: launched as the programmatic dependent
+    of the kernel that wrote x (x_perm_kernel): the ring's weight loads are issued first, x's after the wait."""
     TWO: tl.constexpr = BM == 16
     pid = tl.program_id(0)
     F = tl.cdiv(K, 64)  # fragment columns of a row
@@ -180,14 +196,20 @@ def w4a16_strip_kernel(
     sz_row = (tl.arange(0, 32) // 4)[:, None, None, None] * 2 + (frow * 16)[None, None, :, None] \
         + tl.arange(0, 2)[None, None, None, :]  # (32, 1, R, 2): rows g, g + 8 of each fragment row, adjacent
 
-    wa, sa, xa = _slot(pk_ptr, sz_ptr, x_ptr, 0, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane, M, K, stride_xm,
-                       stride_sg, W, KT, G, TWO, EVEN, EVEN_N, XP)
+    wa, sa = _slot_w(pk_ptr, sz_ptr, 0, T, S, F, row_w, fr_ok, sz_row, kt, wi, K, stride_sg, W, KT, G, EVEN, EVEN_N)
     if RING >= 2:
-        wb, sb, xb = _slot(pk_ptr, sz_ptr, x_ptr, 1, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane, M, K,
-                           stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N, XP)
+        wb, sb = _slot_w(pk_ptr, sz_ptr, 1, T, S, F, row_w, fr_ok, sz_row, kt, wi, K, stride_sg, W, KT, G, EVEN,
+                         EVEN_N)
     if RING >= 3:
-        wc, sc, xc = _slot(pk_ptr, sz_ptr, x_ptr, 2, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane, M, K,
-                           stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N, XP)
+        wc, sc = _slot_w(pk_ptr, sz_ptr, 2, T, S, F, row_w, fr_ok, sz_row, kt, wi, K, stride_sg, W, KT, G, EVEN,
+                         EVEN_N)
+    if PDL:  # the weights' first loads are in flight while the gather ends; x after it
+        gdc_wait()
+    xa = _slot_x(x_ptr, 0, T, S, F, wi, lane, M, K, stride_xm, W, KT, TWO, EVEN, XP)
+    if RING >= 2:
+        xb = _slot_x(x_ptr, 1, T, S, F, wi, lane, M, K, stride_xm, W, KT, TWO, EVEN, XP)
+    if RING >= 3:
+        xc = _slot_x(x_ptr, 2, T, S, F, wi, lane, M, K, stride_xm, W, KT, TWO, EVEN, XP)
     acc = tl.zeros([W, R, 32, 4], dtype=tl.float32)
     accb = tl.zeros([W, R, 32, 4], dtype=tl.float32)
     for t in range(0, T, RING):
@@ -216,11 +238,16 @@ def w4a16_strip_kernel(
 
 
 @triton.jit
-def x_perm_kernel(x_ptr, perm_ptr, out_ptr, M, K, stride_xm, COLS, HAS_PERM: tl.constexpr):
+def x_perm_kernel(x_ptr, perm_ptr, out_ptr, M, K, stride_xm, COLS, HAS_PERM: tl.constexpr,
+                  TRIGGER: tl.constexpr = False):
     """x (M, K) as int16 -> x in the B order (w4a16_strip.x_perm_words, whose torch reference is
     x_perm_words_reference): program p writes the 256 words of token block p // COLS and column p % COLS, word
     [h, 4 g + t, ii, b] = (x[8 tb + g, k], x[8 tb + g, k + 8]) with k = 64 col + 16 (2 h + ii) + 2 t + b, through the
-    act-order permutation (input k of the product is x's perm[k]); tokens past M and inputs past K are zeros."""
+    act-order permutation (input k of the product is x's perm[k]); tokens past M and inputs past K are zeros.
+    TRIGGER: let the strip kernel launched after it as its programmatic dependent (PDL) start now (it waits for this
+    grid's writes before it reads x)."""
+    if TRIGGER:
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     tb = pid // COLS
     col = pid % COLS
