@@ -198,8 +198,8 @@ def strip_candidates(p: PackedW4, m: int) -> list:
 
 
 def _ring_refusal(what: str, x2d: torch.Tensor, p: PackedW4, multiple: int = 128, tokens: int = 8) -> str:
-    return (f"{what} takes up to {tokens} tokens and a group size that is a multiple of {multiple} or one group per row; "
-            f"got M={x2d.shape[0]}, group_size={p.group_size}, K={p.in_features}")
+    return (f"{what} takes up to {tokens} tokens and a group size that is a multiple of {multiple} or one group per "
+            f"row; got M={x2d.shape[0]}, group_size={p.group_size}, K={p.in_features}")
 
 
 def _is_ring(cfg) -> bool:
