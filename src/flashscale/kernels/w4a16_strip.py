@@ -85,10 +85,8 @@ STRIP_CONFIGS_16: list[StripConfig] = [  # 9 <= M <= 16: x and the second accumu
     StripConfig(rows=1, kt=1, num_warps=8, ring=2),
     StripConfig(rows=2, kt=1, num_warps=4, ring=2),
     StripConfig(rows=1, kt=2, num_warps=4, ring=2, xperm=True),  # 128 registers, 2.65 instructions a weight (3.23)
-    # more x in the B order (sm_90 census at M 9-16): registers, programs an SM, instructions a weight
-    StripConfig(rows=1, kt=1, num_warps=4, ring=2, xperm=True),  # 80, 6, 3.44
-    StripConfig(rows=2, kt=1, num_warps=4, ring=2, xperm=True),  # 124, 4, 2.78
-    StripConfig(rows=2, kt=2, num_warps=4, ring=2, xperm=True),  # 166, 3, 2.20
+    # r1 kt1 / r2 kt1 / r2 kt2 w4 ring2 xp (3.44 / 2.78 / 2.20 instructions a weight, 6 / 4 / 3 programs an SM)
+    # were swept in session 47 and lost to this one in every cell (H100, round 14d): removed
 ]
 
 
