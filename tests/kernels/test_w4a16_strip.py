@@ -126,6 +126,9 @@ def test_strip_is_a_dispatch_candidate_interpreter():
     assert_within_noise(w4a16.w4a16_matmul(x12, p, b, kernel="strip"), x12, p, b)
     with pytest.raises(ValueError, match="strip kernel takes up to 16 tokens"):
         w4a16.w4a16_matmul(torch.randn(17, 256).half(), p, kernel="strip")
+    p64 = _weight(256, 64, 64, sym=True, gen=gen)  # every candidate has kt 2: a sub-item of 128 crosses a group of 64
+    with pytest.raises(ValueError, match="group size that is a multiple of 128.*group_size=64"):
+        w4a16.w4a16_matmul(x, p64, kernel="strip")
 
 
 def test_tuner_takes_strip_where_it_times_fastest_interpreter(monkeypatch):

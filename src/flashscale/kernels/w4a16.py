@@ -48,7 +48,7 @@ from flashscale.kernels.w4a16_configs import (WGMMA_ENV, WGMMA_MIN_M, DecodeConf
                                               _k_steps, _ring_refusal, _wgmma_configs, _wgmma_mode, choose_split_k,
                                               choose_split_k_slices, decode_candidates, decode_grid, gemm_candidates,
                                               gemv_candidates, m_bucket, ring_candidates, stream_k_grid,
-                                              strip_candidates, wgmma_candidates)
+                                              strip_candidates, strip_group_multiple, wgmma_candidates)
 from flashscale.kernels.w4a16_launch import _launch, _launch_decode, _launch_gemm, _launch_gemv, x_words
 from flashscale.kernels.w4a16_pack import PackedW4, pack_w4
 from flashscale.kernels.w4a16_tune import (_TUNED, _split_options, _time, _tune, _tune_key, _weight_ring,
@@ -126,7 +126,7 @@ def w4a16_matmul(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = Non
     elif kernel == "strip":
         cands, bucket = strip_candidates(p, m), m_bucket(m) if m > 1 else 1
         if not cands and config is None:
-            raise ValueError(_ring_refusal("the strip kernel", x2d, p, 64, tokens=16))
+            raise ValueError(_ring_refusal("the strip kernel", x2d, p, strip_group_multiple(m), tokens=16))
     else:
         raise ValueError(f"kernel={kernel!r}; expected None, 'gemv', 'gemm', 'decode', 'ring', 'strip' or 'wgmma'")
 

@@ -197,6 +197,11 @@ def strip_candidates(p: PackedW4, m: int) -> list:
     return [c for c in _strip_configs(m > 8) if g == k or g % (64 * c.kt) == 0]
 
 
+def strip_group_multiple(m: int) -> int:
+    """The group sizes the strip candidates of M's bucket take: multiples of this (64 kt; or one group a row)."""
+    return 64 * min(c.kt for c in _strip_configs(m > 8))
+
+
 def _ring_refusal(what: str, x2d: torch.Tensor, p: PackedW4, multiple: int = 128, tokens: int = 8) -> str:
     return (f"{what} takes up to {tokens} tokens and a group size that is a multiple of {multiple} or one group per "
             f"row; got M={x2d.shape[0]}, group_size={p.group_size}, K={p.in_features}")
