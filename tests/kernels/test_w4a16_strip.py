@@ -177,6 +177,8 @@ def test_bad_arguments():
         w4a16_strip(x, p, config=StripConfig(num_warps=3))
     with pytest.raises(ValueError, match="maxnreg=300"):
         w4a16_strip(x, p, config=StripConfig(maxnreg=300))
+    with pytest.raises(ValueError, match="reg_level=11"):
+        w4a16_strip(x, p, config=StripConfig(reg_level=11))
     with pytest.raises(TypeError, match="StripConfig"):
         w4a16_strip(x, p, config=object())
     with pytest.raises(ValueError, match=r"xw must be x_perm_words\(x, p\): int32 of shape \(1, 1024\)"):

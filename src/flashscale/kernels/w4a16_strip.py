@@ -32,6 +32,8 @@ class StripConfig:
     asm: bool = True  # inline PTX (mma.sync); the interpreter always runs the emulation
     xperm: bool = False  # x gathered into the B order first (x_perm_words): 2 LDG.128 and no PRMT a column and lane
     maxnreg: int | None = None  # register cap handed to ptxas: more programs an SM (e.g. 128: four 4-warp programs)
+    reg_level: int | None = None  # ptxas --register-usage-level (0..10, ptxas's default 5); 10: 1-5 % fewer loop
+    # instructions at the same registers and some refills issued earlier (sm_90 census, round 14e)
 
     @property
     def item_bytes(self) -> int:
@@ -48,11 +50,15 @@ class StripConfig:
     @property
     def label(self) -> str:
         return f"strip r{self.rows} kt{self.kt} w{self.num_warps} ring{self.ring}" + (" xp" if self.xperm else "") \
-            + (f" maxnreg{self.maxnreg}" if self.maxnreg else "")
+            + (f" maxnreg{self.maxnreg}" if self.maxnreg else "") \
+            + (f" rul{self.reg_level}" if self.reg_level is not None else "")
 
     def options(self, interpreting: bool = False) -> dict:
-        """Compile options beyond the constexprs: num_warps, num_stages, the register cap (not for the interpreter)."""
+        """Compile options beyond the constexprs: num_warps, num_stages, the register cap and ptxas's register usage
+        level (neither for the interpreter)."""
         cap = {"maxnreg": self.maxnreg} if self.maxnreg and not interpreting else {}
+        if self.reg_level is not None and not interpreting:
+            cap["ptx_options"] = f"--register-usage-level={self.reg_level}"
         return {"num_warps": self.num_warps, "num_stages": 1, **cap}
 
 
@@ -79,12 +85,17 @@ STRIP_CONFIGS: list[StripConfig] = [  # M <= 8
     StripConfig(rows=1, kt=2, num_warps=8, ring=1),  # 2.36 instructions a weight
     StripConfig(rows=1, kt=2, num_warps=8, ring=1, xperm=True, maxnreg=64),  # 2.05
     StripConfig(rows=1, kt=1, num_warps=8, ring=2, xperm=True),  # 2.72
+    # the two M <= 8 picks with ptxas's register usage level 10 (round 14e: 292 / 431 loop instructions against
+    # 297 / 436, the same registers): swept, not yet measured
+    StripConfig(rows=1, kt=2, num_warps=4, ring=2, reg_level=10),
+    StripConfig(rows=1, kt=2, num_warps=4, ring=3, maxnreg=128, reg_level=10),
 ]
 STRIP_CONFIGS_16: list[StripConfig] = [  # 9 <= M <= 16: x and the second accumulator double
     StripConfig(rows=1, kt=2, num_warps=4, ring=2),
     StripConfig(rows=1, kt=1, num_warps=8, ring=2),
     StripConfig(rows=2, kt=1, num_warps=4, ring=2),
     StripConfig(rows=1, kt=2, num_warps=4, ring=2, xperm=True),  # 128 registers, 2.65 instructions a weight (3.23)
+    StripConfig(rows=1, kt=2, num_warps=4, ring=2, xperm=True, reg_level=10),  # 128, 322 loop instructions (339)
     # r1 kt1 / r2 kt1 / r2 kt2 w4 ring2 xp (3.44 / 2.78 / 2.20 instructions a weight, 6 / 4 / 3 programs an SM)
     # were swept in session 47 and lost to this one in every cell (H100, round 14d): removed
 ]
@@ -107,6 +118,8 @@ def check_args(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, cfg: Str
         raise ValueError(f"config.num_warps={cfg.num_warps} must be a power of two 1..16 (the warps splitting K)")
     if cfg.maxnreg is not None and not (isinstance(cfg.maxnreg, int) and 24 <= cfg.maxnreg <= 255):
         raise ValueError(f"config.maxnreg={cfg.maxnreg!r} must be None or a register cap 24..255")
+    if cfg.reg_level is not None and not (isinstance(cfg.reg_level, int) and 0 <= cfg.reg_level <= 10):
+        raise ValueError(f"config.reg_level={cfg.reg_level!r} must be None or ptxas's register usage level 0..10")
 
 
 def w4a16_strip(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None, *,
