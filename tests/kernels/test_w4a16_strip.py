@@ -56,6 +56,7 @@ def test_strip_kernel_interpreter(m, k, n, g, sym, act_order, bias, cfg):
     if xp:  # the same products in the same order as x words through b_pairs: the same bits; x handed over given
         assert torch.equal(y, w4a16_strip(x, p, b, config=dataclasses.replace(c, xperm=False)))
         assert torch.equal(y, w4a16_strip(x, p, b, config=c, xw=x_perm_words(x, p)))
+    assert torch.equal(y, w4a16_strip(x, p, b, config=dataclasses.replace(c, fence=True)))  # its store never runs
 
 
 def test_x_perm_words_layout():
@@ -215,6 +216,8 @@ def test_sm90_compile_no_spills_no_smem_in_loop(tmp_path):
         assert r["ldg128"] == c.ring * c.kt * (c.rows + x_ldg), r
         assert r["moves"] <= 16, r  # slots rotated by position
         assert r["loads_in_flight"] >= 0.6 * r["ldg_per_iter"], r  # the ring holds while it waits (static model)
+        if c.fence:  # the first slot's refill (its words, scale words and x in the B order) before the second's math
+            assert r["early_ldg"] >= c.rows * c.kt + 1 + (2 * c.kt * r["bm"] // 8 if c.xperm else 0), r
 
 
 _COMPILE_XP = """

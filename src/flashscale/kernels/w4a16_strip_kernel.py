@@ -173,13 +173,15 @@ def w4a16_strip_kernel(
     M, N, K, stride_xm, stride_ym, stride_pn, stride_sg,
     G: tl.constexpr, HAS_BIAS: tl.constexpr, BF16: tl.constexpr, R: tl.constexpr, KT: tl.constexpr,
     W: tl.constexpr, BM: tl.constexpr, RING: tl.constexpr, EVEN: tl.constexpr, EVEN_N: tl.constexpr,
-    ASM: tl.constexpr, XP: tl.constexpr = False, PDL: tl.constexpr = False,
+    ASM: tl.constexpr, XP: tl.constexpr = False, PDL: tl.constexpr = False, FENCE: tl.constexpr = False,
 ):
     """y (M <= 16, N) = x @ W + bias for program p's 16 R output rows (module docstring). x_ptr: x as int32 words
     (pairs of 16-bit inputs), stride_xm in words; pk_ptr / sz_ptr: PackedW4 qweight (N_pad/16, K_pad/64, 32, 4) /
     sz (NG, N_pad). EVEN: K a multiple of 64 KT W (no K tail, every warp's sub-items in range); EVEN_N: ceil(N / 16)
     a multiple of R. W: the warps splitting K (the launch's num_warps). PDL: launched as the programmatic dependent
-    of the kernel that wrote x (x_perm_kernel): the ring's weight loads are issued first, x's after the wait."""
+    of the kernel that wrote x (x_perm_kernel): the ring's weight loads are issued first, x's after the wait.
+    FENCE: a predicated-off store after the first slot's refill, so that ptxas issues that refill there (between the
+    items) instead of after the second item's math, where it had no cover (docs/w4a16_decode.md round 14e)."""
     TWO: tl.constexpr = BM == 16
     pid = tl.program_id(0)
     F = tl.cdiv(K, 64)  # fragment columns of a row
@@ -216,6 +218,8 @@ def w4a16_strip_kernel(
         acc, accb = _item(acc, accb, wa, sa, xa, W, R, KT, TWO, BF16, ASM, XP)
         wa, sa, xa = _slot(pk_ptr, sz_ptr, x_ptr, t + RING, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane, M, K,
                            stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N, XP)
+        if FENCE:  # a store that never happens (M <= 16) but may alias the loads: ptxas keeps the refill before it
+            tl.store(y_ptr, (M * 0).to(y_ptr.dtype.element_ty), mask=M > 65536)
         if RING >= 2:
             if t + 1 < T:
                 acc, accb = _item(acc, accb, wb, sb, xb, W, R, KT, TWO, BF16, ASM, XP)
