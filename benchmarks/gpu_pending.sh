@@ -2,7 +2,8 @@
 # NEXT (H200 only: results/w4a16-h200.json is the acceptance file): grid42 (the M = 16 / 64 rows: ctas > 1 lost its
 # split, and M 16 now has the xperm strip candidate), strip45 (its M 1-8 rows predate the strip kernel), h2grid39.
 # Session 47 ran xp46 (H100; docs/w4a16_decode.md round 14c measured), m16s47 and m16s47b (H100; round 14d).
-# Then (any GPU): m16s47 again, for the three reg_level 10 strip configs of round 14e (GPU tests + sweep).
+# Then (any GPU): m16s47 again, for the reg_level 10 and fence strip configs of round 14e (GPU tests + sweep);
+# a fence config that wins goes into the tuner's candidates (w4a16_configs._STRIP_CANDIDATES / _16).
 # Session 46 ran strip45 on an H100 (20 GPU tests passed; results/w4a16-strip-h100.json, the M 1-8 rows of
 # results/w4a16-h100.json) and ncu of the strip kernel at 8192^2 (docs/w4a16_decode.md round 14b: issue-bound).
 # Session 45 ran the strip kernel's GPU tests and its side-by-side rows on an H100. Session 43 ran vygrid40 and the
