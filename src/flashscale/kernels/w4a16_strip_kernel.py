@@ -180,8 +180,9 @@ def w4a16_strip_kernel(
     sz (NG, N_pad). EVEN: K a multiple of 64 KT W (no K tail, every warp's sub-items in range); EVEN_N: ceil(N / 16)
     a multiple of R. W: the warps splitting K (the launch's num_warps). PDL: launched as the programmatic dependent
     of the kernel that wrote x (x_perm_kernel): the ring's weight loads are issued first, x's after the wait.
-    FENCE: a predicated-off store after the first slot's refill, so that ptxas issues that refill there (between the
-    items) instead of after the second item's math, where it had no cover (docs/w4a16_decode.md round 14e)."""
+    FENCE: a predicated-off store after the first slot's refill (and the second's at ring 3), so that ptxas issues
+    that refill there (between the items) instead of after the last item's math, where it had no cover
+    (docs/w4a16_decode.md round 14e)."""
     TWO: tl.constexpr = BM == 16
     pid = tl.program_id(0)
     F = tl.cdiv(K, 64)  # fragment columns of a row
@@ -225,6 +226,8 @@ def w4a16_strip_kernel(
                 acc, accb = _item(acc, accb, wb, sb, xb, W, R, KT, TWO, BF16, ASM, XP)
             wb, sb, xb = _slot(pk_ptr, sz_ptr, x_ptr, t + RING + 1, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane,
                                M, K, stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N, XP)
+            if FENCE and RING >= 3:  # the second slot's refill too, before the third item
+                tl.store(y_ptr, (M * 0).to(y_ptr.dtype.element_ty), mask=M > 65536)
         if RING >= 3:
             if t + 2 < T:
                 acc, accb = _item(acc, accb, wc, sc, xc, W, R, KT, TWO, BF16, ASM, XP)
