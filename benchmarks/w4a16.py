@@ -174,8 +174,7 @@ def main(argv=None) -> int:
                     print(f"    trial {impl} [{row['config']}] M={m} K={k} N={n}: {us:.2f} us", flush=True)
                 if impl not in best or us < best[impl]["us"]:
                     best[impl] = row
-            extra = ["flashscale-strip-xgiven", "flashscale-strip-nopdl"]  # strip_trials' extra impls
-            shown = [i for i in impls + extra if i in best]
+            shown = [i for i in impls if i in best] + [i for i in best if i not in impls]  # + strip_trials' extra
             rows += [best[i] for i in shown]
             bf = best.get("bf16", {}).get("us")
             print(f"  M={m:5d} K={k:5d} N={n:5d}  " + "  ".join(

@@ -66,11 +66,16 @@ def pdl(enabled: bool = True, *, l2_prefetch: bool = False, trigger: bool = Fals
         _PRE_L2.reset(tokens[3])
 
 
-def active(device: torch.device) -> bool:
-    """Whether a launch on `device` now should use PDL: inside pdl(), on CUDA sm_90+, not interpreted."""
-    if not _ON.get() or device.type != "cuda" or interpreting():
+def supported(device: torch.device) -> bool:
+    """Whether a programmatic dependent launch can run on `device`: CUDA sm_90+, not interpreted."""
+    if device.type != "cuda" or interpreting():
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def active(device: torch.device) -> bool:
+    """Whether a launch on `device` now should use PDL: inside pdl(), where supported()."""
+    return _ON.get() and supported(device)
 
 
 def trigger_active() -> bool:

@@ -66,9 +66,10 @@ def hot_loop(ins: list[tuple[int, str]], prefix: str = "LDG",
 
 
 def loop_mix(k) -> dict:
-    """A compiled kernel's hot loop (hot_loop): text (SASS), ops (opcode counts), flush (instructions skipped), rate
-    (w4a16_stream.sass_load_rate), stats (ptxas), n(*prefixes, suffix=) (opcodes counted by prefix and suffix),
-    shared and local (LDL / STL count): what the census of this kernel and of w4a16_strip read."""
+    """A compiled kernel's hot loop (hot_loop): text (SASS), body (the loop's opcodes in order), ops (opcode counts),
+    flush (instructions skipped), rate (w4a16_stream.sass_load_rate), stats (ptxas), n(*prefixes, suffix=) (opcodes
+    counted by prefix and suffix), shared and local (LDL / STL count): what the census of this kernel and of
+    w4a16_strip read."""
     import collections
     import re
 
@@ -77,13 +78,15 @@ def loop_mix(k) -> dict:
 
     text = sass(k.asm["cubin"])
     body, flush = hot_loop(sass_instructions(text))
-    ops = collections.Counter(sass_opcode(t) for _, t in body)
+    order = [sass_opcode(t) for _, t in body]
+    ops = collections.Counter(order)
 
     def n(*prefixes, suffix=""):
         return sum(c for o, c in ops.items() if o.startswith(prefixes) and o.endswith(suffix))
 
-    return dict(text=text, ops=ops, flush=flush, rate=sass_load_rate(body), stats=ptxas_stats(k.asm["ptx"]), n=n,
-                shared=k.metadata.shared, local=len(re.findall(r"\b(?:LDL|STL)\b", text)))
+    return dict(text=text, body=order, ops=ops, flush=flush, rate=sass_load_rate(body),
+                stats=ptxas_stats(k.asm["ptx"]), n=n, shared=k.metadata.shared,
+                local=len(re.findall(r"\b(?:LDL|STL)\b", text)))
 
 
 def census(cfg: RingConfig, **kw) -> dict:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 import torch
 import triton
 
+from flashscale.kernels import pdl as _pdl
 from flashscale.kernels.w4a16_configs import _interpreting
 from flashscale.kernels.w4a16_launch import x_words
 from flashscale.kernels.w4a16_pack import PackedW4
@@ -139,9 +140,9 @@ def w4a16_strip(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None, 
     check_args(x, p, bias, cfg)
     if xw is not None:
         check_xw(xw, x, p, cfg)
-    y = torch.empty((x.shape[0], p.out_features), dtype=x.dtype, device=x.device)
     if not isinstance(pdl, bool):
         raise TypeError(f"pdl must be a bool, got {pdl!r}")
+    y = torch.empty((x.shape[0], p.out_features), dtype=x.dtype, device=x.device)
     if x.shape[0]:
         launch(x, p, bias, y, cfg, xw, pdl=pdl)
     return y
@@ -151,7 +152,7 @@ def check_xw(xw: torch.Tensor, x: torch.Tensor, p: PackedW4, cfg: StripConfig) -
     """ValueError naming xw unless it is what the kernel would make of x: x_perm_words(x, p)'s shape for an xperm
     config, x_words(x, p)'s otherwise; int32, contiguous rows, on x's device (its values are the caller's)."""
     m, k = x.shape
-    want = (triton.cdiv(m, 8), triton.cdiv(k, 64) * 256) if cfg.xperm else (m, k // 2)
+    want = _xp_shape(m, k) if cfg.xperm else (m, k // 2)
     how = "x_perm_words(x, p)" if cfg.xperm else "x_words(x, p)"
     if not isinstance(xw, torch.Tensor) or xw.dtype != torch.int32 or tuple(xw.shape) != want:
         raise ValueError(f"xw must be {how}: int32 of shape {want}, got "
@@ -159,6 +160,11 @@ def check_xw(xw: torch.Tensor, x: torch.Tensor, p: PackedW4, cfg: StripConfig) -
     if xw.device != x.device or xw.stride(1) != 1:
         raise ValueError(f"xw must be on x's device {x.device} with contiguous rows, got {xw.device}, strides "
                          f"{xw.stride()}")
+
+
+def _xp_shape(m: int, k: int) -> tuple[int, int]:
+    """x_perm_words' shape for M tokens and K inputs: a row a block of 8 tokens, 256 words a 64-wide column."""
+    return triton.cdiv(m, 8), triton.cdiv(k, 64) * 256
 
 
 def x_perm_words(x2d: torch.Tensor, p: PackedW4, *, trigger: bool = False) -> torch.Tensor:
@@ -169,8 +175,8 @@ def x_perm_words(x2d: torch.Tensor, p: PackedW4, *, trigger: bool = False) -> to
     64 with zeros. One launch (x_perm_kernel; the torch reference: x_perm_words_reference); trigger: it lets a
     programmatic dependent launched next start at once (launch's PDL path; sm_90+ only)."""
     m, k = x2d.shape
-    tb, cols = triton.cdiv(m, 8), triton.cdiv(k, 64)
-    out = torch.empty((tb, cols * 256), dtype=torch.int32, device=x2d.device)
+    out = torch.empty(_xp_shape(m, k), dtype=torch.int32, device=x2d.device)
+    tb, cols = out.shape[0], out.shape[1] // 256
     xi = (x2d if x2d.stride(1) == 1 else x2d.contiguous()).view(torch.int16)  # bits, not values: no conversions
     perm = p.perm if p.perm is not None else out
     x_perm_kernel[(tb * cols,)](xi, perm, out, m, k, xi.stride(0), cols, HAS_PERM=p.perm is not None,
@@ -190,11 +196,6 @@ def x_perm_words_reference(x2d: torch.Tensor, p: PackedW4) -> torch.Tensor:
     return v.contiguous().view(torch.int32).reshape(tb, cols * 256)
 
 
-def pdl_supported(x: torch.Tensor) -> bool:
-    """Whether a programmatic dependent launch can run on x's device (CUDA sm_90+, not interpreted)."""
-    return x.is_cuda and not _interpreting() and torch.cuda.get_device_capability(x.device)[0] >= 9
-
-
 def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Tensor, cfg: StripConfig,
            xw: torch.Tensor | None = None, pdl: bool = True):
     """One launch into y (M, N) (arguments as check_args takes them, M >= 1); returns what Triton's launch returns
@@ -206,7 +207,7 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
     n = p.out_features
     on = False
     if xw is None:
-        on = cfg.xperm and pdl and pdl_supported(x)
+        on = cfg.xperm and pdl and _pdl.supported(x.device)
         xw = x_perm_words(x, p, trigger=on) if cfg.xperm else x_words(x, p)
     n_frag = triton.cdiv(n, 16)
     return w4a16_strip_kernel[(triton.cdiv(n_frag, cfg.rows),)](
@@ -260,12 +261,8 @@ def census(cfg: StripConfig, **kw) -> dict:
     ptxas issued before the iteration's last HMMA (round 14e)."""
     from flashscale.kernels.w4a16_ring_aot import loop_mix
 
-    from flashscale.kernels.aot import sass_instructions, sass_opcode
-    from flashscale.kernels.w4a16_ring_aot import hot_loop
-
     mix = loop_mix(compile_sm90(cfg, **kw))
-    ops, rate, stats, n = mix["ops"], mix["rate"], mix["stats"], mix["n"]
-    body = [sass_opcode(t) for _, t in hot_loop(sass_instructions(mix["text"]))[0]]
+    ops, rate, stats, n, body = mix["ops"], mix["rate"], mix["stats"], mix["n"], mix["body"]
     last_mma = max(i for i, o in enumerate(body) if o.startswith("HMMA"))
     early = sum(o.startswith("LDG") and o != "LDG.E" for o in body[:last_mma])  # vector refills issued mid-iteration
     weights = cfg.ring * cfg.rows * 16 * 64 * cfg.kt // 32  # a thread's weights an iteration

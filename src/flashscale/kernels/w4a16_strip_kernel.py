@@ -41,7 +41,7 @@ from flashscale.kernels.w4a16_decode import _dec_b, _dec_scales, _dec_store, _de
 
 
 @triton.jit
-def _slot(pk_ptr, sz_ptr, x_ptr, t, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane, M, K, stride_xm, stride_sg,
+def _slot(pk_ptr, sz_ptr, x_ptr, t, T, S, F, row_w, fr_ok, sz_row, kt, wi, lane, M, K, stride_xm, stride_sg,
           W: tl.constexpr, KT: tl.constexpr, G: tl.constexpr, TWO: tl.constexpr, EVEN: tl.constexpr,
           EVEN_N: tl.constexpr, XP: tl.constexpr):
     """Every input of iteration t (past T: iteration T - 1 again): words (W, R, KT, 128), scale/zero words
@@ -85,6 +85,12 @@ def _slot_x(x_ptr, t, T, S, F, wi, lane, M, K, stride_xm, W: tl.constexpr, KT: t
     else:
         xs = _dec_x(x_ptr, stride_xm, ks[:, None], lane, M, K, 64 * KT, KT, TWO, EVEN)
     return xs
+
+
+@triton.jit
+def _fence(y_ptr, M):
+    """A store that never happens (M <= 16) but may alias the loads before it, so ptxas keeps them before it."""
+    tl.store(y_ptr, (M * 0).to(y_ptr.dtype.element_ty), mask=M > 65536)
 
 
 @triton.jit
@@ -217,21 +223,21 @@ def w4a16_strip_kernel(
     accb = tl.zeros([W, R, 32, 4], dtype=tl.float32)
     for t in range(0, T, RING):
         acc, accb = _item(acc, accb, wa, sa, xa, W, R, KT, TWO, BF16, ASM, XP)
-        wa, sa, xa = _slot(pk_ptr, sz_ptr, x_ptr, t + RING, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane, M, K,
+        wa, sa, xa = _slot(pk_ptr, sz_ptr, x_ptr, t + RING, T, S, F, row_w, fr_ok, sz_row, kt, wi, lane, M, K,
                            stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N, XP)
-        if FENCE:  # a store that never happens (M <= 16) but may alias the loads: ptxas keeps the refill before it
-            tl.store(y_ptr, (M * 0).to(y_ptr.dtype.element_ty), mask=M > 65536)
+        if FENCE:
+            _fence(y_ptr, M)
         if RING >= 2:
             if t + 1 < T:
                 acc, accb = _item(acc, accb, wb, sb, xb, W, R, KT, TWO, BF16, ASM, XP)
-            wb, sb, xb = _slot(pk_ptr, sz_ptr, x_ptr, t + RING + 1, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane,
+            wb, sb, xb = _slot(pk_ptr, sz_ptr, x_ptr, t + RING + 1, T, S, F, row_w, fr_ok, sz_row, kt, wi, lane,
                                M, K, stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N, XP)
             if FENCE and RING >= 3:  # the second slot's refill too, before the third item
-                tl.store(y_ptr, (M * 0).to(y_ptr.dtype.element_ty), mask=M > 65536)
+                _fence(y_ptr, M)
         if RING >= 3:
             if t + 2 < T:
                 acc, accb = _item(acc, accb, wc, sc, xc, W, R, KT, TWO, BF16, ASM, XP)
-            wc, sc, xc = _slot(pk_ptr, sz_ptr, x_ptr, t + RING + 2, T, S, F, row_w, frow, fr_ok, sz_row, kt, wi, lane,
+            wc, sc, xc = _slot(pk_ptr, sz_ptr, x_ptr, t + RING + 2, T, S, F, row_w, fr_ok, sz_row, kt, wi, lane,
                                M, K, stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N, XP)
 
     # the warps' partial sums, once (shared memory), then y directly: rows 16 frow + g (+ 8), tokens 2t (+ 1)
