@@ -47,6 +47,8 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16s47    # ~7 min: xperm strip + PDL: tests, M 1/16 sweep
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16s47b   # ~5 min: the tuned M = 16 grid, merged
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16h47    # ~3 min: the M = 16 grid if the GPU is an H200
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid48    # ~7 min: the M 1-8 grid if the GPU is an H200
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16s48b   # ~7 min: the tuned M 1 / 16 grid, merged
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid47    # ~5 min: grid42 if the GPU is an H200, else nothing
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid42    # ~5 min, H200: the M = 16 / 64 rows re-measured
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh vy40      # ~5 min (ran, s40): vec_y GPU tests, the probe's A/B
@@ -366,6 +368,19 @@ case "${1:-}" in
     g=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)
     cp "benchmarks/results/w4a16-$g.json" "$OUT/w4a16-$g-merged.json"
     step w4a16 300 "$PY" benchmarks/w4a16.py --ms 16 --out "$OUT" --merge-into "$OUT/w4a16-$g-merged.json" ;;
+  grid48)  # H200 only: the M 1-8 rows of results/w4a16-h200.json (they predate the strip kernel) with today's
+    # candidates (strip, fenced strip), merged into a copy of the file; another GPU: nothing run
+    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+      cp benchmarks/results/w4a16-h200.json "$OUT/w4a16-h200-merged.json"
+      step w4a16 420 "$PY" benchmarks/w4a16.py --ms 1,2,4,8 --out "$OUT" --merge-into "$OUT/w4a16-h200-merged.json"
+    else
+      echo "grid48: $(nvidia-smi --query-gpu=name --format=csv,noheader) is not an H200; nothing run"
+    fi ;;
+  m16s48b)  # the tuned M = 1 / 16 rows (fenced strip configs among the candidates since session 48), merged into a
+    # copy of results/w4a16-<gpu>.json
+    g=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)
+    cp "benchmarks/results/w4a16-$g.json" "$OUT/w4a16-$g-merged.json"
+    step w4a16 420 "$PY" benchmarks/w4a16.py --ms 1,16 --out "$OUT" --merge-into "$OUT/w4a16-$g-merged.json" ;;
   m16h47)  # m16s47b on an H200 only (the M = 16 rows of results/w4a16-h200.json with the xperm strip candidate)
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
       cp benchmarks/results/w4a16-h200.json "$OUT/w4a16-h200-merged.json"
