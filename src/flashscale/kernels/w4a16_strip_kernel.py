@@ -58,7 +58,9 @@ def _slot_w(pk_ptr, sz_ptr, t, T, S, F, row_w, fr_ok, sz_row, kt, wi, K, stride_
     BK: tl.constexpr = 64 * KT
     j = tl.minimum(tl.minimum(t, T - 1) * W + wi, S - 1)  # (W,) the warps' sub-items
     fr = j[:, None, None, None] * KT + kt[None, None, :, None]  # (W, 1, KT, 1) fragment column
-    wp = pk_ptr + row_w + fr * 128
+    # the sub-item's base, then the column's constant offset: so the KT loads share one address (an immediate
+    # offset each; (j KT + kt) 128 gave each its own 64-bit address, ~10 instructions a slot in the xperm loop)
+    wp = (pk_ptr + row_w + (j * (KT * 128))[:, None, None, None]) + (kt * 128)[None, None, :, None]
     if EVEN and EVEN_N:
         words = tl.load(wp)
     else:
@@ -103,8 +105,11 @@ def _xp_x(x_ptr, stride_tb, ks, F, W: tl.constexpr, KT: tl.constexpr, TWO: tl.co
     zeros; columns past the last (not EVEN: idle warps, K's last sub-item) load zeros."""
     TB: tl.constexpr = 1 + TWO
     c = ks[:, None, None, None, None] * KT + tl.arange(0, KT)[None, None, :, None, None]  # (W, 1, KT, 1, 1)
-    ptr = x_ptr + c * 256 + (tl.arange(0, TB) * stride_tb)[None, :, None, None, None] \
-        + (tl.arange(0, 2) * 128)[None, None, None, :, None] + tl.arange(0, 128)[None, None, None, None, :]
+    tb = (tl.arange(0, TB) * stride_tb)[None, :, None, None, None]
+    base = x_ptr + (ks * (KT * 256))[:, None, None, None, None] + tb
+    # the column and half offsets added last, as constants: one address for a slot's x (immediate offsets), not KT
+    ptr = (base + tl.arange(0, 128)[None, None, None, None, :]) + (tl.arange(0, KT) * 256)[None, None, :, None, None] \
+        + (tl.arange(0, 2) * 128)[None, None, None, :, None]
     if EVEN:
         v = tl.load(ptr)
     else:
