@@ -83,7 +83,7 @@ def _slot_x(x_ptr, t, T, S, F, wi, lane, M, K, stride_xm, W: tl.constexpr, KT: t
     if not EVEN:
         ks = tl.where(j < S, ks, S)
     if XP:
-        xs = _xp_x(x_ptr, stride_xm, ks, F, W, KT, TWO, EVEN)  # stride_xm: a token block's words
+        xs = _xp_x(x_ptr, stride_xm, ks, F, M, W, KT, TWO, EVEN)  # stride_xm: a token block's words
     else:
         xs = _dec_x(x_ptr, stride_xm, ks[:, None], lane, M, K, 64 * KT, KT, TWO, EVEN)
     return xs
@@ -96,19 +96,24 @@ def _fence(y_ptr, M):
 
 
 @triton.jit
-def _xp_x(x_ptr, stride_tb, ks, F, W: tl.constexpr, KT: tl.constexpr, TWO: tl.constexpr, EVEN: tl.constexpr):
+def _xp_x(x_ptr, stride_tb, ks, F, M, W: tl.constexpr, KT: tl.constexpr, TWO: tl.constexpr, EVEN: tl.constexpr):
     """_dec_x's (W, 32, 4, 2, TB, KT), but B registers, not x words (_item skips b_pairs), from x in the B order
     (x_perm_words: a column's 8 tokens as (2, 32, 2, 2) words [h, 4 g + t, ii, b] = B register b of 16-k chunk
     2 h + ii of lane 4 g + t). One load of (W, TB, KT, 2, 128) words, 16 contiguous bytes a lane as the packed words
     are (two LDG.128 a column and token block, each the register pairs {b0, b1} of two chunks, as mma.sync takes
     them: no PRMT, no moves), then a reshape and permute (no data movement). Token rows past M are the pre-pass's
-    zeros; columns past the last (not EVEN: idle warps, K's last sub-item) load zeros."""
+    zeros; at M <= 8 they are not read: a lane of token g >= M reads token M - 1's words (the same addresses as
+    that lane, so at M = 1 a warp fetches 1/8 of the block; a B column only reaches its own D column, never
+    stored: _x_pairs's rule). Columns past the last (not EVEN: idle warps, K's last sub-item) load zeros."""
     TB: tl.constexpr = 1 + TWO
     c = ks[:, None, None, None, None] * KT + tl.arange(0, KT)[None, None, :, None, None]  # (W, 1, KT, 1, 1)
     tb = (tl.arange(0, TB) * stride_tb)[None, :, None, None, None]
     base = x_ptr + (ks * (KT * 256))[:, None, None, None, None] + tb
     # the column and half offsets added last, as constants: one address for a slot's x (immediate offsets), not KT
-    ptr = (base + tl.arange(0, 128)[None, None, None, None, :]) + (tl.arange(0, KT) * 256)[None, None, :, None, None] \
+    wl = tl.arange(0, 128)  # word 4 (4 g + t) + q of a half
+    if not TWO:  # g clamped to the last token (at M 9-16 the first block is whole; clamping the second cost 12
+        wl = 16 * tl.minimum(wl // 16, M - 1) + wl % 16  # loop instructions and the fence's hold: sm_90 census)
+    ptr = (base + wl[None, None, None, None, :]) + (tl.arange(0, KT) * 256)[None, None, :, None, None] \
         + (tl.arange(0, 2) * 128)[None, None, None, :, None]
     if EVEN:
         v = tl.load(ptr)
