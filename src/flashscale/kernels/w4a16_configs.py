@@ -176,16 +176,17 @@ def ring_candidates(p: PackedW4, m: int) -> list:
 # xperm at M <= 8 (x gathered into the B order, the gather inside every timed call): session 47 measured the gather
 # (~1.7-1.9 us with PDL) above what x in the B order saved (8192^2 M = 1: 17.7 against 17.0 us); since session 48 a
 # slot's addresses share one base (1.90 instructions a weight, 2.09 before, 2.32 for x words) and a warp reads M/8 of
-# x's block, so they are timed beside the x-words configs again.
+# x's block, so they are timed beside the x-words configs again. Eight warps with x in the B order (76-80
+# registers: 3 programs an SM, 2 at M 9-16) for the N 4096 shapes, whose 256 programs leave ~8 warps an SM at four.
 _STRIP_CANDIDATES = ((1, 2, 4, 2, None, False, False), (1, 2, 4, 2, None, True, False),
                      (1, 2, 4, 3, 128, False, False), (2, 2, 4, 2, None, False, False),
                      (1, 2, 8, 2, None, False, False), (2, 2, 8, 2, None, False, False),
-                     (1, 2, 4, 2, None, True, True), (1, 2, 4, 3, None, False, True))
+                     (1, 2, 4, 2, None, True, True), (1, 2, 4, 3, None, False, True), (1, 2, 8, 2, None, True, True))
 # M 9-16: x in the B order only (round 14c; the call's gather into that order is part of every timed call). On the
 # H100 (session 47, benchmarks/results/w4a16-strip-h100.json) r1 kt2 w4 ring2 xp took 20.8 us at 8192^2, M = 16,
 # gather included, against the tuned default's 23.1, and 10.3 against 10.2 at 4096^2; the x-words strip lost
 # 1.3-1.9x there.
-_STRIP_CANDIDATES_16 = ((1, 2, 4, 2, None, False, True), (1, 2, 4, 2, None, True, True))
+_STRIP_CANDIDATES_16 = ((1, 2, 4, 2, None, False, True), (1, 2, 4, 2, None, True, True), (1, 2, 8, 2, None, True, True))
 
 
 @functools.cache

@@ -95,6 +95,8 @@ STRIP_CONFIGS: list[StripConfig] = [  # M <= 8
     # at 128-150 of 300 instead of 287-292): swept, not yet measured
     StripConfig(rows=1, kt=2, num_warps=4, ring=2, fence=True),
     StripConfig(rows=1, kt=2, num_warps=4, ring=2, xperm=True, fence=True),
+    # eight warps, x in the B order (80 registers, 3 an SM): the N 4096 shapes' 256 programs at ~16 warps an SM
+    StripConfig(rows=1, kt=2, num_warps=8, ring=2, xperm=True, fence=True),
 ]
 STRIP_CONFIGS_16: list[StripConfig] = [  # 9 <= M <= 16: x and the second accumulator double
     StripConfig(rows=1, kt=2, num_warps=4, ring=2),
@@ -103,6 +105,7 @@ STRIP_CONFIGS_16: list[StripConfig] = [  # 9 <= M <= 16: x and the second accumu
     StripConfig(rows=1, kt=2, num_warps=4, ring=2, xperm=True),  # 128 registers, 2.65 instructions a weight (3.23)
     StripConfig(rows=1, kt=2, num_warps=4, ring=2, xperm=True, reg_level=10),  # 128, 322 loop instructions (339)
     StripConfig(rows=1, kt=2, num_warps=4, ring=2, xperm=True, fence=True),  # refills at 160-172 of 339, not 285+
+    StripConfig(rows=1, kt=2, num_warps=8, ring=2, xperm=True, fence=True),  # 128 registers, 2 an SM (N 4096)
     # r1 kt1 / r2 kt1 / r2 kt2 w4 ring2 xp (3.44 / 2.78 / 2.20 instructions a weight, 6 / 4 / 3 programs an SM)
     # were swept in session 47 and lost to this one in every cell (H100, round 14d): removed
 ]
