@@ -47,6 +47,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16s47    # ~7 min: xperm strip + PDL: tests, M 1/16 sweep
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16s47b   # ~5 min: the tuned M = 16 grid, merged
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16h47    # ~3 min: the M = 16 grid if the GPU is an H200
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s48       # ~8 min: strip GPU tests, the M 1 / 16 sweep
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid48    # ~7 min: the M 1-8 grid if the GPU is an H200
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16s48b   # ~7 min: the tuned M 1 / 16 grid, merged
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid47    # ~5 min: grid42 if the GPU is an H200, else nothing
@@ -368,6 +369,12 @@ case "${1:-}" in
     g=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)
     cp "benchmarks/results/w4a16-$g.json" "$OUT/w4a16-$g-merged.json"
     step w4a16 300 "$PY" benchmarks/w4a16.py --ms 16 --out "$OUT" --merge-into "$OUT/w4a16-$g-merged.json" ;;
+  s48)  # session 48: the strip kernel's xperm addresses from one base, x's absent-token lanes reading the last
+    # token, fenced and eight-warp xperm configs: its GPU tests, then every strip config at M 1 / 16 on two shapes
+    nvidia-smi --query-gpu=name --format=csv,noheader
+    step tests 150 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu -n 8 tests/kernels/test_w4a16_strip.py
+    step sweep 330 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 1,16 \
+      --shapes 4096x4096,8192x8192 --out "$OUT" ;;
   grid48)  # H200 only: the M 1-8 rows of results/w4a16-h200.json (they predate the strip kernel) with today's
     # candidates (strip, fenced strip), merged into a copy of the file; another GPU: nothing run
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
