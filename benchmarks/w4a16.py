@@ -23,6 +23,7 @@ import dataclasses
 import datetime
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -108,11 +109,17 @@ def main(argv=None) -> int:
                          "flashscale-strip (the no-split-K decode kernel, M <= 16, the same way)")
     ap.add_argument("--ms", default=None, help="comma list of token counts (default: the built-in sweep)")
     ap.add_argument("--shapes", default=None, help="comma list of KxN (default: the six Llama shapes)")
+    ap.add_argument("--strip-match", default=None, metavar="REGEX",
+                    help="flashscale-strip: only the configs whose label matches (re.search), e.g. 'fence|xp'")
     ap.add_argument("--merge-into", type=Path, default=None, metavar="JSON",
                     help="after the run, put its rows into this results file in place of the rows of the same M "
                     "(merge_results); the file's note is for the committer to extend")
     args = ap.parse_args(argv)
     impls = args.impls.split(",")
+    try:
+        strip_match = re.compile(args.strip_match) if args.strip_match else None
+    except re.error as e:
+        ap.error(f"--strip-match takes a regular expression over strip config labels; {args.strip_match!r}: {e}")
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -161,7 +168,7 @@ def main(argv=None) -> int:
             if "flashscale-wgmma" in impls and m >= 16:
                 todo += wgmma_trials(base, packs, w_bf16, x, m, gen, checks)
             if "flashscale-strip" in impls and m <= 16:
-                todo += strip_trials(base, packs, w_bf16, x, m, checks)
+                todo += strip_trials(base, packs, w_bf16, x, m, checks, strip_match)
             best = {}
             for impl, fn, nbytes, cfg in todo:
                 us, us_eager = bench(fn, warmup, rep)
@@ -214,18 +221,20 @@ def wgmma_trials(base: PackedW4, packs: list, w_bf16: torch.Tensor, x: torch.Ten
                           lambda cfg: cfg.label(), base, packs, w_bf16, x, m, checks)
 
 
-def strip_trials(base: PackedW4, packs: list, w_bf16: torch.Tensor, x: torch.Tensor, m: int, checks: list) -> list:
+def strip_trials(base: PackedW4, packs: list, w_bf16: torch.Tensor, x: torch.Tensor, m: int, checks: list,
+                 match=None) -> list:
     """checked_trials of every flashscale-strip candidate of M's bucket (kernels.w4a16_strip: no split-K across
-    programs)."""
+    programs), or of those whose label `match` (a compiled regex) finds."""
     from flashscale.kernels import w4a16_strip as strip
 
-    out = checked_trials("flashscale-strip", strip.configs_for(m),
+    configs = [c for c in strip.configs_for(m) if match is None or match.search(c.label)]
+    out = checked_trials("flashscale-strip", configs,
                          lambda xx, p, cfg: strip.w4a16_strip(xx, p, config=cfg), lambda cfg: cfg.label,
                          base, packs, w_bf16, x, m, checks)
     # the xperm configs again with x already in the B order (as a producer that writes it so would hand it over):
     # the kernel alone, without the pre-pass's gather; rows of their own impl, never the cell's flashscale-strip row
     xp = strip.x_perm_words(x, base)  # the weight copies share base's (absent) act-order permutation
-    out += checked_trials("flashscale-strip-xgiven", [c for c in strip.configs_for(m) if c.xperm],
+    out += checked_trials("flashscale-strip-xgiven", [c for c in configs if c.xperm],
                           lambda xx, p, cfg: strip.w4a16_strip(xx, p, config=cfg, xw=xp), lambda cfg: cfg.label,
                           base, packs, w_bf16, x, m, checks)
     # (session 47 timed the gather + kernel launched plainly too, flashscale-strip-nopdl: PDL took 0.2-0.3 us back)
