@@ -370,11 +370,13 @@ case "${1:-}" in
     cp "benchmarks/results/w4a16-$g.json" "$OUT/w4a16-$g-merged.json"
     step w4a16 300 "$PY" benchmarks/w4a16.py --ms 16 --out "$OUT" --merge-into "$OUT/w4a16-$g-merged.json" ;;
   s48)  # session 48: the strip kernel's xperm addresses from one base, x's absent-token lanes reading the last
-    # token, fenced and eight-warp xperm configs: its GPU tests, then every strip config at M 1 / 16 on two shapes
+    # token, fenced and eight-warp xperm configs: the sweep at M 1 / 16 on two shapes (every config checked against
+    # float64 first), then the strip GPU tests (last: a call cut short still brings the sweep back)
     nvidia-smi --query-gpu=name --format=csv,noheader
-    step tests 100 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu -n 8 tests/kernels/test_w4a16_strip.py
     step sweep 240 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 1,16 \
-      --shapes 4096x4096,8192x8192 --strip-match '^strip r1 kt2 w4 ring2$|fence$|maxnreg128|rul10$|r1 kt2 w4 ring[23] xp$' --out "$OUT" ;;
+      --shapes 4096x4096,8192x8192 --strip-match '^strip r1 kt2 w4 ring2$|fence$|maxnreg128|rul10$|r1 kt2 w4 ring[23] xp$' \
+      --out "$OUT"
+    step tests 100 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu -n 8 tests/kernels/test_w4a16_strip.py ;;
   grid48)  # H200 only: the M 1-8 rows of results/w4a16-h200.json (they predate the strip kernel) with today's
     # candidates (strip, fenced strip), merged into a copy of the file; another GPU: nothing run
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
