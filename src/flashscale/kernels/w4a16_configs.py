@@ -171,22 +171,20 @@ def ring_candidates(p: PackedW4, m: int) -> list:
 # (rows, kt, warps, ring, maxnreg, fence, xperm) of each; split 1 (the grid is ceil(N / 16 rows)). Ring 3 at R 1:
 # four 4-warp programs an SM under the 128-register cap (one wave at N 8192; the tuner's pick at M = 1 on 4096^2,
 # 8192^2 and 8192 x 28672 in session 46's H100 run).
-# fence (round 14e: the first slot's refill kept between the items by a never-taken store) beside the unfenced
-# pick, so the tuner keeps it only where it wins (its sm_90 census: the same registers, refills mid-iteration).
-# xperm at M <= 8 (x gathered into the B order, the gather inside every timed call): session 47 measured the gather
-# (~1.7-1.9 us with PDL) above what x in the B order saved (8192^2 M = 1: 17.7 against 17.0 us); since session 48 a
-# slot's addresses share one base (1.90 instructions a weight, 2.09 before, 2.32 for x words) and a warp reads M/8 of
-# x's block, so they are timed beside the x-words configs again. Eight warps with x in the B order (76-80
-# registers: 3 programs an SM, 2 at M 9-16) for the N 4096 shapes, whose 256 programs leave ~8 warps an SM at four.
-_STRIP_CANDIDATES = ((1, 2, 4, 2, None, False, False), (1, 2, 4, 2, None, True, False),
-                     (1, 2, 4, 3, 128, False, False), (2, 2, 4, 2, None, False, False),
-                     (1, 2, 8, 2, None, False, False), (2, 2, 8, 2, None, False, False),
-                     (1, 2, 4, 2, None, True, True), (1, 2, 4, 3, None, False, True), (1, 2, 8, 2, None, True, True))
+# Since session 48 a tuple also names fence and xperm. Sweep-only until a GPU run has tested and timed them
+# (kernels.w4a16_strip.STRIP_CONFIGS, `gpu_pending.sh s48`): the fenced configs (round 14e: the first slot's refill
+# kept between the items by a never-taken store), x in the B order at M <= 8 (session 47 measured its gather, ~1.7-1.9
+# us with PDL, above what it saved: 8192^2 M = 1 17.7 against 17.0 us; since session 48 a slot's addresses share one
+# base, 1.90 instructions a weight against 2.09, and a warp reads M/8 of x's block), and eight warps with x in the B
+# order for the N 4096 shapes (256 programs: ~8 warps an SM at four warps a program).
+_STRIP_CANDIDATES = ((1, 2, 4, 2, None, False, False), (1, 2, 4, 3, 128, False, False),
+                     (2, 2, 4, 2, None, False, False), (1, 2, 8, 2, None, False, False),
+                     (2, 2, 8, 2, None, False, False))
 # M 9-16: x in the B order only (round 14c; the call's gather into that order is part of every timed call). On the
 # H100 (session 47, benchmarks/results/w4a16-strip-h100.json) r1 kt2 w4 ring2 xp took 20.8 us at 8192^2, M = 16,
 # gather included, against the tuned default's 23.1, and 10.3 against 10.2 at 4096^2; the x-words strip lost
 # 1.3-1.9x there.
-_STRIP_CANDIDATES_16 = ((1, 2, 4, 2, None, False, True), (1, 2, 4, 2, None, True, True), (1, 2, 8, 2, None, True, True))
+_STRIP_CANDIDATES_16 = ((1, 2, 4, 2, None, False, True),)
 
 
 @functools.cache
@@ -199,8 +197,8 @@ def _strip_configs(m16: bool = False) -> tuple:
 
 
 def strip_candidates(p: PackedW4, m: int) -> list:
-    """The strip kernel's configs for M tokens (x words first and x in the B order at M <= 8, the B order only at
-    9..16; none past 16) and p's group size (a sub-item of 64 kt inputs in a group)."""
+    """The strip kernel's configs for M tokens (x words at M <= 8, x in the B order at 9..16; none past 16) and p's
+    group size (a sub-item of 64 kt inputs in a group)."""
     g, k = p.group_size, p.in_features
     if m > 16:
         return []
