@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# NEXT (H200 only: results/w4a16-h200.json is the acceptance file): grid42 (the M = 16 / 64 rows: ctas > 1 lost its
-# split, and M 16 now has the xperm strip candidate), strip45 (its M 1-8 rows predate the strip kernel), h2grid39.
-# Session 47 ran xp46 (H100; docs/w4a16_decode.md round 14c measured), m16s47 and m16s47b (H100; round 14d).
-# Then (any GPU): m16s47 again, for the reg_level 10 and fence strip configs of round 14e (GPU tests + sweep);
-# a fence config that wins goes into the tuner's candidates (w4a16_configs._STRIP_CANDIDATES / _16).
+# NEXT: s48 (any GPU; the strip sweep of session 48's changes, then the strip GPU tests: none ran on a GPU yet), then
+# move what wins into the tuner (w4a16_configs._STRIP_CANDIDATES / _16) and run m16s48b (the tuned M 1 / 16 rows,
+# merged). On an H200: grid48 (the M 1-8 rows of results/w4a16-h200.json predate the strip kernel), grid47 (the
+# M = 16 / 64 rows: ctas > 1 lost its split, M 16 has the xperm strip candidate), h2grid39.
+# Session 48 got no machine (eleven tries). Session 47 ran xp46 (H100; docs/w4a16_decode.md round 14c measured),
+# m16s47 and m16s47b (H100; round 14d).
 # Session 46 ran strip45 on an H100 (20 GPU tests passed; results/w4a16-strip-h100.json, the M 1-8 rows of
 # results/w4a16-h100.json) and ncu of the strip kernel at 8192^2 (docs/w4a16_decode.md round 14b: issue-bound).
 # Session 45 ran the strip kernel's GPU tests and its side-by-side rows on an H100. Session 43 ran vygrid40 and the
@@ -377,16 +378,16 @@ case "${1:-}" in
       --shapes 4096x4096,8192x8192 --strip-match '^strip r1 kt2 w4 ring2$|fence$|maxnreg128|rul10$|r1 kt2 w4 ring[23] xp$' \
       --out "$OUT"
     step tests 100 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu -n 8 tests/kernels/test_w4a16_strip.py ;;
-  grid48)  # H200 only: the M 1-8 rows of results/w4a16-h200.json (they predate the strip kernel) with today's
-    # candidates (strip, fenced strip), merged into a copy of the file; another GPU: nothing run
+  grid48)  # H200 only: the M 1-8 rows of results/w4a16-h200.json (they predate the strip kernel) with the tuner's
+    # candidates of today, merged into a copy of the file; another GPU: nothing run
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
       cp benchmarks/results/w4a16-h200.json "$OUT/w4a16-h200-merged.json"
       step w4a16 420 "$PY" benchmarks/w4a16.py --ms 1,2,4,8 --out "$OUT" --merge-into "$OUT/w4a16-h200-merged.json"
     else
       echo "grid48: $(nvidia-smi --query-gpu=name --format=csv,noheader) is not an H200; nothing run"
     fi ;;
-  m16s48b)  # the tuned M = 1 / 16 rows (fenced strip configs among the candidates since session 48), merged into a
-    # copy of results/w4a16-<gpu>.json
+  m16s48b)  # the tuned M = 1 / 16 rows (after s48's winners join the candidates), merged into a copy of
+    # results/w4a16-<gpu>.json
     g=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)
     cp "benchmarks/results/w4a16-$g.json" "$OUT/w4a16-$g-merged.json"
     step w4a16 420 "$PY" benchmarks/w4a16.py --ms 1,16 --out "$OUT" --merge-into "$OUT/w4a16-$g-merged.json" ;;
