@@ -378,6 +378,10 @@ case "${1:-}" in
       --shapes 4096x4096,8192x8192 --strip-match '^strip r1 kt2 w4 ring2$|fence$|maxnreg128|rul10$|r1 kt2 w4 ring[23] xp$' \
       --out "$OUT"
     step tests 100 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu -n 8 tests/kernels/test_w4a16_strip.py ;;
+  s48q)  # s48 cut to what a few minutes hold: the sweep at M = 1 on 8192^2 only
+    nvidia-smi --query-gpu=name --format=csv,noheader
+    step sweep 170 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 1 --shapes 8192x8192 \
+      --strip-match '^strip r1 kt2 w4 ring2$|fence$|maxnreg128|rul10$|r1 kt2 w4 ring[23] xp$' --out "$OUT" ;;
   grid48)  # H200 only: the M 1-8 rows of results/w4a16-h200.json (they predate the strip kernel) with the tuner's
     # candidates of today, merged into a copy of the file; another GPU: nothing run
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
