@@ -161,6 +161,22 @@ step() {  # step NAME SECONDS command...: run with a timeout, log to $OUT/NAME.l
   tail -n 15 "$OUT/$name.log"
 }
 
+gpu_name() { nvidia-smi --query-gpu=name --format=csv,noheader; }
+on_h200() {  # on_h200 STEP: true on an H200, else says so (a call that got another GPU costs only its start)
+  gpu_name | grep -q H200 && return 0
+  echo "$1: $(gpu_name) is not an H200; nothing run"
+  return 1
+}
+w4a16_merged() {  # w4a16_merged LIMIT MS: benchmarks/w4a16.py --ms MS (the tuned default, bf16 beside), merged into
+  # a copy of results/w4a16-<this GPU>.json ($OUT/w4a16-<gpu>-merged.json)
+  local g
+  g=$(gpu_name | grep -q H200 && echo h200 || echo h100)
+  cp "benchmarks/results/w4a16-$g.json" "$OUT/w4a16-$g-merged.json"
+  step w4a16 "$1" "$PY" benchmarks/w4a16.py --ms "$2" --out "$OUT" --merge-into "$OUT/w4a16-$g-merged.json"
+}
+# session 48's strip sweep: the x-words ring 2 / 3 picks beside every fence, rul10 and xperm config
+STRIP48='^strip r1 kt2 w4 ring2$|fence$|maxnreg128|rul10$|r1 kt2 w4 ring[23] xp$'
+
 seed_attention_configs() {  # the tuned FA2 configs of results/attention-h200.json as this run's config cache
   mkdir -p /tmp/seedcache
   "$PY" -c "import json; json.dump(json.load(open('benchmarks/results/attention-h200.json'))['configs'], open('/tmp/seedcache/attention_configs.json', 'w'))"
@@ -361,54 +377,34 @@ case "${1:-}" in
       --shapes 4096x4096,8192x8192 --out "$OUT" ;;
   m16s47)  # the strip kernel with x in the B order among the M <= 16 bucket's candidates, its gather's kernel as a PDL
     # dependent (session 47): the dispatch and strip GPU tests, then every strip config at M 1 / 16 on two shapes
-    # (with the gather and PDL, x handed over, the gather without PDL)
+    # (with the gather and PDL, x handed over)
     step tests 200 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu -n 4 tests/kernels/test_w4a16.py \
       tests/kernels/test_w4a16_strip.py
     step sweep 240 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 1,16 \
       --shapes 4096x4096,8192x8192 --out "$OUT" ;;
   m16s47b)  # the M = 16 grid of the tuned default, merged into a copy of results/w4a16-<gpu>.json
-    g=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)
-    cp "benchmarks/results/w4a16-$g.json" "$OUT/w4a16-$g-merged.json"
-    step w4a16 300 "$PY" benchmarks/w4a16.py --ms 16 --out "$OUT" --merge-into "$OUT/w4a16-$g-merged.json" ;;
+    w4a16_merged 300 16 ;;
   s48)  # session 48: the strip kernel's xperm addresses from one base, x's absent-token lanes reading the last
     # token, fenced and eight-warp xperm configs: the sweep at M 1 / 16 on two shapes (every config checked against
     # float64 first), then the strip GPU tests (last: a call cut short still brings the sweep back)
-    nvidia-smi --query-gpu=name --format=csv,noheader
+    gpu_name
     step sweep 240 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 1,16 \
-      --shapes 4096x4096,8192x8192 --strip-match '^strip r1 kt2 w4 ring2$|fence$|maxnreg128|rul10$|r1 kt2 w4 ring[23] xp$' \
-      --out "$OUT"
+      --shapes 4096x4096,8192x8192 --strip-match "$STRIP48" --out "$OUT"
     step tests 100 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu -n 8 tests/kernels/test_w4a16_strip.py ;;
   s48q)  # s48 cut to what a few minutes hold: the sweep at M = 1 on 8192^2 only
-    nvidia-smi --query-gpu=name --format=csv,noheader
+    gpu_name
     step sweep 170 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 1 --shapes 8192x8192 \
-      --strip-match '^strip r1 kt2 w4 ring2$|fence$|maxnreg128|rul10$|r1 kt2 w4 ring[23] xp$' --out "$OUT" ;;
+      --strip-match "$STRIP48" --out "$OUT" ;;
   grid48)  # H200 only: the M 1-8 rows of results/w4a16-h200.json (they predate the strip kernel) with the tuner's
-    # candidates of today, merged into a copy of the file; another GPU: nothing run
-    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-      cp benchmarks/results/w4a16-h200.json "$OUT/w4a16-h200-merged.json"
-      step w4a16 420 "$PY" benchmarks/w4a16.py --ms 1,2,4,8 --out "$OUT" --merge-into "$OUT/w4a16-h200-merged.json"
-    else
-      echo "grid48: $(nvidia-smi --query-gpu=name --format=csv,noheader) is not an H200; nothing run"
-    fi ;;
+    # candidates of today, merged into a copy of the file
+    on_h200 grid48 && w4a16_merged 420 1,2,4,8 ;;
   m16s48b)  # the tuned M = 1 / 16 rows (after s48's winners join the candidates), merged into a copy of
     # results/w4a16-<gpu>.json
-    g=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)
-    cp "benchmarks/results/w4a16-$g.json" "$OUT/w4a16-$g-merged.json"
-    step w4a16 420 "$PY" benchmarks/w4a16.py --ms 1,16 --out "$OUT" --merge-into "$OUT/w4a16-$g-merged.json" ;;
+    w4a16_merged 420 1,16 ;;
   m16h47)  # m16s47b on an H200 only (the M = 16 rows of results/w4a16-h200.json with the xperm strip candidate)
-    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-      cp benchmarks/results/w4a16-h200.json "$OUT/w4a16-h200-merged.json"
-      step w4a16 200 "$PY" benchmarks/w4a16.py --ms 16 --out "$OUT" --merge-into "$OUT/w4a16-h200-merged.json"
-    else
-      echo "m16h47: $(nvidia-smi --query-gpu=name --format=csv,noheader) is not an H200; nothing run"
-    fi ;;
-  grid47)  # grid42 on an H200 only (another GPU: nothing run, so a call that gets an H100 costs only its start)
-    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-      cp benchmarks/results/w4a16-h200.json "$OUT/w4a16-h200-merged.json"
-      step w4a16 330 "$PY" benchmarks/w4a16.py --ms 16,64 --out "$OUT" --merge-into "$OUT/w4a16-h200-merged.json"
-    else
-      echo "grid47: $(nvidia-smi --query-gpu=name --format=csv,noheader) is not an H200; nothing run"
-    fi ;;
+    on_h200 m16h47 && w4a16_merged 200 16 ;;
+  grid47)  # grid42 on an H200 only
+    on_h200 grid47 && w4a16_merged 330 16,64 ;;
   grid42)  # the five M = 16 / 64 rows of results/w4a16-h200.json timed with ctas = 2 under the automatic split (now
     # refused, session 42) re-measured: the M = 16 and 64 grid, merged into the results (H200 only: the file's GPU)
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then

@@ -168,32 +168,26 @@ def ring_candidates(p: PackedW4, m: int) -> list:
 # H100 (session 45, benchmarks/results/w4a16-strip-h100.json) the best of these beat the
 # tuned default at M = 1..8 on 4096^2 (7.3 against 8.4 us at M = 1, 7.8 against 9.9 at M = 4) and 8192^2 (17.1
 # against 18.2), and tied it (+-4 %) on the MLP shapes; at M = 16 it lost by 1.3-1.9x (not a candidate there).
-# (rows, kt, warps, ring, maxnreg, fence, xperm) of each; split 1 (the grid is ceil(N / 16 rows)). Ring 3 at R 1:
-# four 4-warp programs an SM under the 128-register cap (one wave at N 8192; the tuner's pick at M = 1 on 4096^2,
-# 8192^2 and 8192 x 28672 in session 46's H100 run).
-# Since session 48 a tuple also names fence and xperm. Sweep-only until a GPU run has tested and timed them
-# (kernels.w4a16_strip.STRIP_CONFIGS, `gpu_pending.sh s48`): the fenced configs (round 14e: the first slot's refill
-# kept between the items by a never-taken store), x in the B order at M <= 8 (session 47 measured its gather, ~1.7-1.9
-# us with PDL, above what it saved: 8192^2 M = 1 17.7 against 17.0 us; since session 48 a slot's addresses share one
-# base, 1.90 instructions a weight against 2.09, and a warp reads M/8 of x's block), and eight warps with x in the B
-# order for the N 4096 shapes (256 programs: ~8 warps an SM at four warps a program).
-_STRIP_CANDIDATES = ((1, 2, 4, 2, None, False, False), (1, 2, 4, 3, 128, False, False),
-                     (2, 2, 4, 2, None, False, False), (1, 2, 8, 2, None, False, False),
-                     (2, 2, 8, 2, None, False, False))
-# M 9-16: x in the B order only (round 14c; the call's gather into that order is part of every timed call). On the
-# H100 (session 47, benchmarks/results/w4a16-strip-h100.json) r1 kt2 w4 ring2 xp took 20.8 us at 8192^2, M = 16,
-# gather included, against the tuned default's 23.1, and 10.3 against 10.2 at 4096^2; the x-words strip lost
-# 1.3-1.9x there.
-_STRIP_CANDIDATES_16 = ((1, 2, 4, 2, None, False, True),)
+# (rows, kt, warps, ring, maxnreg) of each; split 1 (the grid is ceil(N / 16 rows)). Ring 3 at R 1: four 4-warp
+# programs an SM under the 128-register cap (one wave at N 8192; the tuner's pick at M = 1 on 4096^2, 8192^2 and
+# 8192 x 28672 in session 46's H100 run). Sweep-only until a GPU run has tested and timed them
+# (kernels.w4a16_strip.STRIP_CONFIGS, `gpu_pending.sh s48`): the fenced configs (round 14e), x in the B order at
+# M <= 8 (session 47: its gather, ~1.7-1.9 us with PDL, cost more than it saved, 8192^2 M = 1 17.7 against 17.0 us;
+# since session 48 its loop is 1.90 instructions a weight against 2.09 and a warp reads M/8 of x's block), and
+# eight warps with x in the B order for the N 4096 shapes.
+_STRIP_CANDIDATES = ((1, 2, 4, 2, None), (1, 2, 4, 3, 128), (2, 2, 4, 2, None), (1, 2, 8, 2, None), (2, 2, 8, 2, None))
+# M 9-16: x in the B order (round 14c; the call's gather into that order is part of every timed call). On the H100
+# (session 47, benchmarks/results/w4a16-strip-h100.json) r1 kt2 w4 ring2 xp took 20.8 us at 8192^2, M = 16, gather
+# included, against the tuned default's 23.1, and 10.3 against 10.2 at 4096^2; the x-words strip lost 1.3-1.9x there.
+_STRIP_CANDIDATES_16 = ((1, 2, 4, 2, None),)
 
 
 @functools.cache
-def _strip_configs(m16: bool = False) -> tuple:
-    """The strip candidates of the M <= 8 bucket, or of M 9-16 (m16)."""
+def _strip_configs(xperm: bool = False) -> tuple:
     from flashscale.kernels.w4a16_strip import StripConfig  # here: w4a16_strip imports this module
 
-    return tuple(StripConfig(rows=r, kt=kt, num_warps=w, ring=ring, maxnreg=cap, xperm=xp, fence=fence)
-                 for r, kt, w, ring, cap, fence, xp in (_STRIP_CANDIDATES_16 if m16 else _STRIP_CANDIDATES))
+    return tuple(StripConfig(rows=r, kt=kt, num_warps=w, ring=ring, maxnreg=cap, xperm=xperm)
+                 for r, kt, w, ring, cap in (_STRIP_CANDIDATES_16 if xperm else _STRIP_CANDIDATES))
 
 
 def strip_candidates(p: PackedW4, m: int) -> list:

@@ -57,13 +57,13 @@ def _slot_w(pk_ptr, sz_ptr, t, T, S, F, row_w, fr_ok, sz_row, kt, wi, K, stride_
     """The weight inputs of iteration t: words (W, R, KT, 128) and scale/zero words (W, R, 32, 2)."""
     BK: tl.constexpr = 64 * KT
     j = tl.minimum(tl.minimum(t, T - 1) * W + wi, S - 1)  # (W,) the warps' sub-items
-    fr = j[:, None, None, None] * KT + kt[None, None, :, None]  # (W, 1, KT, 1) fragment column
     # the sub-item's base, then the column's constant offset: so the KT loads share one address (an immediate
     # offset each; (j KT + kt) 128 gave each its own 64-bit address, ~10 instructions a slot in the xperm loop)
     wp = (pk_ptr + row_w + (j * (KT * 128))[:, None, None, None]) + (kt * 128)[None, None, :, None]
     if EVEN and EVEN_N:
         words = tl.load(wp)
     else:
+        fr = j[:, None, None, None] * KT + kt[None, None, :, None]  # (W, 1, KT, 1) fragment column
         words = tl.load(wp, mask=fr_ok & (fr < F), other=0)
     grp = tl.minimum(j * BK // G, K // G - 1)
     sp = sz_ptr + (grp * stride_sg)[None, :, None, None] + sz_row  # (32, W, R, 2): lanes first, so that Triton's
@@ -106,7 +106,6 @@ def _xp_x(x_ptr, stride_tb, ks, F, M, W: tl.constexpr, KT: tl.constexpr, TWO: tl
     that lane, so at M = 1 a warp fetches 1/8 of the block; a B column only reaches its own D column, never
     stored: _x_pairs's rule). Columns past the last (not EVEN: idle warps, K's last sub-item) load zeros."""
     TB: tl.constexpr = 1 + TWO
-    c = ks[:, None, None, None, None] * KT + tl.arange(0, KT)[None, None, :, None, None]  # (W, 1, KT, 1, 1)
     tb = (tl.arange(0, TB) * stride_tb)[None, :, None, None, None]
     base = x_ptr + (ks * (KT * 256))[:, None, None, None, None] + tb
     # the column and half offsets added last, as constants: one address for a slot's x (immediate offsets), not KT
@@ -118,6 +117,7 @@ def _xp_x(x_ptr, stride_tb, ks, F, M, W: tl.constexpr, KT: tl.constexpr, TWO: tl
     if EVEN:
         v = tl.load(ptr)
     else:
+        c = ks[:, None, None, None, None] * KT + tl.arange(0, KT)[None, None, :, None, None]  # (W, 1, KT, 1, 1)
         v = tl.load(ptr, mask=c < F, other=0)
     v = tl.permute(tl.reshape(v, [W, TB, KT, 2, 32, 2, 2]), [0, 4, 3, 5, 6, 1, 2])  # (W, 32, h, ii, b, TB, KT)
     return tl.reshape(v, [W, 32, 4, 2, TB, KT])
