@@ -49,6 +49,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16s47b   # ~5 min: the tuned M = 16 grid, merged
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16h47    # ~3 min: the M = 16 grid if the GPU is an H200
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s48       # ~8 min: strip GPU tests, the M 1 / 16 sweep
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s49       # ~7 min: the tuned M 1-8 grid, merged; W4A16 tests
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid48    # ~7 min: the M 1-8 grid if the GPU is an H200
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16s48b   # ~7 min: the tuned M 1 / 16 grid, merged
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid47    # ~5 min: grid42 if the GPU is an H200, else nothing
@@ -391,6 +392,12 @@ case "${1:-}" in
     step sweep 240 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 1,16 \
       --shapes 4096x4096,8192x8192 --strip-match "$STRIP48" --out "$OUT"
     step tests 100 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu -n 8 tests/kernels/test_w4a16_strip.py ;;
+  s49)  # session 49: x in the B order among the M 2-8 strip candidates: the tuned M 1-8 rows merged into a copy of
+    # results/w4a16-<gpu>.json, then the W4A16 dispatch and strip GPU tests
+    gpu_name
+    w4a16_merged 330 1,2,4,8
+    step tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_w4a16_strip.py \
+      tests/kernels/test_w4a16.py ;;
   s48q)  # s48 cut to what a few minutes hold: the sweep at M = 1 on 8192^2 only
     gpu_name
     step sweep 170 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 1 --shapes 8192x8192 \

@@ -212,6 +212,8 @@ SECTIONS = [
      ["model", "method", "bits", "group_size", "layers", "seconds", "peak_gpu_gb", "passed"]),
     ("generate_w4a16-h200.json", "Decode at batch 1, Llama-3-8B shape (random weights)",
      ["impl", "layers", "batch", "tokens", "ms_per_token", "kernel_ms", "tokens_per_s", "TBps"]),
+    ("generate_w4a16-h100.json", "The same on an H100 (session 49; other GPU: not comparable with the H200 rows)",
+     ["impl", "layers", "batch", "tokens", "ms_per_token", "kernel_ms", "tokens_per_s", "TBps"]),
     ("generate_w4a16-glue-h200.json", "The same, session 32's first run (the step's glue kernels; the attention's "
      "split combine in the o GEMV at 2-16 splits)", ["impl", "ms_per_token", "kernel_ms", "tokens_per_s", "TBps"]),
     ("generate_w4a16-trig-h200.json", "The same, session 31's first run of the prologue and trigger rows",

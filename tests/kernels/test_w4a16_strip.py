@@ -108,10 +108,14 @@ def test_strip_is_a_dispatch_candidate_interpreter():
     p = _weight(256, 64, 128, sym=False, gen=gen)
     cands = w4a16.strip_candidates(p, 1)
     assert [(c.rows, c.kt, c.num_warps, c.ring, c.maxnreg) for c in cands] == list(w4a16_configs._STRIP_CANDIDATES)
-    assert w4a16.strip_candidates(p, 8) == cands and w4a16.strip_candidates(p, 17) == []
+    c8 = w4a16.strip_candidates(p, 8)  # M 2-8: the same, then x in the B order (fenced where the list says)
+    assert w4a16.strip_candidates(p, 2) == c8 and c8[:len(cands)] == cands and w4a16.strip_candidates(p, 17) == []
+    assert [(c.rows, c.kt, c.num_warps, c.ring, c.maxnreg, c.fence) for c in c8[len(cands):]] == list(
+        w4a16_configs._STRIP_CANDIDATES_XP8) and all(c.xperm for c in c8[len(cands):])
     c16 = w4a16.strip_candidates(p, 9)  # M 9-16: x in the B order (its gather part of the call)
     assert c16 == w4a16.strip_candidates(p, 16) and c16 and all(c.xperm for c in c16)
-    assert [(c.rows, c.kt, c.num_warps, c.ring, c.maxnreg) for c in c16] == list(w4a16_configs._STRIP_CANDIDATES_16)
+    assert [(c.rows, c.kt, c.num_warps, c.ring, c.maxnreg, c.fence) for c in c16] == list(
+        w4a16_configs._STRIP_CANDIDATES_16)
     assert w4a16._config_class(dataclasses.asdict(c16[0])) is StripConfig and w4a16._is_strip(c16[0])
     assert w4a16.strip_candidates(_weight(256, 64, 64, sym=True, gen=gen), 1) == [
         c for c in cands if c.kt == 1]  # kt 2 would cross a group of 64

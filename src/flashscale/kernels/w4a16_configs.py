@@ -168,40 +168,51 @@ def ring_candidates(p: PackedW4, m: int) -> list:
 # H100 (session 45, benchmarks/results/w4a16-strip-h100.json) the best of these beat the
 # tuned default at M = 1..8 on 4096^2 (7.3 against 8.4 us at M = 1, 7.8 against 9.9 at M = 4) and 8192^2 (17.1
 # against 18.2), and tied it (+-4 %) on the MLP shapes; at M = 16 it lost by 1.3-1.9x (not a candidate there).
-# (rows, kt, warps, ring, maxnreg) of each; split 1 (the grid is ceil(N / 16 rows)). Ring 3 at R 1: four 4-warp
+# (rows, kt, warps, ring, maxnreg) of each; split 1 (the grid is ceil(N / 16 R)). Ring 3 at R 1: four 4-warp
 # programs an SM under the 128-register cap (one wave at N 8192; the tuner's pick at M = 1 on 4096^2, 8192^2 and
-# 8192 x 28672 in session 46's H100 run). Sweep-only until a GPU run has tested and timed them
-# (kernels.w4a16_strip.STRIP_CONFIGS, `gpu_pending.sh s48`): the fenced configs (round 14e), x in the B order at
-# M <= 8 (session 47: its gather, ~1.7-1.9 us with PDL, cost more than it saved, 8192^2 M = 1 17.7 against 17.0 us;
-# since session 48 its loop is 1.90 instructions a weight against 2.09 and a warp reads M/8 of x's block), and
-# eight warps with x in the B order for the N 4096 shapes.
+# 8192 x 28672 in session 46's H100 run). Sweep-only: the fenced configs (round 14e) and the rul10 ones (H100,
+# session 49: within 1-2 % of these at M = 1).
 _STRIP_CANDIDATES = ((1, 2, 4, 2, None), (1, 2, 4, 3, 128), (2, 2, 4, 2, None), (1, 2, 8, 2, None), (2, 2, 8, 2, None))
-# M 9-16: x in the B order (round 14c; the call's gather into that order is part of every timed call). On the H100
-# (session 47, benchmarks/results/w4a16-strip-h100.json) r1 kt2 w4 ring2 xp took 20.8 us at 8192^2, M = 16, gather
-# included, against the tuned default's 23.1, and 10.3 against 10.2 at 4096^2; the x-words strip lost 1.3-1.9x there.
-_STRIP_CANDIDATES_16 = ((1, 2, 4, 2, None),)
+# M 2-8, beside those: x in the B order (its gather part of every timed call), (rows, kt, warps, ring, maxnreg,
+# fence). Since round 14f its loop is 1.90 instructions a weight against 2.32 and a warp reads M/8 of x's block: on
+# the H100 (session 49, `gpu_pending.sh s48` and the M 1 / 4 / 8 sweep; docs/w4a16_decode.md round 14g) they beat
+# the tuned default at M = 4 and 8 on every shape, gather included (M = 8: 8192^2 19.9 -> 17.7 us, 28672 x 8192
+# 53.3 -> 48.8, 14336 x 4096 19.2 -> 17.0 with eight warps), and not at M = 1 (the gather's ~1.5 us).
+_STRIP_CANDIDATES_XP8 = ((1, 2, 4, 2, None, False), (1, 2, 4, 3, None, False), (1, 2, 8, 2, None, True))
+# M 9-16: x in the B order alone (the same fields). On the H100 (session 47, benchmarks/results/w4a16-strip-h100.json) r1 kt2 w4 ring2 xp took
+# 20.8 us at 8192^2, M = 16, gather included, against the tuned default's 23.1, and 10.3 against 10.2 at 4096^2; the
+# x-words strip lost 1.3-1.9x there.
+_STRIP_CANDIDATES_16 = ((1, 2, 4, 2, None, False),)
+
+
+def _strip_bucket(m: int) -> int:
+    return 1 if m == 1 else 8 if m <= 8 else 16
 
 
 @functools.cache
-def _strip_configs(xperm: bool = False) -> tuple:
+def _strip_configs(bucket: int) -> tuple:
+    """The strip configs of a bucket (1: M = 1, 8: M 2-8, 16: M 9-16)."""
     from flashscale.kernels.w4a16_strip import StripConfig  # here: w4a16_strip imports this module
 
-    return tuple(StripConfig(rows=r, kt=kt, num_warps=w, ring=ring, maxnreg=cap, xperm=xperm)
-                 for r, kt, w, ring, cap in (_STRIP_CANDIDATES_16 if xperm else _STRIP_CANDIDATES))
+    words = () if bucket == 16 else tuple(StripConfig(rows=r, kt=kt, num_warps=w, ring=ring, maxnreg=cap)
+                                          for r, kt, w, ring, cap in _STRIP_CANDIDATES)
+    xp = _STRIP_CANDIDATES_16 if bucket == 16 else _STRIP_CANDIDATES_XP8 if bucket == 8 else ()
+    return words + tuple(StripConfig(rows=r, kt=kt, num_warps=w, ring=ring, maxnreg=cap, xperm=True, fence=f)
+                         for r, kt, w, ring, cap, f in xp)
 
 
 def strip_candidates(p: PackedW4, m: int) -> list:
-    """The strip kernel's configs for M tokens (x words at M <= 8, x in the B order at 9..16; none past 16) and p's
-    group size (a sub-item of 64 kt inputs in a group)."""
+    """The strip kernel's configs for M tokens (x words at M <= 8, x in the B order too at 2..8 and alone at 9..16;
+    none past 16) and p's group size (a sub-item of 64 kt inputs in a group)."""
     g, k = p.group_size, p.in_features
     if m > 16:
         return []
-    return [c for c in _strip_configs(m > 8) if g == k or g % (64 * c.kt) == 0]
+    return [c for c in _strip_configs(_strip_bucket(m)) if g == k or g % (64 * c.kt) == 0]
 
 
 def strip_group_multiple(m: int) -> int:
     """The group sizes the strip candidates of M's bucket take: multiples of this (64 kt; or one group a row)."""
-    return 64 * min(c.kt for c in _strip_configs(m > 8))
+    return 64 * min(c.kt for c in _strip_configs(_strip_bucket(m)))
 
 
 def _ring_refusal(what: str, x2d: torch.Tensor, p: PackedW4, multiple: int = 128, tokens: int = 8) -> str:
