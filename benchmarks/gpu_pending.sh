@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# NEXT: s48 (any GPU; the strip sweep of session 48's changes, then the strip GPU tests: none ran on a GPU yet), then
-# move what wins into the tuner (w4a16_configs._STRIP_CANDIDATES / _16) and run m16s48b (the tuned M 1 / 16 rows,
-# merged). On an H200: grid48 (the M 1-8 rows of results/w4a16-h200.json predate the strip kernel), grid47 (the
-# M = 16 / 64 rows: ctas > 1 lost its split, M 16 has the xperm strip candidate), h2grid39.
+# NEXT: s50 (any GPU: the M = 16 strip sweep on the two N 4096 shapes with the eight-warp xperm config, which won at
+# M <= 8 on 14336 x 4096; if it wins, it joins _STRIP_CANDIDATES_16), then on an H200 h2grid39.
+# Session 49 ran on an H100: s48 (sweep + 9 strip GPU tests), m16s48b, the M 1 / 4 / 8 strip sweep on six shapes,
+# the W4A16 + quant GPU tests (11 + 22), generate_w4a16.py (3.07x), s49 (x in the B order among the M 2-8 candidates:
+# tuned M 1-8 rows + 20 GPU tests); then on an H200: grid48, m16h47 and `--ms 64` (results/w4a16-h200.json M 1-64
+# rows re-measured), a short M = 1 strip sweep (docs/w4a16_decode.md round 14g).
 # Session 48 got no machine (eleven tries). Session 47 ran xp46 (H100; docs/w4a16_decode.md round 14c measured),
 # m16s47 and m16s47b (H100; round 14d).
 # Session 46 ran strip45 on an H100 (20 GPU tests passed; results/w4a16-strip-h100.json, the M 1-8 rows of
@@ -49,6 +51,7 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16s47b   # ~5 min: the tuned M = 16 grid, merged
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16h47    # ~3 min: the M = 16 grid if the GPU is an H200
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s48       # ~8 min: strip GPU tests, the M 1 / 16 sweep
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s50       # ~3 min: the M = 16 strip sweep, N 4096 shapes
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s49       # ~7 min: the tuned M 1-8 grid, merged; W4A16 tests
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid48    # ~7 min: the M 1-8 grid if the GPU is an H200
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16s48b   # ~7 min: the tuned M 1 / 16 grid, merged
@@ -392,6 +395,11 @@ case "${1:-}" in
     step sweep 240 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 1,16 \
       --shapes 4096x4096,8192x8192 --strip-match "$STRIP48" --out "$OUT"
     step tests 100 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu -n 8 tests/kernels/test_w4a16_strip.py ;;
+  s50)  # the M = 16 strip sweep on the N 4096 shapes: x in the B order at four and eight warps (gather included, and
+    # x handed over), every config checked against float64 first
+    gpu_name
+    step sweep 200 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 16 --shapes 14336x4096,4096x14336 \
+      --strip-match 'r1 kt2 w[48] ring2 xp( fence| rul10)?$' --out "$OUT" ;;
   s49)  # session 49: x in the B order among the M 2-8 strip candidates: the tuned M 1-8 rows merged into a copy of
     # results/w4a16-<gpu>.json, then the W4A16 dispatch and strip GPU tests
     gpu_name
