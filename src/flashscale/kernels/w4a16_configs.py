@@ -179,9 +179,9 @@ _STRIP_CANDIDATES = ((1, 2, 4, 2, None), (1, 2, 4, 3, 128), (2, 2, 4, 2, None), 
 # the tuned default at M = 4 and 8 on every shape, gather included (M = 8: 8192^2 19.9 -> 17.7 us, 28672 x 8192
 # 53.3 -> 48.8, 14336 x 4096 19.2 -> 17.0 with eight warps), and not at M = 1 (the gather's ~1.5 us).
 _STRIP_CANDIDATES_XP8 = ((1, 2, 4, 2, None, False), (1, 2, 4, 3, None, False), (1, 2, 8, 2, None, True))
-# M 9-16: x in the B order alone (the same fields). On the H100 (session 47, benchmarks/results/w4a16-strip-h100.json) r1 kt2 w4 ring2 xp took
-# 20.8 us at 8192^2, M = 16, gather included, against the tuned default's 23.1, and 10.3 against 10.2 at 4096^2; the
-# x-words strip lost 1.3-1.9x there.
+# M 9-16: x in the B order alone (the same fields). On the H100 (session 47, benchmarks/results/w4a16-strip-h100.json)
+# r1 kt2 w4 ring2 xp took 20.8 us at 8192^2, M = 16, gather included, against the tuned default's 23.1, and 10.3
+# against 10.2 at 4096^2; the x-words strip lost 1.3-1.9x there.
 _STRIP_CANDIDATES_16 = ((1, 2, 4, 2, None, False),)
 
 

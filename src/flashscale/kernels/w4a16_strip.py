@@ -78,7 +78,8 @@ STRIP_CONFIGS: list[StripConfig] = [  # M <= 8
     StripConfig(rows=2, kt=2, num_warps=8, ring=2),  # 128, 2 an SM, 32 KB
     StripConfig(rows=4, kt=1, num_warps=4, ring=2),  # 124, 4 an SM, 16 KB
     StripConfig(rows=2, kt=2, num_warps=4, ring=3),  # 166, 3 an SM, 24 KB
-    # x in the B order (x_perm_words; round 14c): 2.09 / 2.01 / 1.72 instructions a weight against 2.32 / 2.27 / 1.85
+    # x in the B order (x_perm_words; round 14c; 1.90 / 1.82 / 1.63 since round 14f): 2.09 / 2.01 / 1.72 instructions a
+    # weight against 2.32 / 2.27 / 1.85; the first two are M 2-8 tuner candidates since session 49 (round 14g)
     StripConfig(rows=1, kt=2, num_warps=4, ring=2, xperm=True),  # 78, 6 an SM
     StripConfig(rows=1, kt=2, num_warps=4, ring=3, xperm=True),  # 117, 4 an SM
     StripConfig(rows=2, kt=2, num_warps=4, ring=2, xperm=True),  # 124, 4 an SM
@@ -88,14 +89,15 @@ STRIP_CONFIGS: list[StripConfig] = [  # M <= 8
     StripConfig(rows=1, kt=2, num_warps=8, ring=1, xperm=True, maxnreg=64),  # 2.05
     StripConfig(rows=1, kt=1, num_warps=8, ring=2, xperm=True),  # 2.72
     # the two M <= 8 picks with ptxas's register usage level 10 (round 14e: 292 / 431 loop instructions against
-    # 297 / 436, the same registers): swept, not yet measured
+    # 297 / 436, the same registers): H100, session 49 (round 14g): within 0-2 % of their twins, sweep-only
     StripConfig(rows=1, kt=2, num_warps=4, ring=2, reg_level=10),
     StripConfig(rows=1, kt=2, num_warps=4, ring=3, maxnreg=128, reg_level=10),
     # the first slot's refill kept between the items (a never-taken store after it; round 14e: LDG.128 of the words
-    # at 128-150 of 300 instead of 287-292): swept, not yet measured
+    # at 128-150 of 300 instead of 287-292): H100, session 49: no gain (8192^2 M = 1 17.0 against 17.1 us)
     StripConfig(rows=1, kt=2, num_warps=4, ring=2, fence=True),
     StripConfig(rows=1, kt=2, num_warps=4, ring=2, xperm=True, fence=True),
-    # eight warps, x in the B order (80 registers, 3 an SM): the N 4096 shapes' 256 programs at ~16 warps an SM
+    # eight warps, x in the B order (80 registers, 3 an SM): the N 4096 shapes' 256 programs at ~16 warps an SM;
+    # H100, session 49: the best strip config at M 1-8 on 14336 x 4096 (17.0 us), an M 2-8 tuner candidate
     StripConfig(rows=1, kt=2, num_warps=8, ring=2, xperm=True, fence=True),
 ]
 STRIP_CONFIGS_16: list[StripConfig] = [  # 9 <= M <= 16: x and the second accumulator double
