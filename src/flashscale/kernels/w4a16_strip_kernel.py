@@ -101,11 +101,11 @@ def _l2_bulk(ptr, nbytes):
 
 
 @triton.jit
-def _l2_rows(pf, nbytes, stride_pn, R: tl.constexpr):
-    """_l2_bulk of nbytes from pf in each of the program's R fragment rows (pf in the first; the rows are
-    stride_pn words apart)."""
+def _l2_rows(pf, nbytes, rows, stride_pn, R: tl.constexpr):
+    """_l2_bulk of nbytes from pf in each of the program's first `rows` (<= R) fragment rows (pf in the first; the
+    rows are stride_pn words apart; none is asked for past the weight's last row)."""
     for r in tl.static_range(R):
-        _l2_bulk(pf + r * stride_pn, nbytes)
+        _l2_bulk(pf + r * stride_pn, tl.where(r < rows, nbytes, 0))
 
 
 @triton.jit
@@ -254,9 +254,9 @@ def w4a16_strip_kernel(
     if PF:  # iterations RING .. RING + L2 - 1 now (the ring's first loads, next, have 0 .. RING - 1; before them, so
         # that their registers are not live across the scale lines' loop), then L2 ahead of the refills a round:
         # pf the next range of the first row, left the bytes of the row from there (loop-carried scalars)
-        pf = pk_ptr + tl.minimum(pid * R, n_frag - 1).to(tl.int64) * stride_pn + RING * CH // 4
+        pf = pk_ptr + (pid * R).to(tl.int64) * stride_pn + RING * CH // 4
         left = F * 512 - RING * CH
-        _l2_rows(pf, tl.minimum(L2 * CH, left), stride_pn, R)
+        _l2_rows(pf, tl.minimum(L2 * CH, left), n_frag - pid * R, stride_pn, R)
         pf += L2 * CH // 4
         left -= L2 * CH
         _l2_scales(sz_ptr, pid * R * 16, tl.cdiv(K, G), stride_sg, 32 * W)
@@ -278,7 +278,7 @@ def w4a16_strip_kernel(
     accb = tl.zeros([W, R, 32, 4], dtype=tl.float32)
     for t in range(0, T, RING):
         if PF:
-            _l2_rows(pf, tl.minimum(RING * CH, left), stride_pn, R)
+            _l2_rows(pf, tl.minimum(RING * CH, left), n_frag - pid * R, stride_pn, R)
             pf += RING * CH // 4
             left -= RING * CH
         acc, accb = _item(acc, accb, wa, sa, xa, W, R, KT, TWO, BF16, ASM, XP)
