@@ -270,3 +270,5 @@ def test_strip_gpu(m, k, n):
         if cfg.xperm:  # the gather's PDL dependent, the plain launch and x handed over: the same bits
             assert torch.equal(y, w4a16_strip(x, p, b, config=cfg, pdl=False)), cfg
             assert torch.equal(y, w4a16_strip(x, p, b, config=cfg, xw=x_perm_words(x, p))), cfg
+        if cfg.l2:  # the L2 prefetch is a hint: the same bits as its twin without it
+            assert torch.equal(y, w4a16_strip(x, p, b, config=dataclasses.replace(cfg, l2=0))), cfg
