@@ -279,9 +279,8 @@ def census(cfg: StripConfig, **kw) -> dict:
     iteration of RING sub-items (LDG.128, other LDG, HMMA, shared-memory ops and barriers: none expected in the
     loop), its modelled loads in flight a thread and load waits, and early_ldg: the vector loads (refills) that
     ptxas issued before the iteration's last HMMA (round 14e)."""
-    from flashscale.kernels.w4a16_ring_aot import loop_mix
-
     from flashscale.kernels.aot import sass
+    from flashscale.kernels.w4a16_ring_aot import loop_mix
 
     kernel = compile_sm90(cfg, **kw)
     mix = loop_mix(kernel)
