@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# NEXT: s50 (any GPU, ~8 min: the strip kernel's L2 bulk prefetch configs (round 14h) at M 1 / 8 beside their twins,
-# the M = 16 sweep on the N 4096 shapes with the eight-warp xperm config (which won at M <= 8 on 14336 x 4096), the
-# strip GPU tests); what wins joins w4a16_configs' candidate lists; then on an H200 the tuned grid again (grid48,
-# m16h47), h2grid39, and the FP8 grid (`attention_fp8.py --rounds 3`: session 39's H100 sweep ran the D 256 default
+# NEXT: s50 (any GPU, ~7 min: the strip kernel's L2 bulk prefetch configs (round 14h) at M 1 / 8 beside their twins,
+# then the strip GPU tests), s50b (~4 min: the M = 16 sweep on the N 4096 shapes with the eight-warp xperm config,
+# which won at M <= 8 on 14336 x 4096, and the l2x8 ones); what wins joins w4a16_configs' candidate lists; then on
+# an H200 the tuned grid again (grid48, m16h47), h2grid39, and the FP8 grid (`attention_fp8.py --rounds 3`: session 39's H100 sweep ran the D 256 default
 # at 1238 TFLOP/s at 16k, the H200 grid of session 36 at 1097, issue 5 asks 1150: the card or the method?).
 # Session 49 ran on an H100: s48 (sweep + 9 strip GPU tests), m16s48b, the M 1 / 4 / 8 strip sweep on six shapes,
 # the W4A16 + quant GPU tests (11 + 22), generate_w4a16.py (3.07x), s49 (x in the B order among the M 2-8 candidates:
@@ -54,7 +54,8 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16s47b   # ~5 min: the tuned M = 16 grid, merged
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16h47    # ~3 min: the M = 16 grid if the GPU is an H200
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s48       # ~8 min: strip GPU tests, the M 1 / 16 sweep
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s50       # ~8 min: L2 bulk prefetch sweep, M 16, tests
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s50       # ~7 min: L2 bulk prefetch sweep M 1 / 8, tests
+#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s50b      # ~4 min: the M = 16 strip sweep
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s49       # ~7 min: the tuned M 1-8 grid, merged; W4A16 tests
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh grid48    # ~7 min: the M 1-8 grid if the GPU is an H200
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16s48b   # ~7 min: the tuned M 1 / 16 grid, merged
@@ -400,16 +401,17 @@ case "${1:-}" in
     step sweep 240 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 1,16 \
       --shapes 4096x4096,8192x8192 --strip-match "$STRIP48" --out "$OUT"
     step tests 100 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu -n 8 tests/kernels/test_w4a16_strip.py ;;
-  s50)  # round 14h: the strip kernel's L2 bulk prefetch (l2x configs) beside its twins at M 1 / 8 on four shapes (x
-    # handed over too), the M = 16 sweep on the N 4096 shapes (eight warps, x in the B order), then the strip GPU
-    # tests (last: a call cut short still brings the sweeps back)
+  s50)  # round 14h: the strip kernel's L2 bulk prefetch (l2x configs) beside its twins at M 1 / 8 on three shapes (x
+    # handed over too), then the strip GPU tests (last: a call cut short still brings the sweep back)
     gpu_name
-    step sweep 200 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 1,8 \
-      --shapes 4096x4096,8192x8192,14336x4096,28672x8192 --strip-match "$STRIP50" --out "$OUT"
-    mv "$OUT"/w4a16-*-flashscale-strip-bf16.json "$OUT/strip50-m1m8.json" 2>/dev/null
-    step sweep16 150 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 16 \
-      --shapes 14336x4096,4096x14336,8192x8192 --strip-match 'r1 kt2 w[48] ring2 xp( fence| rul10| l2x8)?$' --out "$OUT"
+    step sweep 260 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 1,8 \
+      --shapes 4096x4096,8192x8192,28672x8192 --strip-match "$STRIP50" --out "$OUT"
     step tests 150 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu -n 8 tests/kernels/test_w4a16_strip.py ;;
+  s50b)  # the M = 16 strip sweep on the N 4096 shapes and 8192^2: x in the B order at four and eight warps, with the
+    # L2 prefetch, rul10 and the fence (gather included, and x handed over)
+    gpu_name
+    step sweep16 200 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 16 \
+      --shapes 14336x4096,4096x14336,8192x8192 --strip-match 'r1 kt2 w[48] ring2 xp( fence| rul10| l2x8)?$' --out "$OUT" ;;
   s49)  # session 49: x in the B order among the M 2-8 strip candidates: the tuned M 1-8 rows merged into a copy of
     # results/w4a16-<gpu>.json, then the W4A16 dispatch and strip GPU tests
     gpu_name
