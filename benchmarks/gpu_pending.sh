@@ -3,9 +3,9 @@
 # then the strip GPU tests), s50b (~4 min: the M = 16 sweep on the N 4096 shapes with the eight-warp xperm config,
 # which won at M <= 8 on 14336 x 4096, and the l2x8 ones); what wins joins w4a16_configs' candidate lists; then on
 # an H200 the tuned grid again (grid48, m16h47), h2grid39 and vygrid40 (the twins through the tuner on the H200:
-# issue 7's M >= 1024 misses, 0.84x / 0.90x, went to 0.92x / 0.96x with vec_y in the probe), and the FP8 grid (`attention_fp8.py --rounds 3`:
-# session 39's H100 sweep ran the D 256 default at 1238 TFLOP/s at 16k, the H200 grid of session 36 at 1097, issue 5
-# asks 1150: the card or the run?).
+# issue 7's M >= 1024 misses, 0.84x / 0.90x, went to 0.92x / 0.96x with vec_y in the probe), and the FP8 grid
+# (`attention_fp8.py --rounds 3`: session 39's H100 sweep ran the D 256 default at 1238 TFLOP/s at 16k, the H200 grid
+# of session 36 at 1097, issue 5 asks 1150: the card or the run?).
 # Session 49 ran on an H100: s48 (sweep + 9 strip GPU tests), m16s48b, the M 1 / 4 / 8 strip sweep on six shapes,
 # the W4A16 + quant GPU tests (11 + 22), generate_w4a16.py (3.07x), s49 (x in the B order among the M 2-8 candidates:
 # tuned M 1-8 rows + 20 GPU tests); then on an H200: grid48, m16h47 and `--ms 64` (results/w4a16-h200.json M 1-64
