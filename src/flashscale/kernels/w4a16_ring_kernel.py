@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, globaltimer, smid
 
+from flashscale.kernels.pdl import l2_prefetch_lines
 from flashscale.kernels.w4a16_common import last_split, reset_ticket
 from flashscale.kernels.w4a16_gemv import _dec_item, _dec_layout, _dec_store, _dec_tile, _dec_w, _dec_x, _next_item
 from flashscale.kernels.w4a16_prologue import x_prologue
@@ -87,8 +88,7 @@ def _l2_ahead(pk_ptr, tile, ks, ok, stride_pn, n_frag, row_words, NB: tl.constex
         w = ks * (KT * 128) + (ln % (KT * 4)) * 32
         on = (ok & (r < n_frag) & (w < row_words)).to(tl.int32)
         ptrs = pk_ptr + r.to(tl.int64) * stride_pn + w
-        tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-                                  "=r,l,r", [ptrs, on], dtype=tl.int32, is_pure=False, pack=1)
+        l2_prefetch_lines(ptrs, on)
 
 
 @triton.jit

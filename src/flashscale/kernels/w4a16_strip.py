@@ -279,12 +279,10 @@ def census(cfg: StripConfig, **kw) -> dict:
     iteration of RING sub-items (LDG.128, other LDG, HMMA, shared-memory ops and barriers: none expected in the
     loop), its modelled loads in flight a thread and load waits, and early_ldg: the vector loads (refills) that
     ptxas issued before the iteration's last HMMA (round 14e)."""
-    from flashscale.kernels.aot import sass
     from flashscale.kernels.w4a16_ring_aot import loop_mix
 
-    kernel = compile_sm90(cfg, **kw)
-    mix = loop_mix(kernel)
-    bulk = sass(kernel.asm["cubin"]).count("UBLKPF")  # bulk L2 prefetches (l2 configs: the start's and the loop's)
+    mix = loop_mix(compile_sm90(cfg, **kw))
+    bulk = mix["text"].count("UBLKPF")  # bulk L2 prefetches (l2 configs: the start's and the loop's)
     ops, rate, stats, n, body = mix["ops"], mix["rate"], mix["stats"], mix["n"], mix["body"]
     last_mma = max(i for i, o in enumerate(body) if o.startswith("HMMA"))
     early = sum(o.startswith("LDG") and o != "LDG.E" for o in body[:last_mma])  # vector refills issued mid-iteration

@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from flashscale.kernels.pdl import l2_prefetch_lines, l2_prefetch_range
 from flashscale.kernels.w4a16_common import mma_column, x_sums
 from flashscale.kernels.w4a16_decode import _dec_b, _dec_scales, _dec_store, _dec_x
 
@@ -90,22 +91,11 @@ def _slot_x(x_ptr, t, T, S, F, wi, lane, M, K, stride_xm, W: tl.constexpr, KT: t
 
 
 @triton.jit
-def _l2_bulk(ptr, nbytes):
-    """cp.async.bulk.prefetch.L2 of nbytes (a multiple of 16; nothing if <= 0) from ptr, issued by the program's
-    thread 0 alone: one request for a whole contiguous range, handled by the TMA unit (no register, no LSU traffic a
-    line: round 9's per-thread prefetch.global.L2 of each line doubled the L1 / L2 requests and lost)."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p, q; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; setp.gt.s32 q, $2, 0; "
-        "and.pred p, p, q; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [ptr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _l2_rows(pf, nbytes, rows, stride_pn, R: tl.constexpr):
-    """_l2_bulk of nbytes from pf in each of the program's first `rows` (<= R) fragment rows (pf in the first; the
-    rows are stride_pn words apart; none is asked for past the weight's last row)."""
+    """pdl.l2_prefetch_range of nbytes from pf in each of the program's first `rows` (<= R) fragment rows (pf in the
+    first; the rows are stride_pn words apart; none is asked for past the weight's last row)."""
     for r in tl.static_range(R):
-        _l2_bulk(pf + r * stride_pn, tl.where(r < rows, nbytes, 0))
+        l2_prefetch_range(pf + r * stride_pn, tl.where(r < rows, nbytes, 0))
 
 
 @triton.jit
@@ -116,8 +106,7 @@ def _l2_scales(sz_ptr, col0, NG, stride_sg, NT: tl.constexpr):
     for g0 in range(0, NG, NT):
         g = g0 + tl.arange(0, NT)
         p = sz_ptr + tl.minimum(g, NG - 1).to(tl.int64) * stride_sg + col0
-        tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-                                  "=r,l,r", [p, (g < NG).to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+        l2_prefetch_lines(p, (g < NG).to(tl.int32))
 
 
 @triton.jit
