@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# NEXT: s50 (any GPU, ~7 min: the strip kernel's L2 bulk prefetch configs (round 14h) at M 1 / 8 beside their twins,
-# then the strip GPU tests), s50b (~4 min: the M = 16 sweep on the N 4096 shapes with the eight-warp xperm config,
-# which won at M <= 8 on 14336 x 4096, and the l2x8 ones); what wins joins w4a16_configs' candidate lists; then on
-# an H200 the tuned grid again (grid48, m16h47), h2grid39 and vygrid40 (the twins through the tuner on the H200:
-# issue 7's M >= 1024 misses, 0.84x / 0.90x, went to 0.92x / 0.96x with vec_y in the probe), and the FP8 grid
-# (`attention_fp8.py --rounds 3`: session 39's H100 sweep ran the D 256 default at 1238 TFLOP/s at 16k, the H200 grid
-# of session 36 at 1097, issue 5 asks 1150: the card or the run?).
+# NEXT (H200 only): vyh50 = vygrid40 (issue 7's M >= 1024 misses, 0.84x / 0.90x, went to 0.92x / 0.96x with
+# vec_y in the probe: the twins through the tuner on the H200), fp8h50 = the FP8 grid (`attention_fp8.py --rounds
+# 3`: session 39's H100 sweep ran the D 256 default at 1238 TFLOP/s at 16k, the H200 grid of session 36 at 1097,
+# issue 5 asks 1150: the card or the run?), h2grid39.
+# Session 50 ran s50 and s50b on an H100 (docs/w4a16_decode.md round 14h measured: the L2 bulk prefetch slower at
+# every cell, removed; results/w4a16-strip-l2-h100.json).
 # Session 49 ran on an H100: s48 (sweep + 9 strip GPU tests), m16s48b, the M 1 / 4 / 8 strip sweep on six shapes,
 # the W4A16 + quant GPU tests (11 + 22), generate_w4a16.py (3.07x), s49 (x in the B order among the M 2-8 candidates:
 # tuned M 1-8 rows + 20 GPU tests); then on an H200: grid48, m16h47 and `--ms 64` (results/w4a16-h200.json M 1-64
@@ -403,6 +402,10 @@ case "${1:-}" in
     step sweep 240 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 1,16 \
       --shapes 4096x4096,8192x8192 --strip-match "$STRIP48" --out "$OUT"
     step tests 100 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu -n 8 tests/kernels/test_w4a16_strip.py ;;
+  fp8h50)  # H200 only: the FP8 grid (every cell the median of 3 rounds) on the card issue 5's targets are for
+    on_h200 fp8h50 && step fp8 240 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT" ;;
+  vyh50)  # vygrid40 on an H200 only
+    on_h200 vyh50 && FLASHSCALE_W4A16_WGMMA=vy step w4a16 330 "$PY" benchmarks/w4a16.py --ms 256,1024,4096 --out "$OUT" ;;
   s50)  # round 14h: the strip kernel's L2 bulk prefetch (l2x configs) beside its twins at M 1 / 8 on three shapes (x
     # handed over too), then the strip GPU tests (last: a call cut short still brings the sweep back)
     gpu_name

@@ -57,7 +57,6 @@ def test_strip_kernel_interpreter(m, k, n, g, sym, act_order, bias, cfg):
         assert torch.equal(y, w4a16_strip(x, p, b, config=dataclasses.replace(c, xperm=False)))
         assert torch.equal(y, w4a16_strip(x, p, b, config=c, xw=x_perm_words(x, p)))
     assert torch.equal(y, w4a16_strip(x, p, b, config=dataclasses.replace(c, fence=True)))  # its store never runs
-    assert torch.equal(y, w4a16_strip(x, p, b, config=dataclasses.replace(c, l2=2)))  # a hint (off here): same bits
 
 
 def test_x_perm_words_layout():
@@ -185,8 +184,6 @@ def test_bad_arguments():
         w4a16_strip(x, p, config=StripConfig(maxnreg=300))
     with pytest.raises(ValueError, match="reg_level=11"):
         w4a16_strip(x, p, config=StripConfig(reg_level=11))
-    with pytest.raises(ValueError, match="l2=-1"):
-        w4a16_strip(x, p, config=StripConfig(l2=-1))
     with pytest.raises(TypeError, match="StripConfig"):
         w4a16_strip(x, p, config=object())
     with pytest.raises(ValueError, match=r"xw must be x_perm_words\(x, p\): int32 of shape \(1, 1024\)"):
@@ -223,7 +220,6 @@ def test_sm90_compile_no_spills_no_smem_in_loop(tmp_path):
         assert r["ldg128"] == c.ring * c.kt * (c.rows + x_ldg), r
         assert r["moves"] <= 16, r  # slots rotated by position
         assert r["loads_in_flight"] >= 0.6 * r["ldg_per_iter"], r  # the ring holds while it waits (static model)
-        assert (r["l2_bulk"] >= 2 * c.rows) if c.l2 else (r["l2_bulk"] == 0), r  # start + loop, a row each
         if c.fence:  # the first slot's refill (its words, scale words and x in the B order) before the second's math
             assert r["early_ldg"] >= c.rows * c.kt + 1 + (2 * c.kt * r["bm"] // 8 if c.xperm else 0), r
 
@@ -270,5 +266,3 @@ def test_strip_gpu(m, k, n):
         if cfg.xperm:  # the gather's PDL dependent, the plain launch and x handed over: the same bits
             assert torch.equal(y, w4a16_strip(x, p, b, config=cfg, pdl=False)), cfg
             assert torch.equal(y, w4a16_strip(x, p, b, config=cfg, xw=x_perm_words(x, p))), cfg
-        if cfg.l2:  # the L2 prefetch is a hint: the same bits as its twin without it
-            assert torch.equal(y, w4a16_strip(x, p, b, config=dataclasses.replace(cfg, l2=0))), cfg

@@ -125,18 +125,6 @@ def l2_prefetch_rows(pk_ptr, frag0, stride_pn, w0, w1, n_frag, enable, NB: tl.co
 
 
 @triton.jit
-def l2_prefetch_range(ptr, nbytes):
-    """Ask for nbytes (a multiple of 16; nothing if <= 0) from ptr to be brought into L2: one
-    `cp.async.bulk.prefetch.L2.global`, issued by the program's thread 0 alone. ptr and nbytes are scalars (the same
-    in every thread), so the request stays on the uniform datapath (UBLKPF) with no loop over a warp's lanes, which
-    l2_prefetch_rows's per-row operands need (w4a16_strip's L2 lookahead; docs/w4a16_decode.md round 14h)."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p, q; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; setp.gt.s32 q, $2, 0; "
-        "and.pred p, p, q; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [ptr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def l2_prefetch_lines(ptrs, on):
     """Ask L2 for the 128-byte line holding each of ptrs where on (int32, nonzero): `prefetch.global.L2`, one a
     thread and element; no register waits on it."""

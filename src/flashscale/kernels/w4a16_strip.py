@@ -36,7 +36,6 @@ class StripConfig:
     fence: bool = False  # a never-taken store after the first slot's refill keeps ptxas from sinking it (round 14e)
     reg_level: int | None = None  # ptxas --register-usage-level (0..10, ptxas's default 5); 10: 1-5 % fewer loop
     # instructions at the same registers and some refills issued earlier (sm_90 census, round 14e)
-    l2: int = 0  # > 0: the packed words asked of L2 this many iterations ahead of the ring (bulk prefetch, round 14h)
 
     @property
     def item_bytes(self) -> int:
@@ -54,8 +53,7 @@ class StripConfig:
     def label(self) -> str:
         return f"strip r{self.rows} kt{self.kt} w{self.num_warps} ring{self.ring}" + (" xp" if self.xperm else "") \
             + (f" maxnreg{self.maxnreg}" if self.maxnreg else "") \
-            + (f" rul{self.reg_level}" if self.reg_level is not None else "") + (" fence" if self.fence else "") \
-            + (f" l2x{self.l2}" if self.l2 else "")
+            + (f" rul{self.reg_level}" if self.reg_level is not None else "") + (" fence" if self.fence else "")
 
     def options(self, interpreting: bool = False) -> dict:
         """Compile options beyond the constexprs: num_warps, num_stages, the register cap and ptxas's register usage
@@ -101,15 +99,8 @@ STRIP_CONFIGS: list[StripConfig] = [  # M <= 8
     # eight warps, x in the B order (80 registers, 3 an SM): the N 4096 shapes' 256 programs at ~16 warps an SM;
     # H100, session 49: the best strip config at M 1-8 on 14336 x 4096 (17.0 us), an M 2-8 tuner candidate
     StripConfig(rows=1, kt=2, num_warps=8, ring=2, xperm=True, fence=True),
-    # the packed words asked of L2 l2 iterations ahead by one bulk prefetch a row and ring round, the scale lines at
-    # the start (round 14h; sm_90: UBLKPF.L2, uniform, 12-17 more loop instructions; 82 -> 98 registers at r1 ring2,
-    # so capped at 96 to keep 5 an SM): not yet measured
-    StripConfig(rows=1, kt=2, num_warps=4, ring=2, maxnreg=96, l2=8),
-    StripConfig(rows=1, kt=2, num_warps=4, ring=3, maxnreg=128, l2=8),
-    StripConfig(rows=1, kt=2, num_warps=4, ring=2, xperm=True, l2=4),  # 88 registers, 5 an SM
-    StripConfig(rows=1, kt=2, num_warps=4, ring=2, xperm=True, l2=8),
-    StripConfig(rows=1, kt=2, num_warps=4, ring=2, xperm=True, l2=16),  # 8192^2: the whole strip at the start
-    StripConfig(rows=1, kt=2, num_warps=8, ring=2, xperm=True, l2=8),
+    # round 14h's L2 bulk prefetch ahead of the ring (commit d249882 has it) was slower at every cell of the H100
+    # sweep (session 50: 8192^2 M = 1, x handed over, 15.7 -> 17.4-19.4 us, the further ahead the slower): removed
 ]
 STRIP_CONFIGS_16: list[StripConfig] = [  # 9 <= M <= 16: x and the second accumulator double
     StripConfig(rows=1, kt=2, num_warps=4, ring=2),
@@ -119,8 +110,6 @@ STRIP_CONFIGS_16: list[StripConfig] = [  # 9 <= M <= 16: x and the second accumu
     StripConfig(rows=1, kt=2, num_warps=4, ring=2, xperm=True, reg_level=10),  # 128, 322 loop instructions (339)
     StripConfig(rows=1, kt=2, num_warps=4, ring=2, xperm=True, fence=True),  # refills at 160-172 of 339, not 285+
     StripConfig(rows=1, kt=2, num_warps=8, ring=2, xperm=True, fence=True),  # 128 registers, 2 an SM (N 4096)
-    StripConfig(rows=1, kt=2, num_warps=4, ring=2, xperm=True, l2=8),  # round 14h, not yet measured
-    StripConfig(rows=1, kt=2, num_warps=8, ring=2, xperm=True, l2=8),
     # r1 kt1 / r2 kt1 / r2 kt2 w4 ring2 xp (3.44 / 2.78 / 2.20 instructions a weight, 6 / 4 / 3 programs an SM)
     # were swept in session 47 and lost to this one in every cell (H100, round 14d): removed
 ]
@@ -145,8 +134,6 @@ def check_args(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, cfg: Str
         raise ValueError(f"config.maxnreg={cfg.maxnreg!r} must be None or a register cap 24..255")
     if cfg.reg_level is not None and not (isinstance(cfg.reg_level, int) and 0 <= cfg.reg_level <= 10):
         raise ValueError(f"config.reg_level={cfg.reg_level!r} must be None or ptxas's register usage level 0..10")
-    if not (isinstance(cfg.l2, int) and 0 <= cfg.l2 <= 1024):
-        raise ValueError(f"config.l2={cfg.l2!r} must be 0 (off) or the iterations 1..1024 the L2 prefetch runs ahead")
 
 
 def w4a16_strip(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None, *,
@@ -235,7 +222,7 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
         m, n, k, xw.stride(0), y.stride(0), p.qweight.stride(0), p.sz.stride(0),
         G=p.group_size, HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, R=cfg.rows, KT=cfg.kt,
         W=cfg.num_warps, BM=8 if m <= 8 else 16, RING=cfg.ring, EVEN=k % (64 * cfg.kt * cfg.num_warps) == 0,
-        EVEN_N=n_frag % cfg.rows == 0, ASM=cfg.asm and not _interpreting(), XP=cfg.xperm, FENCE=cfg.fence, L2=cfg.l2,
+        EVEN_N=n_frag % cfg.rows == 0, ASM=cfg.asm and not _interpreting(), XP=cfg.xperm, FENCE=cfg.fence,
         **({"PDL": True, "launch_pdl": True} if on else {}), **cfg.options(_interpreting()),
     )
 
@@ -252,7 +239,7 @@ def compile_sm90(cfg: StripConfig, *, dtype: str = "bf16", bm: int = 8, group_si
     ints = ("M", "N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg")
     cx = dict(G=group_size, HAS_BIAS=False, BF16=dtype == "bf16", R=cfg.rows, KT=cfg.kt, W=cfg.num_warps, BM=bm,
               RING=cfg.ring, EVEN=True, EVEN_N=True, ASM=cfg.asm, XP=cfg.xperm, PDL=cfg.xperm,  # as launch runs it
-              FENCE=cfg.fence, L2=cfg.l2)
+              FENCE=cfg.fence)
     sig = {**ptrs, **{n: "i32" for n in ints}, **{n: "constexpr" for n in cx}}
     names = list(sig)
     aligned = set(ptrs) | {"N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg"}
@@ -282,7 +269,6 @@ def census(cfg: StripConfig, **kw) -> dict:
     from flashscale.kernels.w4a16_ring_aot import loop_mix
 
     mix = loop_mix(compile_sm90(cfg, **kw))
-    bulk = mix["text"].count("UBLKPF")  # bulk L2 prefetches (l2 configs: the start's and the loop's)
     ops, rate, stats, n, body = mix["ops"], mix["rate"], mix["stats"], mix["n"], mix["body"]
     last_mma = max(i for i, o in enumerate(body) if o.startswith("HMMA"))
     early = sum(o.startswith("LDG") and o != "LDG.E" for o in body[:last_mma])  # vector refills issued mid-iteration
@@ -295,7 +281,6 @@ def census(cfg: StripConfig, **kw) -> dict:
                 prmt=ops["PRMT"], smem=n("LDS", "STS"), bar=n("BAR"), moves=n("MOV", "IMAD.MOV"),
                 loads_in_flight=rate["loads_in_flight"], ldg_per_iter=rate["ldg_per_iter"],
                 waits_per_iter=rate["waits_per_iter"], resident=cfg.resident(stats["registers"]), early_ldg=early,
-                l2_bulk=bulk,
                 in_flight_kb=cfg.in_flight_kb(stats["registers"]))
 
 

@@ -36,7 +36,6 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from flashscale.kernels.pdl import l2_prefetch_lines, l2_prefetch_range
 from flashscale.kernels.w4a16_common import mma_column, x_sums
 from flashscale.kernels.w4a16_decode import _dec_b, _dec_scales, _dec_store, _dec_x
 
@@ -88,25 +87,6 @@ def _slot_x(x_ptr, t, T, S, F, wi, lane, M, K, stride_xm, W: tl.constexpr, KT: t
     else:
         xs = _dec_x(x_ptr, stride_xm, ks[:, None], lane, M, K, 64 * KT, KT, TWO, EVEN)
     return xs
-
-
-@triton.jit
-def _l2_rows(pf, nbytes, rows, stride_pn, R: tl.constexpr):
-    """pdl.l2_prefetch_range of nbytes from pf in each of the program's first `rows` (<= R) fragment rows (pf in the
-    first; the rows are stride_pn words apart; none is asked for past the weight's last row)."""
-    for r in tl.static_range(R):
-        l2_prefetch_range(pf + r * stride_pn, tl.where(r < rows, nbytes, 0))
-
-
-@triton.jit
-def _l2_scales(sz_ptr, col0, NG, stride_sg, NT: tl.constexpr):
-    """prefetch.global.L2 of the line holding each group's scale/zero words of the program's columns (one line a
-    thread and group, once at the start: 1/16 of the weights' bytes at G = 128, their loads otherwise the ring's
-    HBM round trips the weights' prefetch does not cover)."""
-    for g0 in range(0, NG, NT):
-        g = g0 + tl.arange(0, NT)
-        p = sz_ptr + tl.minimum(g, NG - 1).to(tl.int64) * stride_sg + col0
-        l2_prefetch_lines(p, (g < NG).to(tl.int32))
 
 
 @triton.jit
@@ -210,7 +190,6 @@ def w4a16_strip_kernel(
     G: tl.constexpr, HAS_BIAS: tl.constexpr, BF16: tl.constexpr, R: tl.constexpr, KT: tl.constexpr,
     W: tl.constexpr, BM: tl.constexpr, RING: tl.constexpr, EVEN: tl.constexpr, EVEN_N: tl.constexpr,
     ASM: tl.constexpr, XP: tl.constexpr = False, PDL: tl.constexpr = False, FENCE: tl.constexpr = False,
-    L2: tl.constexpr = 0,
 ):
     """y (M <= 16, N) = x @ W + bias for program p's 16 R output rows (module docstring). x_ptr: x as int32 words
     (pairs of 16-bit inputs), stride_xm in words; pk_ptr / sz_ptr: PackedW4 qweight (N_pad/16, K_pad/64, 32, 4) /
@@ -219,9 +198,7 @@ def w4a16_strip_kernel(
     of the kernel that wrote x (x_perm_kernel): the ring's weight loads are issued first, x's after the wait.
     FENCE: a predicated-off store after the first slot's refill (and the second's at ring 3), so that ptxas issues
     that refill there (between the items) instead of after the last item's math, where it had no cover
-    (docs/w4a16_decode.md round 14e). L2 > 0: each program asks L2 for its packed words L2 iterations ahead of the
-    ring's refills (cp.async.bulk.prefetch, thread 0, one range a row a ring round) and for every scale line at the
-    start (round 14h); a hint, off under the interpreter."""
+    (docs/w4a16_decode.md round 14e)."""
     TWO: tl.constexpr = BM == 16
     pid = tl.program_id(0)
     F = tl.cdiv(K, 64)  # fragment columns of a row
@@ -238,17 +215,6 @@ def w4a16_strip_kernel(
     sz_row = (tl.arange(0, 32) // 4)[:, None, None, None] * 2 + (frow * 16)[None, None, :, None] \
         + tl.arange(0, 2)[None, None, None, :]  # (32, 1, R, 2): rows g, g + 8 of each fragment row, adjacent
 
-    CH: tl.constexpr = W * KT * 512  # packed bytes of one row an iteration
-    PF: tl.constexpr = L2 > 0 and ASM
-    if PF:  # iterations RING .. RING + L2 - 1 now (the ring's first loads, next, have 0 .. RING - 1; before them, so
-        # that their registers are not live across the scale lines' loop), then L2 ahead of the refills a round:
-        # pf the next range of the first row, left the bytes of the row from there (loop-carried scalars)
-        pf = pk_ptr + (pid * R).to(tl.int64) * stride_pn + RING * CH // 4
-        left = F * 512 - RING * CH
-        _l2_rows(pf, tl.minimum(L2 * CH, left), n_frag - pid * R, stride_pn, R)
-        pf += L2 * CH // 4
-        left -= L2 * CH
-        _l2_scales(sz_ptr, pid * R * 16, tl.cdiv(K, G), stride_sg, 32 * W)
     wa, sa = _slot_w(pk_ptr, sz_ptr, 0, T, S, F, row_w, fr_ok, sz_row, kt, wi, K, stride_sg, W, KT, G, EVEN, EVEN_N)
     if RING >= 2:
         wb, sb = _slot_w(pk_ptr, sz_ptr, 1, T, S, F, row_w, fr_ok, sz_row, kt, wi, K, stride_sg, W, KT, G, EVEN,
@@ -266,10 +232,6 @@ def w4a16_strip_kernel(
     acc = tl.zeros([W, R, 32, 4], dtype=tl.float32)
     accb = tl.zeros([W, R, 32, 4], dtype=tl.float32)
     for t in range(0, T, RING):
-        if PF:
-            _l2_rows(pf, tl.minimum(RING * CH, left), n_frag - pid * R, stride_pn, R)
-            pf += RING * CH // 4
-            left -= RING * CH
         acc, accb = _item(acc, accb, wa, sa, xa, W, R, KT, TWO, BF16, ASM, XP)
         wa, sa, xa = _slot(pk_ptr, sz_ptr, x_ptr, t + RING, T, S, F, row_w, fr_ok, sz_row, kt, wi, lane, M, K,
                            stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N, XP)
