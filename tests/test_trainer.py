@@ -4,7 +4,6 @@ and weights; a killed save never leaves a checkpoint that looks complete."""
 
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
