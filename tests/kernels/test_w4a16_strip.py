@@ -83,11 +83,11 @@ def test_strip_xstage_interpreter(m, k, n, g, sym, act_order, bias, cfg):
 
 def test_strip_xstage_refusals():
     """What the static buffer cannot hold is refused, naming the config; xstage with xperm too."""
-    from flashscale.kernels.w4a16_strip_xs import XS_MAX_BYTES, xs_bytes
+    from flashscale.kernels.w4a16_strip_xs import xs_bytes, xs_max_bytes
 
     c = StripConfig(rows=1, kt=2, num_warps=4, ring=2, xstage=True)
     assert c.takes(1, 8192) and c.takes(2, 8192) and c.takes(1, 14336) and not c.takes(1, 28672)
-    assert not c.takes(9, 256) and xs_bytes(1, 128) == 20480 and xs_bytes(2, 128) <= XS_MAX_BYTES
+    assert not c.takes(9, 256) and xs_bytes(1, 128) == 20480 and xs_bytes(2, 128) <= xs_max_bytes(4, 1)
     gen = torch.Generator().manual_seed(5)
     p = _weight(4096, 16, 128, sym=False, gen=gen)
     with pytest.raises(ValueError, match="config.xstage.*M=8, K=4096"):
@@ -252,6 +252,7 @@ def test_sm90_compile_no_spills_no_smem_in_loop(tmp_path):
         assert r["spill_stores"] == r["spill_loads"] == r["stack"] == r["local"] == 0, r
         # no layout conversion, no barrier an iteration; x staged: one LDS.128 a half-column and lane, nothing else
         assert r["smem"] == (c.ring * c.kt * 2 if c.xstage else 0) and r["bar"] == 0, r
+        assert not c.xstage or r["shared"] == 512 * c.num_warps * c.rows, r  # what xs_max_bytes leaves Triton
         assert c.maxnreg is None or r["registers"] <= c.maxnreg, r  # the cap reached ptxas
         # a 512-byte fragment a warp instruction, 16 B a lane; x in the B order: two a column and token block
         x_ldg = 2 * (r["bm"] // 8) if c.xperm else 0

@@ -22,7 +22,7 @@ from flashscale.kernels.w4a16_pack import PackedW4
 from flashscale.kernels.w4a16_ring import check_operands
 from flashscale.kernels.w4a16_ring_config import resident_programs
 from flashscale.kernels.w4a16_strip_kernel import w4a16_strip_kernel, x_perm_kernel
-from flashscale.kernels.w4a16_strip_xs import XS_MAX_BYTES, xs_bytes, xs_decl, xs_token_stride
+from flashscale.kernels.w4a16_strip_xs import xs_bytes, xs_decl, xs_max_bytes, xs_token_stride
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,12 +38,12 @@ class StripConfig:
     reg_level: int | None = None  # ptxas --register-usage-level (0..10, ptxas's default 5); 10: 1-5 % fewer loop
     # instructions at the same registers and some refills issued earlier (sm_90 census, round 14e)
     xstage: bool = False  # x staged in shared memory by each program (w4a16_strip_xs; M <= 8 where M K 2 bytes fit
-    # XS_MAX_BYTES: M = 1 to K 22k, M = 2 to K 11k): no gather launch, one LDS.128 a half-column and lane
+    # xs_max_bytes: M = 1 to K 22k, M = 2 to K 11k): no gather launch, one LDS.128 a half-column and lane
 
     def takes(self, m: int, k: int) -> bool:
         """Whether this config runs M tokens of K inputs (xstage: the buffer must fit; the rest: M's bucket)."""
         if self.xstage:
-            return m <= 8 and xs_bytes(m, _xs_columns(k, self)) <= XS_MAX_BYTES
+            return m <= 8 and xs_bytes(m, _xs_columns(k, self)) <= xs_max_bytes(self.num_warps, self.rows)
         return True
 
     @property
@@ -154,8 +154,9 @@ def check_args(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, cfg: Str
         raise ValueError("config: xstage and xperm are two ways to read x; take one")
     if cfg.xstage and not cfg.takes(*x.shape):
         m, k = x.shape
-        raise ValueError(f"config.xstage: x (M={m}, K={k}) needs M <= 8 and {xs_bytes(m, _xs_columns(k, cfg))} bytes "
-                         f"of shared memory a program, at most {XS_MAX_BYTES} (fewer tokens, or xstage=False)")
+        need, cap = xs_bytes(m, _xs_columns(k, cfg)), xs_max_bytes(cfg.num_warps, cfg.rows)
+        raise ValueError(f"config.xstage: x (M={m}, K={k}) needs M <= 8 and {need} bytes of shared memory a program, "
+                         f"at most {cap} (fewer tokens, or xstage=False)")
 
 
 def w4a16_strip(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None, *,

@@ -9,7 +9,7 @@ the loop reads them with one LDS.128 a lane, half-column and iteration: no gathe
 Plain Triton cannot allocate shared memory, so the buffer is a static `.shared` array declared by inline PTX (the
 declaration is emitted once: an asm with no tensor operand is a scalar) and addressed by its name; every access is
 asm too (st.shared.v2 / ld.shared.v4 on 32-bit shared addresses). Static shared memory is capped at 48 KB a block
-(the launch adds Triton's own dynamic allocation), hence `XS_MAX_BYTES`: the launcher refuses what does not fit.
+(the launch adds Triton's own dynamic allocation), hence `xs_max_bytes`: the launcher refuses what does not fit.
 
 Layout: token m at byte m TS (TS = 128 NCOL + 64: two tokens' 64-byte half-lines on different banks), column c at
 128 c, then the B order of w4a16_strip.x_perm_words without the token axis: word [h, t, ii, b] (2, 4, 2, 2) is B
@@ -26,8 +26,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-XS_MAX_BYTES = 45056  # 44 KB of static shared memory: under the 48 KB a block can declare with Triton's 2 KB beside
+XS_BLOCK_BYTES = 49152  # static + dynamic shared memory a block may take without the opt-in attribute (48 KB)
 XS_ALIGN = 4096  # buffer sizes in steps of 4 KB (a compile each)
+
+
+def xs_max_bytes(num_warps: int, rows: int) -> int:
+    """The largest buffer a config may declare: 48 KB less Triton's own dynamic allocation, the warps' final sum
+    (512 bytes a warp and fragment row: 2 KB at four warps and one row, the sm_90 census checks it)."""
+    return XS_BLOCK_BYTES - 512 * num_warps * rows
 
 
 def xs_token_stride(ncol: int) -> int:
