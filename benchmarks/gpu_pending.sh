@@ -3,6 +3,8 @@
 # vec_y in the probe: the twins through the tuner on the H200), fp8h50 = the FP8 grid (`attention_fp8.py --rounds
 # 3`: session 39's H100 sweep ran the D 256 default at 1238 TFLOP/s at 16k, the H200 grid of session 36 at 1097,
 # issue 5 asks 1150: the card or the run?), h2grid39.
+# Session 51 got one H100 late: the strip GPU tests with the xstage configs (9 passed) and their M = 1 sweep
+# (docs/w4a16_decode.md round 14i measured: 20-33 % slower, removed; results/w4a16-strip-xs-h100.json).
 # Session 50 ran s50 and s50b on an H100 (docs/w4a16_decode.md round 14h measured: the L2 bulk prefetch slower at
 # every cell, removed; results/w4a16-strip-l2-h100.json).
 # Session 49 ran on an H100: s48 (sweep + 9 strip GPU tests), m16s48b, the M 1 / 4 / 8 strip sweep on six shapes,
@@ -55,7 +57,6 @@
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16s47b   # ~5 min: the tuned M = 16 grid, merged
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh m16h47    # ~3 min: the M = 16 grid if the GPU is an H200
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s48       # ~8 min: strip GPU tests, the M 1 / 16 sweep
-#   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh xs51      # ~7 min: x staged in shared memory: tests, M 1 / 2
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s50       # ~7 min: L2 bulk prefetch sweep M 1 / 8, tests
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s50b      # ~4 min: the M = 16 strip sweep
 #   device run:  OUT=$OUT bash benchmarks/gpu_pending.sh s49       # ~7 min: the tuned M 1-8 grid, merged; W4A16 tests
@@ -188,8 +189,6 @@ w4a16_merged() {  # w4a16_merged LIMIT MS: benchmarks/w4a16.py --ms MS (the tune
 STRIP48='^strip r1 kt2 w4 ring2$|fence$|maxnreg128|rul10$|r1 kt2 w4 ring[23] xp$'
 # session 50's: the L2 bulk prefetch configs beside their twins (round 14h)
 STRIP50='l2x|^strip r1 kt2 w4 ring2( xp)?$|^strip r1 kt2 w4 ring3 maxnreg128$|^strip r1 kt2 w8 ring2 xp fence$'
-# session 51's: x staged in shared memory (xs, round 14i) beside the x-words and xperm picks
-STRIP51=' xs$|^strip r1 kt2 w4 ring2( xp)?$|^strip r1 kt2 w4 ring3 maxnreg128$|^strip r1 kt2 w4 ring3 xp$'
 
 seed_attention_configs() {  # the tuned FA2 configs of results/attention-h200.json as this run's config cache
   mkdir -p /tmp/seedcache
@@ -409,12 +408,6 @@ case "${1:-}" in
     on_h200 fp8h50 && step fp8 240 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT" ;;
   vyh50)  # vygrid40 on an H200 only
     on_h200 vyh50 && FLASHSCALE_W4A16_WGMMA=vy step w4a16 330 "$PY" benchmarks/w4a16.py --ms 256,1024,4096 --out "$OUT" ;;
-  xs51)  # round 14i: x staged in shared memory by each strip program: its GPU tests first (bits equal to the
-    # x-words twin's; a wrong shared address would end the call here), then the M 1 / 2 sweep on four shapes
-    gpu_name
-    step tests 150 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu -n 8 tests/kernels/test_w4a16_strip.py
-    step sweep 300 "$PY" benchmarks/w4a16.py --impls flashscale-strip,bf16 --ms 1,2 \
-      --shapes 4096x4096,8192x8192,8192x28672,14336x4096 --strip-match "$STRIP51" --out "$OUT" ;;
   s50)  # round 14h: the strip kernel's L2 bulk prefetch (l2x configs) beside its twins at M 1 / 8 on three shapes (x
     # handed over too), then the strip GPU tests (last: a call cut short still brings the sweep back)
     gpu_name

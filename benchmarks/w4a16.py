@@ -224,11 +224,10 @@ def wgmma_trials(base: PackedW4, packs: list, w_bf16: torch.Tensor, x: torch.Ten
 def strip_trials(base: PackedW4, packs: list, w_bf16: torch.Tensor, x: torch.Tensor, m: int, checks: list,
                  match=None) -> list:
     """checked_trials of every flashscale-strip candidate of M's bucket (kernels.w4a16_strip: no split-K across
-    programs) that takes the shape (xstage: its buffer must fit), or of those whose label `match` (a compiled regex)
-    finds."""
+    programs), or of those whose label `match` (a compiled regex) finds."""
     from flashscale.kernels import w4a16_strip as strip
 
-    configs = [c for c in strip.configs_for(m) if (match is None or match.search(c.label)) and c.takes(m, x.shape[1])]
+    configs = [c for c in strip.configs_for(m) if match is None or match.search(c.label)]
     out = checked_trials("flashscale-strip", configs,
                          lambda xx, p, cfg: strip.w4a16_strip(xx, p, config=cfg), lambda cfg: cfg.label,
                          base, packs, w_bf16, x, m, checks)

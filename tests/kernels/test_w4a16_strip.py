@@ -40,12 +40,6 @@ CASES = [  # M, K, N, G, sym, act_order, bias, (rows, kt, warps, ring[, xperm]):
     (1, 640, 32, 128, False, False, False, (1, 2, 4, 3, True)),  # 3 warps idle at the end: columns past K are zeros
     (5, 320, 64, 64, False, True, True, (1, 1, 2, 2, True)),  # act-order, kt 1, 5 sub-items over 2 warps
 ]
-XS_CASES = [  # x staged by each program (xstage; the interpreter's buffer is a global workspace at the same offsets)
-    (1, 512, 64, 128, False, False, True, (1, 2, 2, 2)),  # 2 iterations; staging rounds of 8 W columns
-    (1, 640, 32, 128, False, False, False, (1, 2, 4, 3)),  # 3 warps idle at the end: the staged zero sub-item
-    (3, 1088, 48, 64, True, True, True, (2, 1, 2, 3)),  # 3 tokens, act-order, 17 columns (a partial staging round)
-    (8, 192, 40, -1, False, False, True, (1, 2, 2, 2)),  # 8 tokens (every lane its own), K tail, N tail, one group
-]
 
 
 @pytest.mark.parametrize("m,k,n,g,sym,act_order,bias,cfg", CASES)
@@ -63,37 +57,6 @@ def test_strip_kernel_interpreter(m, k, n, g, sym, act_order, bias, cfg):
         assert torch.equal(y, w4a16_strip(x, p, b, config=dataclasses.replace(c, xperm=False)))
         assert torch.equal(y, w4a16_strip(x, p, b, config=c, xw=x_perm_words(x, p)))
     assert torch.equal(y, w4a16_strip(x, p, b, config=dataclasses.replace(c, fence=True)))  # its store never runs
-
-
-@pytest.mark.parametrize("m,k,n,g,sym,act_order,bias,cfg", XS_CASES)
-def test_strip_xstage_interpreter(m, k, n, g, sym, act_order, bias, cfg):
-    """xstage: the product within the noise rule, and the same bits as x read as words (the same products in the same
-    order: the staged words are b_pairs' registers)."""
-    gen = torch.Generator().manual_seed(m * 1000 + k + n)
-    p = _weight(k, n, g, sym=sym, gen=gen, act_order=act_order)
-    x = torch.randn(m, k, generator=gen).half()
-    b = torch.randn(n, generator=gen).half() if bias else None
-    rows, kt, warps, ring = cfg
-    c = StripConfig(rows=rows, kt=kt, num_warps=warps, ring=ring, xstage=True)
-    assert c.takes(m, k) and c.label.endswith(" xs")
-    y = w4a16_strip(x, p, b, config=c)
-    assert_within_noise(y, x, p, b)
-    assert torch.equal(y, w4a16_strip(x, p, b, config=dataclasses.replace(c, xstage=False)))
-
-
-def test_strip_xstage_refusals():
-    """What the static buffer cannot hold is refused, naming the config; xstage with xperm too."""
-    from flashscale.kernels.w4a16_strip_xs import xs_bytes, xs_max_bytes
-
-    c = StripConfig(rows=1, kt=2, num_warps=4, ring=2, xstage=True)
-    assert c.takes(1, 8192) and c.takes(2, 8192) and c.takes(1, 14336) and not c.takes(1, 28672)
-    assert not c.takes(9, 256) and xs_bytes(1, 128) == 20480 and xs_bytes(2, 128) <= xs_max_bytes(4, 1)
-    gen = torch.Generator().manual_seed(5)
-    p = _weight(4096, 16, 128, sym=False, gen=gen)
-    with pytest.raises(ValueError, match="config.xstage.*M=8, K=4096"):
-        w4a16_strip(torch.randn(8, 4096, generator=gen).half(), p, config=c)
-    with pytest.raises(ValueError, match="xstage and xperm"):
-        w4a16_strip(torch.randn(1, 4096, generator=gen).half(), p, config=dataclasses.replace(c, xperm=True))
 
 
 def test_x_perm_words_layout():
@@ -250,9 +213,7 @@ def test_sm90_compile_no_spills_no_smem_in_loop(tmp_path):
     for r in rs:
         c = StripConfig(**r["config"])
         assert r["spill_stores"] == r["spill_loads"] == r["stack"] == r["local"] == 0, r
-        # no layout conversion, no barrier an iteration; x staged: one LDS.128 a half-column and lane, nothing else
-        assert r["smem"] == (c.ring * c.kt * 2 if c.xstage else 0) and r["bar"] == 0, r
-        assert not c.xstage or r["shared"] == 512 * c.num_warps * c.rows, r  # what xs_max_bytes leaves Triton
+        assert r["smem"] == 0 and r["bar"] == 0, r  # no layout conversion, no barrier an iteration
         assert c.maxnreg is None or r["registers"] <= c.maxnreg, r  # the cap reached ptxas
         # a 512-byte fragment a warp instruction, 16 B a lane; x in the B order: two a column and token block
         x_ldg = 2 * (r["bm"] // 8) if c.xperm else 0
@@ -298,12 +259,10 @@ def test_strip_gpu(m, k, n):
     p = _weight(k, n, 128, sym=False, gen=gen, device="cuda")
     x = torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16)
     b = torch.randn(n, generator=gen).to("cuda", torch.bfloat16)
-    for cfg in filter(lambda c: c.takes(m, k), configs_for(m)):
+    for cfg in configs_for(m):
         y = w4a16_strip(x, p, b, config=cfg)
         assert_within_noise(y, x, p, b)
         assert torch.equal(y, w4a16_strip(x, p, b, config=cfg)), cfg  # no atomics: the same bits every call
-        if cfg.xstage:  # the staged words are b_pairs' registers: x words' products in the same order
-            assert torch.equal(y, w4a16_strip(x, p, b, config=dataclasses.replace(cfg, xstage=False))), cfg
         if cfg.xperm:  # the gather's PDL dependent, the plain launch and x handed over: the same bits
             assert torch.equal(y, w4a16_strip(x, p, b, config=cfg, pdl=False)), cfg
             assert torch.equal(y, w4a16_strip(x, p, b, config=cfg, xw=x_perm_words(x, p))), cfg

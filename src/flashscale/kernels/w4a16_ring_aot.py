@@ -65,11 +65,11 @@ def hot_loop(ins: list[tuple[int, str]], prefix: str = "LDG",
     return keep, len(body) - len(keep)
 
 
-def loop_mix(k, prefix: str = "LDG", suffix: str = ".128") -> dict:
-    """A compiled kernel's hot loop (hot_loop: the loop holding the most prefix...suffix opcodes): text (SASS), body
-    (the loop's opcodes in order), ops (opcode counts), flush (instructions skipped), rate
-    (w4a16_stream.sass_load_rate), stats (ptxas), n(*prefixes, suffix=) (opcodes counted by prefix and suffix), shared
-    and local (LDL / STL count): what the census of this kernel and of w4a16_strip read."""
+def loop_mix(k) -> dict:
+    """A compiled kernel's hot loop (hot_loop): text (SASS), body (the loop's opcodes in order), ops (opcode counts),
+    flush (instructions skipped), rate (w4a16_stream.sass_load_rate), stats (ptxas), n(*prefixes, suffix=) (opcodes
+    counted by prefix and suffix), shared and local (LDL / STL count): what the census of this kernel and of
+    w4a16_strip read."""
     import collections
     import re
 
@@ -77,7 +77,7 @@ def loop_mix(k, prefix: str = "LDG", suffix: str = ".128") -> dict:
     from flashscale.kernels.w4a16_stream import sass_load_rate
 
     text = sass(k.asm["cubin"])
-    body, flush = hot_loop(sass_instructions(text), prefix, suffix)
+    body, flush = hot_loop(sass_instructions(text))
     order = [sass_opcode(t) for _, t in body]
     ops = collections.Counter(order)
 

@@ -22,7 +22,6 @@ from flashscale.kernels.w4a16_pack import PackedW4
 from flashscale.kernels.w4a16_ring import check_operands
 from flashscale.kernels.w4a16_ring_config import resident_programs
 from flashscale.kernels.w4a16_strip_kernel import w4a16_strip_kernel, x_perm_kernel
-from flashscale.kernels.w4a16_strip_xs import xs_bytes, xs_decl, xs_max_bytes, xs_token_stride
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,14 +36,6 @@ class StripConfig:
     fence: bool = False  # a never-taken store after the first slot's refill keeps ptxas from sinking it (round 14e)
     reg_level: int | None = None  # ptxas --register-usage-level (0..10, ptxas's default 5); 10: 1-5 % fewer loop
     # instructions at the same registers and some refills issued earlier (sm_90 census, round 14e)
-    xstage: bool = False  # x staged in shared memory by each program (w4a16_strip_xs; M <= 8 where M K 2 bytes fit
-    # xs_max_bytes: M = 1 to K 22k, M = 2 to K 11k): no gather launch, one LDS.128 a half-column and lane
-
-    def takes(self, m: int, k: int) -> bool:
-        """Whether this config runs M tokens of K inputs (xstage: the buffer must fit; the rest: M's bucket)."""
-        if self.xstage:
-            return m <= 8 and xs_bytes(m, _xs_columns(k, self)) <= xs_max_bytes(self.num_warps, self.rows)
-        return True
 
     @property
     def item_bytes(self) -> int:
@@ -62,8 +53,7 @@ class StripConfig:
     def label(self) -> str:
         return f"strip r{self.rows} kt{self.kt} w{self.num_warps} ring{self.ring}" + (" xp" if self.xperm else "") \
             + (f" maxnreg{self.maxnreg}" if self.maxnreg else "") \
-            + (f" rul{self.reg_level}" if self.reg_level is not None else "") + (" fence" if self.fence else "") \
-            + (" xs" if self.xstage else "")
+            + (f" rul{self.reg_level}" if self.reg_level is not None else "") + (" fence" if self.fence else "")
 
     def options(self, interpreting: bool = False) -> dict:
         """Compile options beyond the constexprs: num_warps, num_stages, the register cap and ptxas's register usage
@@ -111,12 +101,6 @@ STRIP_CONFIGS: list[StripConfig] = [  # M <= 8
     StripConfig(rows=1, kt=2, num_warps=8, ring=2, xperm=True, fence=True),
     # round 14h's L2 bulk prefetch ahead of the ring (commit d249882 has it) was slower at every cell of the H100
     # sweep (session 50: 8192^2 M = 1, x handed over, 15.7 -> 17.4-19.4 us, the further ahead the slower): removed
-    # x staged in shared memory by each program (round 14i; where M K 2 bytes fit, `takes`): no gather launch, no x
-    # in the ring: 64 / 72 / 95 / 58 registers (8 / 7 / 5 / 4 an SM), 1.95 / 1.98 / 1.73 / 2.01 instructions a weight
-    StripConfig(rows=1, kt=2, num_warps=4, ring=2, xstage=True),
-    StripConfig(rows=1, kt=2, num_warps=4, ring=3, xstage=True),
-    StripConfig(rows=2, kt=2, num_warps=4, ring=2, xstage=True),
-    StripConfig(rows=1, kt=2, num_warps=8, ring=2, xstage=True),
 ]
 STRIP_CONFIGS_16: list[StripConfig] = [  # 9 <= M <= 16: x and the second accumulator double
     StripConfig(rows=1, kt=2, num_warps=4, ring=2),
@@ -150,13 +134,6 @@ def check_args(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, cfg: Str
         raise ValueError(f"config.maxnreg={cfg.maxnreg!r} must be None or a register cap 24..255")
     if cfg.reg_level is not None and not (isinstance(cfg.reg_level, int) and 0 <= cfg.reg_level <= 10):
         raise ValueError(f"config.reg_level={cfg.reg_level!r} must be None or ptxas's register usage level 0..10")
-    if cfg.xstage and cfg.xperm:
-        raise ValueError("config: xstage and xperm are two ways to read x; take one")
-    if cfg.xstage and not cfg.takes(*x.shape):
-        m, k = x.shape
-        need, cap = xs_bytes(m, _xs_columns(k, cfg)), xs_max_bytes(cfg.num_warps, cfg.rows)
-        raise ValueError(f"config.xstage: x (M={m}, K={k}) needs M <= 8 and {need} bytes of shared memory a program, "
-                         f"at most {cap} (fewer tokens, or xstage=False)")
 
 
 def w4a16_strip(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None = None, *,
@@ -240,34 +217,14 @@ def launch(x: torch.Tensor, p: PackedW4, bias: torch.Tensor | None, y: torch.Ten
         on = cfg.xperm and pdl and _pdl.supported(x.device)
         xw = x_perm_words(x, p, trigger=on) if cfg.xperm else x_words(x, p)
     n_frag = triton.cdiv(n, 16)
-    xs = {}
-    if cfg.xstage:  # interpreted: a global workspace stands in for each program's shared buffer (w4a16_strip_xs)
-        ncol = _xs_columns(k, cfg)
-        nbytes = xs_bytes(m, ncol)
-        xs = dict(XS=True, XDECL=xs_decl(nbytes), NCOL=ncol, TS=xs_token_stride(ncol))
-        if _interpreting():
-            progs = triton.cdiv(n_frag, cfg.rows)
-            xs.update(ws_ptr=torch.zeros(progs * nbytes // 4, dtype=torch.int32, device=x.device), WS=nbytes // 4)
     return w4a16_strip_kernel[(triton.cdiv(n_frag, cfg.rows),)](
         xw, p.qweight, p.sz, y, bias if bias is not None else y,
         m, n, k, xw.stride(0), y.stride(0), p.qweight.stride(0), p.sz.stride(0),
         G=p.group_size, HAS_BIAS=bias is not None, BF16=x.dtype == torch.bfloat16, R=cfg.rows, KT=cfg.kt,
-        W=cfg.num_warps, BM=8 if m <= 8 else 16, RING=cfg.ring, EVEN=_even(k, cfg),
+        W=cfg.num_warps, BM=8 if m <= 8 else 16, RING=cfg.ring, EVEN=k % (64 * cfg.kt * cfg.num_warps) == 0,
         EVEN_N=n_frag % cfg.rows == 0, ASM=cfg.asm and not _interpreting(), XP=cfg.xperm, FENCE=cfg.fence,
-        **({"PDL": True, "launch_pdl": True} if on else {}), **xs, **cfg.options(_interpreting()),
+        **({"PDL": True, "launch_pdl": True} if on else {}), **cfg.options(_interpreting()),
     )
-
-
-def _even(k: int, cfg: StripConfig) -> bool:
-    """K a multiple of 64 kt W: no K tail, every warp's sub-items in range (the kernel's EVEN)."""
-    return k % (64 * cfg.kt * cfg.num_warps) == 0
-
-
-def _xs_columns(k: int, cfg: StripConfig) -> int:
-    """64-wide columns an xstage program stages: the sub-items' (S kt), plus one sub-item of zeros that the warps
-    with none left read when K is not EVEN."""
-    s = triton.cdiv(triton.cdiv(k, 64), cfg.kt)
-    return (s + (0 if _even(k, cfg) else 1)) * cfg.kt
 
 
 # ---- sm_90 compiles and census (no GPU needed)
@@ -284,9 +241,6 @@ def compile_sm90(cfg: StripConfig, *, dtype: str = "bf16", bm: int = 8, group_si
               RING=cfg.ring, EVEN=True, EVEN_N=True, ASM=cfg.asm, XP=cfg.xperm, PDL=cfg.xperm,  # as launch runs it
               FENCE=cfg.fence)
     sig = {**ptrs, **{n: "i32" for n in ints}, **{n: "constexpr" for n in cx}}
-    if cfg.xstage:  # the buffer as a launch at K = 8192 and M = 1 declares it
-        cx.update(XS=True, XDECL=xs_decl(xs_bytes(1, _xs_columns(8192, cfg))), ws_ptr=None, WS=0)
-        sig.update(XS="constexpr", XDECL="constexpr", NCOL="i32", TS="i32", ws_ptr="constexpr", WS="constexpr")
     names = list(sig)
     aligned = set(ptrs) | {"N", "K", "stride_xm", "stride_ym", "stride_pn", "stride_sg"}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in aligned}
@@ -314,8 +268,7 @@ def census(cfg: StripConfig, **kw) -> dict:
     ptxas issued before the iteration's last HMMA (round 14e)."""
     from flashscale.kernels.w4a16_ring_aot import loop_mix
 
-    mix = loop_mix(compile_sm90(cfg, **kw), *(("HMMA", "") if cfg.xstage else ()))  # xstage: x's staging loop
-    # holds more LDG.128 than the main loop
+    mix = loop_mix(compile_sm90(cfg, **kw))
     ops, rate, stats, n, body = mix["ops"], mix["rate"], mix["stats"], mix["n"], mix["body"]
     last_mma = max(i for i, o in enumerate(body) if o.startswith("HMMA"))
     early = sum(o.startswith("LDG") and o != "LDG.E" for o in body[:last_mma])  # vector refills issued mid-iteration

@@ -38,22 +38,17 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from flashscale.kernels.w4a16_common import mma_column, x_sums
 from flashscale.kernels.w4a16_decode import _dec_b, _dec_scales, _dec_store, _dec_x
-from flashscale.kernels.w4a16_strip_xs import xs_b, xs_base, xs_stage
 
 
 @triton.jit
 def _slot(pk_ptr, sz_ptr, x_ptr, t, T, S, F, row_w, fr_ok, sz_row, kt, wi, lane, M, K, stride_xm, stride_sg,
           W: tl.constexpr, KT: tl.constexpr, G: tl.constexpr, TWO: tl.constexpr, EVEN: tl.constexpr,
-          EVEN_N: tl.constexpr, XP: tl.constexpr, XS: tl.constexpr):
+          EVEN_N: tl.constexpr, XP: tl.constexpr):
     """Every input of iteration t (past T: iteration T - 1 again): words (W, R, KT, 128), scale/zero words
-    (W, R, 32, 2), x words (W, 32, 4, 2, TB, KT); XS: x is in shared memory (0 here, xs_b before the item)."""
+    (W, R, 32, 2), x words (W, 32, 4, 2, TB, KT)."""
     words, szw = _slot_w(pk_ptr, sz_ptr, t, T, S, F, row_w, fr_ok, sz_row, kt, wi, K, stride_sg, W, KT, G, EVEN,
                          EVEN_N)
-    if XS:
-        xs = 0
-    else:
-        xs = _slot_x(x_ptr, t, T, S, F, wi, lane, M, K, stride_xm, W, KT, TWO, EVEN, XP)
-    return words, szw, xs
+    return words, szw, _slot_x(x_ptr, t, T, S, F, wi, lane, M, K, stride_xm, W, KT, TWO, EVEN, XP)
 
 
 @triton.jit
@@ -195,7 +190,6 @@ def w4a16_strip_kernel(
     G: tl.constexpr, HAS_BIAS: tl.constexpr, BF16: tl.constexpr, R: tl.constexpr, KT: tl.constexpr,
     W: tl.constexpr, BM: tl.constexpr, RING: tl.constexpr, EVEN: tl.constexpr, EVEN_N: tl.constexpr,
     ASM: tl.constexpr, XP: tl.constexpr = False, PDL: tl.constexpr = False, FENCE: tl.constexpr = False,
-    XS: tl.constexpr = False, XDECL: tl.constexpr = "", NCOL=0, TS=0, ws_ptr=None, WS: tl.constexpr = 0,
 ):
     """y (M <= 16, N) = x @ W + bias for program p's 16 R output rows (module docstring). x_ptr: x as int32 words
     (pairs of 16-bit inputs), stride_xm in words; pk_ptr / sz_ptr: PackedW4 qweight (N_pad/16, K_pad/64, 32, 4) /
@@ -204,10 +198,7 @@ def w4a16_strip_kernel(
     of the kernel that wrote x (x_perm_kernel): the ring's weight loads are issued first, x's after the wait.
     FENCE: a predicated-off store after the first slot's refill (and the second's at ring 3), so that ptxas issues
     that refill there (between the items) instead of after the last item's math, where it had no cover
-    (docs/w4a16_decode.md round 14e). XS (M <= 8; w4a16_strip_xs): x_ptr holds x's natural words (M, K / 2), which
-    the program stages in shared memory as B registers (XDECL declares the buffer: NCOL columns, TS bytes a token)
-    after its first weight loads; the loop reads them there. WS (interpreter): the buffer is ws_ptr's slice of WS
-    words a program instead."""
+    (docs/w4a16_decode.md round 14e)."""
     TWO: tl.constexpr = BM == 16
     pid = tl.program_id(0)
     F = tl.cdiv(K, 64)  # fragment columns of a row
@@ -233,41 +224,31 @@ def w4a16_strip_kernel(
                          EVEN_N)
     if PDL:  # the weights' first loads are in flight while the gather ends; x after it
         gdc_wait()
-    if XS:  # the weights' first loads are in flight while the program stages x
-        xbase = xs_base(XDECL, ws_ptr, WS)
-        xs_stage(xbase, x_ptr, stride_xm, M, K, NCOL, TS, W, WS)
-        xa = 0
-        xb = 0
-        xc = 0
-    else:
-        xa = _slot_x(x_ptr, 0, T, S, F, wi, lane, M, K, stride_xm, W, KT, TWO, EVEN, XP)
-        if RING >= 2:
-            xb = _slot_x(x_ptr, 1, T, S, F, wi, lane, M, K, stride_xm, W, KT, TWO, EVEN, XP)
-        if RING >= 3:
-            xc = _slot_x(x_ptr, 2, T, S, F, wi, lane, M, K, stride_xm, W, KT, TWO, EVEN, XP)
+    xa = _slot_x(x_ptr, 0, T, S, F, wi, lane, M, K, stride_xm, W, KT, TWO, EVEN, XP)
+    if RING >= 2:
+        xb = _slot_x(x_ptr, 1, T, S, F, wi, lane, M, K, stride_xm, W, KT, TWO, EVEN, XP)
+    if RING >= 3:
+        xc = _slot_x(x_ptr, 2, T, S, F, wi, lane, M, K, stride_xm, W, KT, TWO, EVEN, XP)
     acc = tl.zeros([W, R, 32, 4], dtype=tl.float32)
     accb = tl.zeros([W, R, 32, 4], dtype=tl.float32)
     for t in range(0, T, RING):
-        xq = xs_b(xbase, t, T, S, wi, M, TS, W, KT, EVEN, WS) if XS else xa
-        acc, accb = _item(acc, accb, wa, sa, xq, W, R, KT, TWO, BF16, ASM, XP or XS)
+        acc, accb = _item(acc, accb, wa, sa, xa, W, R, KT, TWO, BF16, ASM, XP)
         wa, sa, xa = _slot(pk_ptr, sz_ptr, x_ptr, t + RING, T, S, F, row_w, fr_ok, sz_row, kt, wi, lane, M, K,
-                           stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N, XP, XS)
+                           stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N, XP)
         if FENCE:
             _fence(y_ptr, M)
         if RING >= 2:
             if t + 1 < T:
-                xq = xs_b(xbase, t + 1, T, S, wi, M, TS, W, KT, EVEN, WS) if XS else xb
-                acc, accb = _item(acc, accb, wb, sb, xq, W, R, KT, TWO, BF16, ASM, XP or XS)
+                acc, accb = _item(acc, accb, wb, sb, xb, W, R, KT, TWO, BF16, ASM, XP)
             wb, sb, xb = _slot(pk_ptr, sz_ptr, x_ptr, t + RING + 1, T, S, F, row_w, fr_ok, sz_row, kt, wi, lane,
-                               M, K, stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N, XP, XS)
+                               M, K, stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N, XP)
             if FENCE and RING >= 3:  # the second slot's refill too, before the third item
                 _fence(y_ptr, M)
         if RING >= 3:
             if t + 2 < T:
-                xq = xs_b(xbase, t + 2, T, S, wi, M, TS, W, KT, EVEN, WS) if XS else xc
-                acc, accb = _item(acc, accb, wc, sc, xq, W, R, KT, TWO, BF16, ASM, XP or XS)
+                acc, accb = _item(acc, accb, wc, sc, xc, W, R, KT, TWO, BF16, ASM, XP)
             wc, sc, xc = _slot(pk_ptr, sz_ptr, x_ptr, t + RING + 2, T, S, F, row_w, fr_ok, sz_row, kt, wi, lane,
-                               M, K, stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N, XP, XS)
+                               M, K, stride_xm, stride_sg, W, KT, G, TWO, EVEN, EVEN_N, XP)
 
     # the warps' partial sums, once (shared memory), then y directly: rows 16 frow + g (+ 8), tokens 2t (+ 1)
     c4 = tl.arange(0, 4)[None, None, :]
