@@ -2,7 +2,6 @@
 cross-term accumulation, the closed form W* = W + W R (H + λI)⁻¹, that GPTQ on W* minimizes the
 asymmetric objective, and the runner's float stream (CPU, tiny shapes)."""
 
-
 import pytest
 import torch
 
