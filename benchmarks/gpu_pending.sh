@@ -406,6 +406,11 @@ case "${1:-}" in
     step tests 100 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu -n 8 tests/kernels/test_w4a16_strip.py ;;
   fp8h50)  # H200 only: the FP8 grid (every cell the median of 3 rounds) on the card issue 5's targets are for
     on_h200 fp8h50 && step fp8 240 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT" ;;
+  h200s52)  # fp8h50 then vyh50 in one start (machines come rarely): the W4A16 grid writes after every shape, so
+    # a call cut short keeps the shapes it finished
+    on_h200 h200s52 || exit 0
+    step fp8 230 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT"
+    FLASHSCALE_W4A16_WGMMA=vy step w4a16 320 "$PY" benchmarks/w4a16.py --ms 256,1024,4096 --out "$OUT" ;;
   vyh50)  # vygrid40 on an H200 only
     on_h200 vyh50 && FLASHSCALE_W4A16_WGMMA=vy step w4a16 330 "$PY" benchmarks/w4a16.py --ms 256,1024,4096 --out "$OUT" ;;
   s50)  # round 14h: the strip kernel's L2 bulk prefetch (l2x configs) beside its twins at M 1 / 8 on three shapes (x
