@@ -411,6 +411,9 @@ case "${1:-}" in
     on_h200 h200s52 || exit 0
     step fp8 230 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT"
     FLASHSCALE_W4A16_WGMMA=vy step w4a16 320 "$PY" benchmarks/w4a16.py --ms 256,1024,4096 --out "$OUT" ;;
+  gpuall52)  # every test marked gpu in the whole suite on main (session 52: the notes' GPU evidence; -v so that a
+    # step cut short still lists what ended)
+    step gpu_all 560 "$PY" -m pytest -p no:cacheprovider -m gpu -n 12 -v --tb=line -rfs tests ;;
   vyh50)  # vygrid40 on an H200 only
     on_h200 vyh50 && FLASHSCALE_W4A16_WGMMA=vy step w4a16 330 "$PY" benchmarks/w4a16.py --ms 256,1024,4096 --out "$OUT" ;;
   s50)  # round 14h: the strip kernel's L2 bulk prefetch (l2x configs) beside its twins at M 1 / 8 on three shapes (x
