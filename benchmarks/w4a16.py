@@ -24,6 +24,7 @@ import datetime
 import json
 import math
 import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -98,6 +99,19 @@ def bench(fn, warmup: int, rep: int) -> tuple[float, float]:
     return graph, eager
 
 
+def timed_rounds(todo: list, rounds: int, warmup: int, rep: int) -> list[tuple[float, float, list[float]]]:
+    """(median graph us, median eager us, graph us of each round) for each of todo's (impl, fn, bytes, config), the
+    implementations timed one after another in each of `rounds` rounds: a cell's rows then share the card's state
+    of the same seconds (session 43 saw one config 1-7 % apart between two runs minutes apart, bf16 too)."""
+    times = [([], []) for _ in todo]
+    for _ in range(rounds):
+        for (_impl, fn, _nb, _cfg), (g, e) in zip(todo, times):
+            us, us_eager = bench(fn, warmup, rep)
+            g.append(us)
+            e.append(us_eager)
+    return [(statistics.median(g), statistics.median(e), [round(v, 3) for v in g]) for g, e in times]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
@@ -111,11 +125,16 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=None, help="comma list of KxN (default: the six Llama shapes)")
     ap.add_argument("--strip-match", default=None, metavar="REGEX",
                     help="flashscale-strip: only the configs whose label matches (re.search), e.g. 'fence|xp'")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds a cell, every implementation once a round; `us` is the median round (all in "
+                    "us_rounds)")
     ap.add_argument("--merge-into", type=Path, default=None, metavar="JSON",
                     help="after the run, put its rows into this results file in place of the rows of the same M "
                     "(merge_results); the file's note is for the committer to extend")
     args = ap.parse_args(argv)
     impls = args.impls.split(",")
+    if args.rounds < 1:
+        ap.error(f"--rounds takes an int >= 1; got {args.rounds}")
     try:
         strip_match = re.compile(args.strip_match) if args.strip_match else None
     except re.error as e:
@@ -170,11 +189,12 @@ def main(argv=None) -> int:
             if "flashscale-strip" in impls and m <= 16:
                 todo += strip_trials(base, packs, w_bf16, x, m, checks, strip_match)
             best = {}
-            for impl, fn, nbytes, cfg in todo:
-                us, us_eager = bench(fn, warmup, rep)
+            timed = timed_rounds(todo, args.rounds, warmup, rep)
+            for (impl, fn, nbytes, cfg), (us, us_eager, us_rounds) in zip(todo, timed):
                 row = dict(impl=impl, M=m, K=k, N=n, group_size=g, us=us, us_eager=us_eager,
                            tflops=flops / us * 1e-6, TBps=nbytes / us * 1e-6,
-                           floor_us=packed_bytes(base) / (COPY_TBPS * 1e6) if impl != "bf16" else None)
+                           floor_us=packed_bytes(base) / (COPY_TBPS * 1e6) if impl != "bf16" else None,
+                           **({"us_rounds": us_rounds} if len(us_rounds) > 1 else {}))
                 if cfg is not None:
                     row["config"] = cfg.label if impl.startswith("flashscale-strip") else \
                         cfg.label() + f"-g{cfg.group}-c{cfg.consumers}"

@@ -17,3 +17,20 @@ def test_w4a16_merge_results_replaces_rows_of_the_same_m():
                                                                     (16, "bf16", 13.4), (16, "flashscale", 9.6)]
     assert out["checks"] == new["checks"] and out["tuned"] == {"k1": {"bm": 16}, "k2": {"bm": 64}}
     assert out["date"] == "new" and out["gpu"] == "b" and out["note"] == "n" and base["rows"][2]["us"] == 10.0
+
+
+def test_w4a16_timed_rounds_interleaves_and_takes_the_median(monkeypatch):
+    """--rounds: every implementation once a round, in order, and each row's time the median of its rounds."""
+    mod = load_benchmark("w4a16")
+    calls = []
+    times = {"a": iter([(5.0, 50.0), (3.0, 30.0), (4.0, 40.0)]), "b": iter([(9.0, 90.0), (7.0, 70.0), (8.0, 80.0)])}
+
+    def fake_bench(fn, warmup, rep):
+        calls.append(fn)
+        return next(times[fn])
+
+    monkeypatch.setattr(mod, "bench", fake_bench)
+    todo = [("ours", "a", 1, None), ("bf16", "b", 1, None)]
+    out = mod.timed_rounds(todo, 3, 1, 1)
+    assert calls == ["a", "b"] * 3
+    assert out == [(4.0, 40.0, [5.0, 3.0, 4.0]), (8.0, 80.0, [9.0, 7.0, 8.0])]
