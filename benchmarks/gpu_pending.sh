@@ -406,11 +406,12 @@ case "${1:-}" in
     step tests 100 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu -n 8 tests/kernels/test_w4a16_strip.py ;;
   fp8h50)  # H200 only: the FP8 grid (every cell the median of 3 rounds) on the card issue 5's targets are for
     on_h200 fp8h50 && step fp8 240 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT" ;;
-  h200s52)  # fp8h50 then vyh50 in one start (machines come rarely): the W4A16 grid writes after every shape, so
-    # a call cut short keeps the shapes it finished
+  h200s52)  # fp8h50, then issue 7's point 3 (M 1024 / 4096) with the default tuner, which times the vec_y twins
+    # from M = 65 since session 52 (vyh50's question), in one start (machines come rarely); each W4A16 cell the median
+    # of 3 interleaved rounds, the grid written after every shape (a call cut short keeps those)
     on_h200 h200s52 || exit 0
     step fp8 230 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT"
-    FLASHSCALE_W4A16_WGMMA=vy step w4a16 320 "$PY" benchmarks/w4a16.py --ms 256,1024,4096 --out "$OUT" ;;
+    step w4a16 320 "$PY" benchmarks/w4a16.py --ms 1024,4096 --rounds 3 --out "$OUT" ;;
   gpuall52)  # every test marked gpu in the whole suite on main (session 52: the notes' GPU evidence; -v so that a
     # step cut short still lists what ended)
     step gpu_all 560 "$PY" -m pytest -p no:cacheprovider -m gpu -n 12 -v --tb=line -rfs tests ;;

@@ -351,7 +351,8 @@ def test_errors():
 
 def test_dispatch_candidates_and_tuned_table_round_trip(monkeypatch):
     """w4a16_matmul's automatic dispatch: the wgmma configs join the candidates only on sm_90 from M = 2
-    (none on the CPU or with FLASHSCALE_W4A16_WGMMA=0; =h2 adds each config's h2 twin; a bad value is refused), and
+    (none on the CPU or with FLASHSCALE_W4A16_WGMMA=0; =h2 adds each config's h2 twin; the vec_y twins from M = 65
+    unless =plain; a bad value is refused), and
     a tuned wgmma entry survives tuned_configs() -> load_tuned_configs() as a WgmmaConfig (its split in "split_k")."""
     from flashscale.kernels import w4a16
 
@@ -376,6 +377,11 @@ def test_dispatch_candidates_and_tuned_table_round_trip(monkeypatch):
     assert w4a16._wgmma_configs(64, p, twin="h2")[1::2] == [dataclasses.replace(c, h2=True) for c in wg.candidates(64)]
     assert w4a16._wgmma_configs(64, p, twin="vy")[1::2] == [dataclasses.replace(c, vec_y=True)
                                                              for c in wg.candidates(64)]
+    # the default: the vec_y twins from M = 65 (the 128-token bucket on), none below; "plain": never
+    assert w4a16._wgmma_configs(64, p) == w4a16._wgmma_configs(64, p, twin="plain") == wg.candidates(64)
+    for m in (65, 256, 1024, 4096):
+        assert w4a16._wgmma_configs(m, p) == w4a16._wgmma_configs(m, p, twin="1") == \
+            w4a16._wgmma_configs(m, p, twin="vy") != w4a16._wgmma_configs(m, p, twin="plain") == wg.candidates(m)
     cfg = wg.WgmmaConfig(bm=128, consumers=1, stages=4)
     key = ("gemm", 256, 64, 128, 128, "bfloat16", "noperm", "test-device")
     monkeypatch.setitem(w4a16._TUNED, key, dict(dataclasses.asdict(cfg), split_k=3))

@@ -278,18 +278,23 @@ def _is_wgmma(cfg) -> bool:
 # docs/w4a16_decode.md "Round 8"; at M = 1 it lost); the autotuner times all and keeps the fastest.
 # FLASHSCALE_W4A16_WGMMA=0 leaves it out; =h2 times each config beside its packed 16-bit unpack twin
 # (WgmmaConfig(h2=True), kernels/w4a16_h2.py: the same values, opt-in until the GPU grid says it wins); =vy beside
-# its twin that writes y by 16-byte stores (WgmmaConfig(vec_y=True): the same bits, opt-in until measured).
+# its twin that writes y by 16-byte stores (WgmmaConfig(vec_y=True): the same bits) at every M. By default the vec_y
+# twins are timed from M = VEC_Y_MIN_M: on an H100 (session 43, docs/w4a16_gemm.md) they took M = 256 from 0.87 /
+# 0.82 / 0.90x bf16 to 0.93 / 0.93 / 0.95x on the three large shapes and were within the grid's run-to-run spread
+# from M = 1024 (the tuner keeps a twin only where it times faster); =plain times the configs alone.
 WGMMA_ENV = "FLASHSCALE_W4A16_WGMMA"
 WGMMA_MIN_M = 2
+VEC_Y_MIN_M = 65
 
 
 def _wgmma_mode() -> str:
-    """FLASHSCALE_W4A16_WGMMA, checked: "", "0", "1", "h2" or "vy"."""
+    """FLASHSCALE_W4A16_WGMMA, checked: "", "0", "1", "plain", "h2" or "vy"."""
     mode = os.environ.get(WGMMA_ENV, "")
-    if mode not in ("", "0", "1", "h2", "vy"):
+    if mode not in ("", "0", "1", "plain", "h2", "vy"):
         raise ValueError(f"{WGMMA_ENV}={mode!r}: takes 0 (never the wgmma GEMM), 1 / unset (an autotune candidate "
-                         f"from M = {WGMMA_MIN_M} on sm_90), h2 (its configs and their packed 16-bit unpack twins) or "
-                         f"vy (its configs and their 16-byte y store twins)")
+                         f"from M = {WGMMA_MIN_M} on sm_90, each config beside its 16-byte y store twin from M = "
+                         f"{VEC_Y_MIN_M}), plain (the configs without twins), h2 (each beside its packed 16-bit unpack "
+                         f"twin) or vy (each beside its 16-byte y store twin at every M)")
     return mode
 
 
@@ -305,9 +310,12 @@ def wgmma_candidates(x2d: torch.Tensor, p: PackedW4, bias: torch.Tensor | None) 
 
 def _wgmma_configs(m: int, p: PackedW4, twin: str = "") -> list:
     """M's bucket of w4a16_wgmma candidates that fit p's group size (kernels.w4a16_wgmma.config_error); with twin
-    "h2" / "vy", each followed by its h2=True / vec_y=True twin (where that fits too)."""
+    "h2" / "vy", each followed by its h2=True / vec_y=True twin (where that fits too); twin "" or "1" (the
+    default): the vec_y twins from M = VEC_Y_MIN_M; "plain": none."""
     from flashscale.kernels import w4a16_wgmma as wg
 
+    if twin in ("", "1"):
+        twin = "vy" if m >= VEC_Y_MIN_M else ""
     ok = [c for c in wg.candidates(m) if wg.config_error(c, p.group_size, p.in_features) is None]
     out = []
     for c in ok:
