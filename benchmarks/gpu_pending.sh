@@ -412,6 +412,8 @@ case "${1:-}" in
     on_h200 h200s52 || exit 0
     step fp8 230 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT"
     step w4a16 320 "$PY" benchmarks/w4a16.py --ms 1024,4096 --rounds 3 --out "$OUT" ;;
+  w4h52)  # h200s52's second half alone (what device time was left): issue 7's point 3 with the default tuner
+    on_h200 w4h52 && step w4a16 320 "$PY" benchmarks/w4a16.py --ms 1024,4096 --rounds 3 --out "$OUT" ;;
   h100s52)  # the vec_y twins in the default tuner from M = 65 (session 52) on an H100, where session 43 measured
     # both tuners: the W4A16 dispatch / wgmma GPU tests, then M 256 / 1024 / 4096, each cell the median of 3 rounds
     step tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_w4a16.py \
