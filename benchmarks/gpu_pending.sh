@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# NEXT (H200 only): vyh50 = vygrid40 (issue 7's M >= 1024 misses, 0.84x / 0.90x, went to 0.92x / 0.96x with
+# NEXT (H200 only): h200s52 (~9.5 min) = fp8h50 + issue 7's point 3 with the default tuner, which since session 52
+# times the vec_y twins from M = 65 (w4h52: that half alone); then gpuall52 (every gpu-marked test, on either card).
+# Session 52 got no machine (ten failed starts of the H200 kind, three of the H100's).
+# Before session 52: vyh50 = vygrid40 (issue 7's M >= 1024 misses, 0.84x / 0.90x, went to 0.92x / 0.96x with
 # vec_y in the probe: the twins through the tuner on the H200), fp8h50 = the FP8 grid (`attention_fp8.py --rounds
 # 3`: session 39's H100 sweep ran the D 256 default at 1238 TFLOP/s at 16k, the H200 grid of session 36 at 1097,
 # issue 5 asks 1150: the card or the run?), h2grid39.
