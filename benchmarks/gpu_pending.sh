@@ -181,6 +181,12 @@ on_h200() {  # on_h200 STEP: true on an H200, else says so (a call that got anot
   echo "$1: $(gpu_name) is not an H200; nothing run"
   return 1
 }
+fp8_grid() {  # fp8_grid LIMIT: the FP8 grid, every cell the median of 3 rounds (issue 5's speed point)
+  step fp8 "$1" "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT"
+}
+w4a16_point3() {  # issue 7's point 3 (M 1024 / 4096) with the default tuner, each cell the median of 3 rounds
+  step w4a16 320 "$PY" benchmarks/w4a16.py --ms 1024,4096 --rounds 3 --out "$OUT"
+}
 w4a16_merged() {  # w4a16_merged LIMIT MS: benchmarks/w4a16.py --ms MS (the tuned default, bf16 beside), merged into
   # a copy of results/w4a16-<this GPU>.json ($OUT/w4a16-<gpu>-merged.json)
   local g
@@ -408,15 +414,13 @@ case "${1:-}" in
       --shapes 4096x4096,8192x8192 --strip-match "$STRIP48" --out "$OUT"
     step tests 100 "$PY" -m pytest -q -p no:cacheprovider -x -m gpu -n 8 tests/kernels/test_w4a16_strip.py ;;
   fp8h50)  # H200 only: the FP8 grid (every cell the median of 3 rounds) on the card issue 5's targets are for
-    on_h200 fp8h50 && step fp8 240 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT" ;;
+    on_h200 fp8h50 && fp8_grid 240 ;;
   h200s52)  # fp8h50, then issue 7's point 3 (M 1024 / 4096) with the default tuner, which times the vec_y twins
     # from M = 65 since session 52 (vyh50's question), in one start (machines come rarely); each W4A16 cell the median
     # of 3 interleaved rounds, the grid written after every shape (a call cut short keeps those)
-    on_h200 h200s52 || exit 0
-    step fp8 230 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT"
-    step w4a16 320 "$PY" benchmarks/w4a16.py --ms 1024,4096 --rounds 3 --out "$OUT" ;;
+    on_h200 h200s52 && fp8_grid 230 && w4a16_point3 ;;
   w4h52)  # h200s52's second half alone (what device time was left): issue 7's point 3 with the default tuner
-    on_h200 w4h52 && step w4a16 320 "$PY" benchmarks/w4a16.py --ms 1024,4096 --rounds 3 --out "$OUT" ;;
+    on_h200 w4h52 && w4a16_point3 ;;
   h100s52)  # the vec_y twins in the default tuner from M = 65 (session 52) on an H100, where session 43 measured
     # both tuners: the W4A16 dispatch / wgmma GPU tests, then M 256 / 1024 / 4096, each cell the median of 3 rounds
     step tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_w4a16.py \
