@@ -419,8 +419,8 @@ case "${1:-}" in
     # from M = 65 since session 52 (vyh50's question), in one start (machines come rarely); each W4A16 cell the median
     # of 3 interleaved rounds, the grid written after every shape (a call cut short keeps those)
     on_h200 h200s52 && fp8_grid 230 && w4a16_point3 ;;
-  any53)  # whichever card came (session 53): h200s52 on an H200, else h100s52
-    if gpu_name | grep -q H200; then bash "$0" h200s52; else bash "$0" h100s52; fi ;;
+  any53)  # whichever card came (session 53): h200s52 on an H200, else gpuall52 (every gpu test)
+    if gpu_name | grep -q H200; then bash "$0" h200s52; else bash "$0" gpuall52; fi ;;
   w4h52)  # h200s52's second half alone (what device time was left): issue 7's point 3 with the default tuner
     on_h200 w4h52 && w4a16_point3 ;;
   h100s52)  # the vec_y twins in the default tuner from M = 65 (session 52) on an H100, where session 43 measured
