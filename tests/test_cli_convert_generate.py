@@ -4,6 +4,9 @@ import json
 
 import pytest
 import torch
+
+pytest.importorskip("gguf", reason="gguf (a dependency of flashscale's GGUF reader) is not installed")
+
 from gguf_testutil import write_llama_gguf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 

@@ -4,10 +4,12 @@ tokenizer kinds) and the real SmolLM2-135M-Instruct Q4_1 file against transforme
 import math
 import random
 
-import gguf
 import numpy as np
 import pytest
 import torch
+
+gguf = pytest.importorskip("gguf", reason="gguf (a dependency of flashscale's GGUF reader) is not installed")
+
 from gguf_testutil import byte_level_vocab, quantized_reference, write_llama_gguf
 
 from flashscale.errors import UserError
