@@ -2,6 +2,9 @@
 # NEXT (H200 only): h200s52 (~9.5 min) = fp8h50 + issue 7's point 3 with the default tuner, which since session 52
 # times the vec_y twins from M = 65 (w4h52: that half alone); then gpuall52 (every gpu-marked test, on either card).
 # Session 52 got no machine (ten failed starts of the H200 kind, three of the H100's).
+# Session 53 got one H100 after eight failed starts: any53 ran gpuall52 there (every gpu-marked test at b11a07e:
+# 696 passed, 1 skipped; the two GGUF test modules failed to collect without the gguf package and now skip). On an
+# H200, any53 runs h200s52 (any53s: w4h52 alone, for little device time).
 # Before session 52: vyh50 = vygrid40 (issue 7's M >= 1024 misses, 0.84x / 0.90x, went to 0.92x / 0.96x with
 # vec_y in the probe: the twins through the tuner on the H200), fp8h50 = the FP8 grid (`attention_fp8.py --rounds
 # 3`: session 39's H100 sweep ran the D 256 default at 1238 TFLOP/s at 16k, the H200 grid of session 36 at 1097,
