@@ -426,8 +426,9 @@ case "${1:-}" in
     if gpu_name | grep -q H200; then bash "$0" h200s52; else bash "$0" gpuall52; fi ;;
   any53s)  # any53 for little device time (~330 s): w4h52 on an H200, else the W4A16 and FP8 attention GPU tests
     if gpu_name | grep -q H200; then bash "$0" w4h52; else
-      step gpu_w4_fp8 320 "$PY" -m pytest -p no:cacheprovider -m gpu -n 12 -v --tb=line -rfs tests/kernels/test_w4a16.py \
-        tests/kernels/test_w4a16_strip.py tests/kernels/test_w4a16_wgmma_gpu.py tests/kernels/test_attention_fa3_fp8_gpu.py
+      step gpu_w4_fp8 320 "$PY" -m pytest -p no:cacheprovider -m gpu -n 12 -v --tb=line -rfs \
+        tests/kernels/test_w4a16.py tests/kernels/test_w4a16_strip.py tests/kernels/test_w4a16_wgmma_gpu.py \
+        tests/kernels/test_attention_fa3_fp8_gpu.py
     fi ;;
   w4h52)  # h200s52's second half alone (what device time was left): issue 7's point 3 with the default tuner
     on_h200 w4h52 && w4a16_point3 ;;
