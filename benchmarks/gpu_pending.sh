@@ -430,6 +430,9 @@ case "${1:-}" in
         tests/kernels/test_w4a16.py tests/kernels/test_w4a16_strip.py tests/kernels/test_w4a16_wgmma_gpu.py \
         tests/kernels/test_attention_fa3_fp8_gpu.py
     fi ;;
+  miss53)  # ~150 s of device time: issue 7's worst point-3 cell (K 4096 x N 14336, M 1024, 0.84x) with the default
+    # tuner (vec_y twins from M 65), 3 rounds, on an H200 only
+    on_h200 miss53 && step w4a16 140 "$PY" benchmarks/w4a16.py --ms 1024 --shapes 4096x14336 --rounds 3 --out "$OUT" ;;
   w4h52)  # h200s52's second half alone (what device time was left): issue 7's point 3 with the default tuner
     on_h200 w4h52 && w4a16_point3 ;;
   h100s52)  # the vec_y twins in the default tuner from M = 65 (session 52) on an H100, where session 43 measured
