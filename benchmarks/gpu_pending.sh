@@ -179,21 +179,24 @@ step() {  # step NAME SECONDS command...: run with a timeout, log to $OUT/NAME.l
 }
 
 gpu_name() { nvidia-smi --query-gpu=name --format=csv,noheader; }
+is_h200() { gpu_name | grep -q H200; }
 on_h200() {  # on_h200 STEP: true on an H200, else says so (a call that got another GPU costs only its start)
-  gpu_name | grep -q H200 && return 0
+  is_h200 && return 0
   echo "$1: $(gpu_name) is not an H200; nothing run"
   return 1
 }
 fp8_grid() {  # fp8_grid LIMIT: the FP8 grid, every cell the median of 3 rounds (issue 5's speed point)
   step fp8 "$1" "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT"
 }
-w4a16_point3() {  # issue 7's point 3 (M 1024 / 4096) with the default tuner, each cell the median of 3 rounds
-  step w4a16 320 "$PY" benchmarks/w4a16.py --ms 1024,4096 --rounds 3 --out "$OUT"
+w4a16_rounds() {  # w4a16_rounds LIMIT ARGS...: benchmarks/w4a16.py ARGS (the default tuner), each cell the median of
+  # 3 rounds
+  step w4a16 "$1" "$PY" benchmarks/w4a16.py --rounds 3 --out "$OUT" "${@:2}"
 }
+w4a16_point3() { w4a16_rounds 320 --ms 1024,4096; }  # issue 7's point 3 (M 1024 / 4096)
 w4a16_merged() {  # w4a16_merged LIMIT MS: benchmarks/w4a16.py --ms MS (the tuned default, bf16 beside), merged into
   # a copy of results/w4a16-<this GPU>.json ($OUT/w4a16-<gpu>-merged.json)
   local g
-  g=$(gpu_name | grep -q H200 && echo h200 || echo h100)
+  g=$(is_h200 && echo h200 || echo h100)
   cp "benchmarks/results/w4a16-$g.json" "$OUT/w4a16-$g-merged.json"
   step w4a16 "$1" "$PY" benchmarks/w4a16.py --ms "$2" --out "$OUT" --merge-into "$OUT/w4a16-$g-merged.json"
 }
@@ -273,7 +276,7 @@ case "${1:-}" in
     for f in docs fp8; do echo "=== $f"; grep -v -E '^(DEBUG|INFO) ' /tmp/s28b/$f.log | tail -n 60; done \
       > "$OUT/tests.log"
     grep -h -E '(passed|failed|error)( |$)' /tmp/s28b/*.log | tail -n 4
-    step fp8 260 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT"
+    fp8_grid 260
     step accuracy 60 "$PY" benchmarks/attention_fp8_accuracy.py --out "$OUT" ;;
   s28c)  # session 28, after s28b: ops.attention decides fa3 without reading a data pointer (torch.compile traced into
     # the alignment check and broke the graph 7 times in the document-masking test); misaligned inputs are copied by
@@ -293,7 +296,7 @@ case "${1:-}" in
     # whole, then the FP8 grid (its pre-pass rows: pieces against whole blocks)
     step fp8_tests 130 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
       tests/kernels/test_attention_fa3_fp8_gpu.py tests/kernels/test_attention_fp8_gpu.py
-    step fp8 180 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT" ;;
+    fp8_grid 180 ;;
   s29c)  # session 29, after s29: the wgmma GEMM's 16-token tiles join the autotune from M = 2 (its g-dec rows beat
     # the decode kernels at M = 16 on 8192^2 / 4096^2): the wgmma + W4A16 GPU files, then the W4A16 grid at M 2-16
     # (one tuned bucket; merge its rows into results/w4a16-h200.json, the bf16 rows of the same run with them)
@@ -423,23 +426,23 @@ case "${1:-}" in
     # of 3 interleaved rounds, the grid written after every shape (a call cut short keeps those)
     on_h200 h200s52 && fp8_grid 230 && w4a16_point3 ;;
   any53)  # whichever card came (session 53): h200s52 on an H200, else gpuall52 (every gpu test)
-    if gpu_name | grep -q H200; then bash "$0" h200s52; else bash "$0" gpuall52; fi ;;
+    if is_h200; then bash "$0" h200s52; else bash "$0" gpuall52; fi ;;
   any53s)  # any53 for little device time (~330 s): w4h52 on an H200, else the W4A16 and FP8 attention GPU tests
-    if gpu_name | grep -q H200; then bash "$0" w4h52; else
+    if is_h200; then bash "$0" w4h52; else
       step gpu_w4_fp8 320 "$PY" -m pytest -p no:cacheprovider -m gpu -n 12 -v --tb=line -rfs \
         tests/kernels/test_w4a16.py tests/kernels/test_w4a16_strip.py tests/kernels/test_w4a16_wgmma_gpu.py \
         tests/kernels/test_attention_fa3_fp8_gpu.py
     fi ;;
   miss53)  # ~150 s of device time: issue 7's worst point-3 cell (K 4096 x N 14336, M 1024, 0.84x) with the default
     # tuner (vec_y twins from M 65), 3 rounds, on an H200 only
-    on_h200 miss53 && step w4a16 140 "$PY" benchmarks/w4a16.py --ms 1024 --shapes 4096x14336 --rounds 3 --out "$OUT" ;;
+    on_h200 miss53 && w4a16_rounds 140 --ms 1024 --shapes 4096x14336 ;;
   w4h52)  # h200s52's second half alone (what device time was left): issue 7's point 3 with the default tuner
     on_h200 w4h52 && w4a16_point3 ;;
   h100s52)  # the vec_y twins in the default tuner from M = 65 (session 52) on an H100, where session 43 measured
     # both tuners: the W4A16 dispatch / wgmma GPU tests, then M 256 / 1024 / 4096, each cell the median of 3 rounds
     step tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 tests/kernels/test_w4a16.py \
       tests/kernels/test_w4a16_wgmma_gpu.py
-    step w4a16 330 "$PY" benchmarks/w4a16.py --ms 256,1024,4096 --rounds 3 --out "$OUT" ;;
+    w4a16_rounds 330 --ms 256,1024,4096 ;;
   gpuall52)  # every test marked gpu in the whole suite on main (session 52: the notes' GPU evidence; -v so that a
     # step cut short still lists what ended)
     step gpu_all 560 "$PY" -m pytest -p no:cacheprovider -m gpu -n 12 -v --tb=line -rfs tests ;;
@@ -478,7 +481,7 @@ case "${1:-}" in
     on_h200 grid47 && w4a16_merged 330 16,64 ;;
   grid42)  # the five M = 16 / 64 rows of results/w4a16-h200.json timed with ctas = 2 under the automatic split (now
     # refused, session 42) re-measured: the M = 16 and 64 grid, merged into the results (H200 only: the file's GPU)
-    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+    if is_h200; then
       cp benchmarks/results/w4a16-h200.json "$OUT/w4a16-h200-merged.json"
       step w4a16 330 "$PY" benchmarks/w4a16.py --ms 16,64 --out "$OUT" --merge-into "$OUT/w4a16-h200-merged.json"
     else  # another GPU: its own rows only (and bf16 beside them), nothing merged into the H200 file
@@ -541,7 +544,7 @@ case "${1:-}" in
     # the signed matrix made once a device): the FP8 GPU files whole, then the FP8 grid (its prepass / e2e rows)
     step fp8_tests 130 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 8 --show-capture=no --tb=short \
       tests/kernels/test_attention_fa3_fp8_gpu.py tests/kernels/test_attention_fp8_gpu.py
-    step fp8 200 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT" ;;
+    fp8_grid 200 ;;
   suite35)  # the whole test suite on the GPU without the interpreter; -v output goes to the log as tests end, so a
     # step timeout still leaves the list. Ran in session 36: 1444 of 1469 tests ended in the 560 s (1292 passed, 96
     # skipped, 56 failed: interpreter tests that our ops refused with their own messages, which the conftest rule did
@@ -608,11 +611,11 @@ case "${1:-}" in
     # torch.compile fullgraph), then fp8r27
     step docs_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 2 tests/kernels/test_attention_gpu.py \
       -k "document_masking or llama_runs or torch_compile"
-    step fp8 240 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT"
+    fp8_grid 240
     step host_profile 60 "$PY" benchmarks/attention_host.py --profile ;;
   fp8r27)  # session 27, last: the FP8 grid with every cell the median of 3 rounds (its rates moved ~10 % between runs),
     # then where the forward's host time goes now (cProfile; the d128 causal 512 cells still host-bound at times)
-    step fp8 330 "$PY" benchmarks/attention_fp8.py --rounds 3 --out "$OUT"
+    fp8_grid 330
     step host_profile 120 "$PY" benchmarks/attention_host.py --profile ;;
   grid27)  # session 27: the grid with the backward's launch cache on (fwd / bwd with the deterministic rows, then
     # fwd_bwd alone), as grid26b
